@@ -1,0 +1,98 @@
+"""The model architecture of an experiment, and the Megatron arguments that describe it."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """A transformer MoE as Megatron-LM sees it. Sizes are the published ones of each model."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    ffn_hidden_size: int  # dense layers (and the first dense layers of DeepSeek-V3)
+    moe_ffn_hidden_size: int
+    num_experts: int
+    moe_router_topk: int
+    vocab_size: int
+    seq_length: int
+    kv_channels: int | None = None  # head dim, where it is not hidden/heads
+    moe_shared_expert_intermediate_size: int | None = None
+    first_dense_layers: int = 0  # leading layers with a dense MLP (DeepSeek-V3: 3)
+    qk_layernorm: bool = False
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_head_dim: int | None = None
+    qk_pos_emb_head_dim: int | None = None
+    v_head_dim: int | None = None
+    rotary_base: int = 10000
+    moe_router_score_function: str = "softmax"  # DeepSeek-V3: sigmoid
+    mtp_num_layers: int = 0
+    untie_embeddings: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelArch":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers
+
+    def moe_layer_freq(self) -> str | None:
+        """Megatron's `--moe-layer-freq` pattern, or None when every layer is MoE."""
+        if not self.first_dense_layers:
+            return None
+        return f"([0]*{self.first_dense_layers}+[1]*{self.moe_layers})"
+
+    def to_args(self) -> list[str]:
+        """Architecture flags of Megatron-LM's `pretrain_gpt.py`."""
+        a = [
+            "--num-layers", str(self.num_layers),
+            "--hidden-size", str(self.hidden_size),
+            "--num-attention-heads", str(self.num_attention_heads),
+            "--ffn-hidden-size", str(self.ffn_hidden_size),
+            "--seq-length", str(self.seq_length),
+            "--max-position-embeddings", str(self.seq_length),
+            "--vocab-size", str(self.vocab_size),
+            "--num-experts", str(self.num_experts),
+            "--moe-router-topk", str(self.moe_router_topk),
+            "--moe-ffn-hidden-size", str(self.moe_ffn_hidden_size),
+            "--normalization", "RMSNorm",
+            "--swiglu",
+            "--disable-bias-linear",
+            "--position-embedding-type", "rope",
+            "--rotary-base", str(self.rotary_base),
+            "--moe-router-score-function", self.moe_router_score_function,
+        ]
+        if self.num_query_groups != self.num_attention_heads:
+            a += ["--group-query-attention", "--num-query-groups", str(self.num_query_groups)]
+        if self.kv_channels:
+            a += ["--kv-channels", str(self.kv_channels)]
+        if self.moe_shared_expert_intermediate_size:
+            a += ["--moe-shared-expert-intermediate-size",
+                  str(self.moe_shared_expert_intermediate_size)]
+        if self.first_dense_layers:
+            a += ["--moe-layer-freq", self.moe_layer_freq()]
+        if self.qk_layernorm:
+            a += ["--qk-layernorm"]
+        if self.multi_latent_attention:
+            a += ["--multi-latent-attention",
+                  "--kv-lora-rank", str(self.kv_lora_rank),
+                  "--qk-head-dim", str(self.qk_head_dim),
+                  "--qk-pos-emb-head-dim", str(self.qk_pos_emb_head_dim),
+                  "--v-head-dim", str(self.v_head_dim)]
+            if self.q_lora_rank:
+                a += ["--q-lora-rank", str(self.q_lora_rank)]
+        if self.mtp_num_layers:
+            a += ["--mtp-num-layers", str(self.mtp_num_layers)]
+        if self.untie_embeddings:
+            a += ["--untie-embeddings-and-output-weights"]
+        return a

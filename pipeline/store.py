@@ -1,0 +1,305 @@
+"""The study store: studies, trials, stage runs, metrics and decisions (SQLAlchemy).
+
+SQLite file by default (WAL mode, every write in one transaction); any SQLAlchemy URL by
+`MOETUNE_DB` (PostgreSQL for a team). Old databases are brought up to date by `MIGRATIONS`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from sqlalchemy import (JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint,
+                        create_engine, event, inspect, select, text)
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+DEFAULT_DB = ".moetune/moetune.db"
+
+
+class StoreError(Exception):
+    """A store problem an engineer can act on (one line)."""
+
+
+class DuplicateTrial(StoreError):
+    pass
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Meta(Base):
+    __tablename__ = "moetune_meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class Study(Base):
+    __tablename__ = "studies"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    model: Mapped[str] = mapped_column(String(200))
+    experiment: Mapped[dict] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(32), default="running")
+    created_at: Mapped[str] = mapped_column(String(32), default=now)
+
+
+class Trial(Base):
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("study_id", "config_hash"),
+                      UniqueConstraint("study_id", "number"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"))
+    number: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict] = mapped_column(JSON)
+    config_hash: Mapped[str] = mapped_column(String(64))
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id"), nullable=True)
+    fix: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    state: Mapped[str] = mapped_column(String(32), default="pending")
+    slurm_job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    folder: Mapped[str | None] = mapped_column(Text, nullable=True)
+    submitted_at: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    started_at: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    ended_at: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    step_time_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    step_time_std_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tflops_per_gpu: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_memory_gb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    wall: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    created_at: Mapped[str] = mapped_column(String(32), default=now)
+
+
+class StageRun(Base):
+    __tablename__ = "stage_runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"))
+    stage: Mapped[str] = mapped_column(String(32))
+    inputs_hash: Mapped[str] = mapped_column(String(64))
+    outputs: Mapped[list] = mapped_column(JSON, default=list)
+    status: Mapped[str] = mapped_column(String(16))  # ok | failed | skipped
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    started_at: Mapped[str] = mapped_column(String(32), default=now)
+    ended_at: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"))
+    name: Mapped[str] = mapped_column(String(100))
+    rank: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: combined
+    value: Mapped[float] = mapped_column(Float)
+
+
+class Decision(Base):
+    __tablename__ = "decisions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"))
+    trial_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id"), nullable=True)
+    kind: Mapped[str] = mapped_column(String(32))  # apply | keep | revert | skip | not_applied | stop
+    rule: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    evidence: Mapped[dict] = mapped_column(JSON, default=dict)
+    created_at: Mapped[str] = mapped_column(String(32), default=now)
+
+
+SCHEMA_VERSION = 1
+
+
+def _migrate_v1(conn) -> None:
+    """v0 → v1: the first schema; tables are created by create_all."""
+
+
+# (version it brings the database to, function of a connection). Append, never edit.
+MIGRATIONS: list[tuple[int, Any]] = [(1, _migrate_v1)]
+
+
+def database_url(url: str | None = None) -> str:
+    url = url or os.environ.get("MOETUNE_DB") or DEFAULT_DB
+    if "://" not in url:
+        Path(url).parent.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{Path(url).resolve()}"
+    return url
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+class Store:
+    """All reads and writes of moetune's state. Every write is one transaction."""
+
+    def __init__(self, url: str | None = None):
+        self.url = database_url(url)
+        self.engine = create_engine(self.url, future=True)
+        if self.url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.migrate()
+
+    # -- schema --------------------------------------------------------------------------
+    def schema_version(self) -> int:
+        if not inspect(self.engine).has_table("moetune_meta"):
+            return 0
+        with Session(self.engine) as s:
+            row = s.get(Meta, "schema_version")
+            return int(row.value) if row else 0
+
+    def migrate(self) -> None:
+        current = self.schema_version()
+        if current > SCHEMA_VERSION:
+            raise StoreError(f"{self.url}: schema version {current} is newer than this moetune "
+                             f"({SCHEMA_VERSION}); upgrade moetune")
+        Base.metadata.create_all(self.engine)
+        with self.engine.begin() as conn:
+            for version, step in MIGRATIONS:
+                if version > current:
+                    step(conn)
+            conn.execute(Meta.__table__.delete().where(Meta.key == "schema_version"))
+            conn.execute(Meta.__table__.insert().values(key="schema_version",
+                                                        value=str(SCHEMA_VERSION)))
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with Session(self.engine, expire_on_commit=False) as s, s.begin():
+            yield s
+
+    # -- studies -------------------------------------------------------------------------
+    def create_study(self, name: str, model: str, experiment: dict | None = None) -> Study:
+        with self.session() as s:
+            found = s.scalar(select(Study).where(Study.name == name))
+            if found:
+                return found
+            study = Study(name=name, model=model, experiment=experiment or {})
+            s.add(study)
+            s.flush()
+            return study
+
+    def study(self, name: str) -> Study:
+        with self.session() as s:
+            found = s.scalar(select(Study).where(Study.name == name))
+        if not found:
+            raise StoreError(f"no study named {name!r} in {self.url}; run `moetune tune` first")
+        return found
+
+    def studies(self) -> list[Study]:
+        with self.session() as s:
+            return list(s.scalars(select(Study).order_by(Study.id)))
+
+    def set_study_state(self, study_id: int, state: str) -> None:
+        with self.session() as s:
+            s.get(Study, study_id).state = state
+
+    # -- trials --------------------------------------------------------------------------
+    def add_trial(self, study_id: int, config: dict, config_hash: str,
+                  parent_id: int | None = None, fix: str | None = None) -> Trial:
+        try:
+            with self.session() as s:
+                n = s.scalar(select(Trial.number).where(Trial.study_id == study_id)
+                             .order_by(Trial.number.desc()).limit(1))
+                trial = Trial(study_id=study_id, number=(n or 0) + 1, config=config,
+                              config_hash=config_hash, parent_id=parent_id, fix=fix)
+                s.add(trial)
+                s.flush()
+                return trial
+        except IntegrityError as e:
+            raise DuplicateTrial(f"config {config_hash} already has a trial in study "
+                                 f"{study_id}") from e
+
+    def trial(self, trial_id: int) -> Trial:
+        with self.session() as s:
+            found = s.get(Trial, trial_id)
+        if not found:
+            raise StoreError(f"no trial {trial_id} in {self.url}; `moetune status` lists them")
+        return found
+
+    def trial_by_hash(self, study_id: int, config_hash: str) -> Trial | None:
+        with self.session() as s:
+            return s.scalar(select(Trial).where(Trial.study_id == study_id,
+                                                Trial.config_hash == config_hash))
+
+    def trials(self, study_id: int) -> list[Trial]:
+        with self.session() as s:
+            return list(s.scalars(select(Trial).where(Trial.study_id == study_id)
+                                  .order_by(Trial.number)))
+
+    def update_trial(self, trial_id: int, **values: Any) -> Trial:
+        with self.session() as s:
+            trial = s.get(Trial, trial_id)
+            if trial is None:
+                raise StoreError(f"no trial {trial_id} in {self.url}")
+            for k, v in values.items():
+                if not hasattr(Trial, k):
+                    raise StoreError(f"trial has no field {k!r}")
+                setattr(trial, k, v)
+            return trial
+
+    # -- stages --------------------------------------------------------------------------
+    def record_stage(self, trial_id: int, stage: str, inputs_hash: str, outputs: list[str],
+                     status: str = "ok", error: str | None = None,
+                     started_at: str | None = None) -> StageRun:
+        with self.session() as s:
+            run = StageRun(trial_id=trial_id, stage=stage, inputs_hash=inputs_hash,
+                           outputs=list(outputs), status=status, error=error,
+                           started_at=started_at or now(), ended_at=now())
+            s.add(run)
+            s.flush()
+            return run
+
+    def stage_runs(self, trial_id: int, stage: str | None = None) -> list[StageRun]:
+        q = select(StageRun).where(StageRun.trial_id == trial_id)
+        if stage:
+            q = q.where(StageRun.stage == stage)
+        with self.session() as s:
+            return list(s.scalars(q.order_by(StageRun.id)))
+
+    def last_stage(self, trial_id: int, stage: str) -> StageRun | None:
+        runs = [r for r in self.stage_runs(trial_id, stage) if r.status == "ok"]
+        return runs[-1] if runs else None
+
+    # -- metrics and decisions -----------------------------------------------------------
+    def set_metrics(self, trial_id: int, values: dict[str, float], rank: int | None = None) -> None:
+        """Replace the trial's scalar metrics (of one rank, or combined when rank is None)."""
+        with self.session() as s:
+            q = Metric.__table__.delete().where(Metric.trial_id == trial_id)
+            q = q.where(Metric.rank.is_(None) if rank is None else Metric.rank == rank)
+            s.execute(q)
+            for name, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    s.add(Metric(trial_id=trial_id, name=name, rank=rank, value=float(value)))
+
+    def metrics(self, trial_id: int, rank: int | None = None) -> dict[str, float]:
+        q = select(Metric).where(Metric.trial_id == trial_id)
+        q = q.where(Metric.rank.is_(None) if rank is None else Metric.rank == rank)
+        with self.session() as s:
+            return {m.name: m.value for m in s.scalars(q)}
+
+    def add_decision(self, study_id: int, kind: str, reason: str, trial_id: int | None = None,
+                     rule: str | None = None, evidence: dict | None = None) -> Decision:
+        with self.session() as s:
+            d = Decision(study_id=study_id, trial_id=trial_id, kind=kind, rule=rule,
+                         reason=reason, evidence=json.loads(json.dumps(evidence or {},
+                                                                       default=str)))
+            s.add(d)
+            s.flush()
+            return d
+
+    def decisions(self, study_id: int) -> list[Decision]:
+        with self.session() as s:
+            return list(s.scalars(select(Decision).where(Decision.study_id == study_id)
+                                  .order_by(Decision.id)))
+
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
