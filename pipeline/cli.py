@@ -1,0 +1,184 @@
+"""`moetune`: the command line. Each subcommand is a thin call into one module."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+STAGES = ("render", "submit", "collect", "export", "analyze", "decide")
+
+
+class UserError(Exception):
+    """An error an engineer can fix; printed as one line, exit code 2."""
+
+
+def _store(args):
+    from pipeline.store import Store
+    return Store(getattr(args, "db", None))
+
+
+def cmd_plan(args, rest):
+    from pipeline import plan_cli
+    return plan_cli.main(rest)
+
+
+def cmd_check(args, rest):
+    from pipeline import check_cli
+    return check_cli.main(rest)
+
+
+def cmd_analyze(args, rest):
+    import analysis
+    return analysis.cli_main(rest)
+
+
+def cmd_tune(args, _rest):
+    from pipeline import tuner
+    summary = tuner.tune(args.model, _store(args), executor=args.executor,
+                         runs_root=Path(args.runs), max_trials=args.max_trials,
+                         progress=not args.no_progress)
+    md, html = _write_reports(args, summary.get("study", args.model))
+    print(f"study {summary.get('study')}: {summary.get('trials', '?')} trials, best "
+          f"{summary.get('best_step_time_ms', '?')} ms/step "
+          f"(baseline {summary.get('baseline_step_time_ms', '?')} ms)")
+    print(f"report: {md}\nreport: {html}")
+    return 0
+
+
+def cmd_demo(args, _rest):
+    args.executor = "replay"
+    args.model = args.model or "moe_proxy"
+    return cmd_tune(args, _rest)
+
+
+def _write_reports(args, study):
+    from pipeline import report
+    return report.write_reports(_store(args), study, Path(args.out))
+
+
+def cmd_report(args, _rest):
+    store = _store(args)
+    names = [args.study] if args.study else [s.name for s in store.studies()]
+    if not names:
+        raise UserError(f"no studies in {store.url}; run `moetune tune MODEL` first")
+    for name in names:
+        md, html = _write_reports(args, name)
+        print(f"{name}: {md}\n{name}: {html}")
+    return 0
+
+
+def cmd_status(args, _rest):
+    from pipeline import status
+    print(status.render(_store(args), args.study))
+    return 0
+
+
+def cmd_stage(args, _rest):
+    from pipeline import stages
+    out = stages.run_stage(_store(args), args.trial, args.stage, force=args.force)
+    for path in out or []:
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="moetune",
+        description="Automatic performance tuner for Megatron MoE training on Slurm: profile "
+                    "short runs under Nsight Systems, find the wall, apply the next fix, repeat.")
+    p.add_argument("--db", default=os.environ.get("MOETUNE_DB"),
+                   help="store: a SQLite path or any SQLAlchemy URL (env MOETUNE_DB; "
+                        "default .moetune/moetune.db)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name, fn, help_, passthrough=False):
+        sp = sub.add_parser(name, help=help_, description=help_, add_help=not passthrough)
+        sp.set_defaults(fn=fn, passthrough=passthrough)
+        return sp
+
+    add("plan", cmd_plan, "list memory-feasible layouts for a model, least model parallelism "
+        "first (moetune plan MODEL [--gpus N --gpu-type T] [--format text|json])", True)
+    add("check", cmd_check, "check a Megatron command line against Megatron's and the MoE "
+        "guidance's constraints (moetune check [--gpus N --gpu-type T] -- ARGS...)", True)
+    add("analyze", cmd_analyze, "classify the wall of nsys traces and/or a training log "
+        "(moetune analyze PATH... [--log FILE] [--format text|json|markdown])", True)
+
+    for name, fn, help_ in (("tune", cmd_tune, "run the tuning loop for an experiment"),
+                            ("demo", cmd_demo, "the tuning loop replaying the recorded GPU "
+                                               "trial bank (no GPU needed)")):
+        sp = add(name, fn, help_)
+        sp.add_argument("model", nargs="?" if name == "demo" else None,
+                        help="experiment name (experiments/NAME.yaml) or a YAML path")
+        sp.add_argument("--executor", default="auto", choices=("auto", "slurm", "local", "replay"),
+                        help="auto: Slurm when sbatch is on PATH, else submitit's local executor")
+        sp.add_argument("--runs", default="runs", help="folder for trial files (default runs/)")
+        sp.add_argument("--out", default="reports", help="folder for reports (default reports/)")
+        sp.add_argument("--max-trials", type=int, default=None,
+                        help="override the experiment's trial budget")
+        sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    sp = add("stage", cmd_stage, "re-run one stage of one trial by hand")
+    sp.add_argument("stage", choices=STAGES)
+    sp.add_argument("--trial", type=int, required=True, help="trial id (moetune status lists them)")
+    sp.add_argument("--force", action="store_true", help="re-run even when outputs are current")
+
+    sp = add("report", cmd_report, "write Markdown and HTML reports of a study (default: all)")
+    sp.add_argument("study", nargs="?")
+    sp.add_argument("--out", default="reports", help="folder for reports (default reports/)")
+
+    sp = add("status", cmd_status, "studies, trials and decisions in the store")
+    sp.add_argument("study", nargs="?")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # plan, check and analyze own their arguments (check takes a raw Megatron argv after --)
+    head = _first_command(argv)
+    if head is not None and argv[head] in PASSTHROUGH:
+        args = parser.parse_args(argv[:head + 1])
+        rest = argv[head + 1:]
+    else:
+        args, rest = parser.parse_args(argv), []
+    try:
+        return args.fn(args, rest) or 0
+    except KeyboardInterrupt:
+        print("moetune: interrupted; the store keeps what was measured, run the same command "
+              "again to resume", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line for anything an engineer can act on
+        if not _is_user_error(e):
+            raise
+        print(f"moetune: {e}", file=sys.stderr)
+        return 2
+
+
+PASSTHROUGH = ("plan", "check", "analyze")
+
+
+def _first_command(argv: list[str]) -> int | None:
+    """Index of the subcommand in argv (skipping the global --db VALUE)."""
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--db":
+            i += 2
+        elif argv[i].startswith("--db="):
+            i += 1
+        elif argv[i].startswith("-"):
+            return None
+        else:
+            return i
+    return None
+
+
+def _is_user_error(e: Exception) -> bool:
+    names = {"UserError", "ConfigError", "StoreError", "DuplicateTrial", "TraceError",
+             "JobError", "LockError", "StageError", "TunerError", "ReplayError"}
+    return any(c.__name__ in names for c in type(e).__mro__) or isinstance(e, (FileNotFoundError,
+                                                                                 PermissionError))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
