@@ -1,0 +1,89 @@
+"""moetune's trace analysis: nsys SQLite → per-rank metrics → the dominant wall, with evidence.
+
+    analyze(paths, log=None, gpu_memory_gb=None) -> dict   # wall, confidence, evidence, metrics, log
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from analysis.errors import TraceError
+
+TRACE_SUFFIXES = (".sqlite", ".sqlite.xz", ".nsys-rep")
+
+__all__ = ["analyze", "TraceError", "trace_files", "cli_main"]
+
+
+def trace_files(paths) -> list[Path]:
+    """Expand directories into their trace files (one per rank or node); keep file order."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.iterdir() if f.name.endswith(TRACE_SUFFIXES))
+            # prefer a .sqlite over the .nsys-rep / .xz it was made from
+            stems = {f.name.split(".")[0] for f in found if f.name.endswith(".sqlite")}
+            found = [f for f in found if f.name.endswith(".sqlite") or f.name.split(".")[0] not in stems]
+            if not found:
+                raise TraceError(f"{p}: no trace files (*.sqlite, *.nsys-rep) in this directory")
+            out += found
+        else:
+            out.append(p)
+    return out
+
+
+def rank_frames(paths):
+    """Yield (rank, kernels, copies, runtime, nvtx, memory, gpus) for every rank of every file."""
+    from analysis.kernels import classify
+    from analysis.load import open_trace
+    rank = 0
+    for path in trace_files(paths):
+        t = open_trace(path)
+        k = t.kernels
+        k = k.assign(cls=classify(k["name"])) if not k.empty else k.assign(cls=[])
+        keys = sorted(set(zip(k["globalPid"], k["deviceId"]))) if not k.empty else []
+        if not keys:
+            yield rank, k, t.copies, t.runtime, t.nvtx, t.memory, t.gpus
+            rank += 1
+            continue
+        for pid, dev in keys:
+            sel = lambda df: df[(df["globalPid"] == pid) & (df["deviceId"] == dev)] if not df.empty else df
+            by_pid = lambda df: df[df["globalPid"] == pid] if not df.empty else df
+            yield rank, sel(k), sel(t.copies), by_pid(t.runtime), by_pid(t.nvtx), sel(t.memory), t.gpus
+            rank += 1
+
+
+def analyze(paths=(), log=None, gpu_memory_gb: float | None = None) -> dict:
+    from analysis.logs import parse_log
+    from analysis.metrics import combine, rank_metrics
+    from analysis.walls import classify as classify_wall
+    from analysis.window import find_window
+    if not paths and not log:
+        raise TraceError("nothing to analyze: give trace files and/or --log")
+    parsed_log = parse_log(log) if log else None
+    per_rank: dict[int, dict] = {}
+    for rank, k, copies, rt, nvtx, mem, gpus in rank_frames(paths):
+        w = find_window(k, rt, nvtx)
+        per_rank[rank] = rank_metrics(k, copies, rt, mem, w)
+        if gpu_memory_gb is None and not gpus.empty and "totalMemory" in gpus:
+            gpu_memory_gb = float(gpus["totalMemory"].max()) / 2**30
+    combined = combine(per_rank) if per_rank else {}
+    if parsed_log:
+        for key in ("step_time_ms", "step_time_std_ms", "tflops_per_gpu", "tokens_per_s"):
+            if combined.get(key) is None and parsed_log.get(key) is not None:
+                combined[key] = parsed_log[key]
+        if parsed_log.get("max_allocated_gb") is not None:
+            combined.setdefault("peak_memory_gb", parsed_log["max_allocated_gb"])
+    verdict = classify_wall(combined, parsed_log, gpu_memory_gb)
+    return {
+        "wall": verdict["wall"],
+        "confidence": verdict["confidence"],
+        "evidence": verdict["evidence"],
+        "metrics": {"combined": combined, "per_rank": per_rank},
+        "log": parsed_log,
+        "gpu_memory_gb": gpu_memory_gb,
+        "sources": [str(p) for p in trace_files(paths)] + ([str(log)] if log else []),
+    }
+
+
+def cli_main(argv: list[str]) -> int:
+    from analysis.cli import main
+    return main(argv)

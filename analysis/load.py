@@ -1,0 +1,191 @@
+"""Open an Nsight Systems SQLite export (2022.4 or 2025.x schema) into pandas frames.
+
+Only the tables and columns the metrics need are read; names are resolved through `StringIds`.
+A table that is absent (no CUDA, no NVTX, no memory events) gives an empty frame.
+"""
+from __future__ import annotations
+
+import lzma
+import os
+import shutil
+import sqlite3
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.errors import TraceError
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+PID_MASK = ~0xFFFFFF  # globalTid = globalPid | tid (low 24 bits)
+
+KERNEL_COLS = ("start", "end", "deviceId", "streamId", "correlationId", "globalPid")
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
+                "cudaGraphLaunch", "cuGraphLaunch", "cudaLaunchCooperativeKernel")
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
+              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cudaStreamWaitEvent",
+              "cudaMemcpy", "cuMemcpyDtoH", "cudaMemcpyAsync")
+
+
+@dataclass
+class Trace:
+    """The frames of one export. Times are ns on the trace's clock."""
+
+    path: Path
+    version: str
+    kernels: pd.DataFrame  # start end deviceId streamId correlationId globalPid name
+    copies: pd.DataFrame  # start end deviceId streamId globalPid kind (memcpy|memset)
+    runtime: pd.DataFrame  # start end globalPid correlationId name
+    nvtx: pd.DataFrame  # start end globalPid text
+    memory: pd.DataFrame  # start deviceId globalPid bytes op (0 alloc, 1 free)
+    gpus: pd.DataFrame = field(default_factory=pd.DataFrame)  # id name totalMemory
+    tables: frozenset = frozenset()
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise TraceError(f"{path}: no such file")
+    if path.is_dir():
+        raise TraceError(f"{path}: is a directory; give the trace files in it")
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head != SQLITE_MAGIC:
+        what = "empty file" if not head else "not an SQLite file"
+        raise TraceError(f"{path}: {what}; expected an nsys SQLite export (.sqlite) or .nsys-rep")
+
+
+def materialize(path: Path) -> Path:
+    """A local SQLite path for a .sqlite, .sqlite.xz or .nsys-rep input (cached beside it)."""
+    name = path.name
+    if name.endswith(".xz"):
+        out = path.with_name(name[:-3])
+        if not out.exists() or out.stat().st_mtime < path.stat().st_mtime:
+            try:
+                with lzma.open(path) as src, open(str(out) + ".part", "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            except (lzma.LZMAError, EOFError) as e:
+                raise TraceError(f"{path}: broken xz file ({e})") from None
+            os.replace(str(out) + ".part", out)
+        return materialize(out)
+    if name.endswith(".nsys-rep"):
+        out = path.with_suffix(".sqlite")
+        if not out.exists() or out.stat().st_mtime < path.stat().st_mtime:
+            export_sqlite(path, out)
+        return out
+    return path
+
+
+def export_sqlite(rep: Path, out: Path) -> None:
+    nsys = os.environ.get("NSYS") or shutil.which("nsys")
+    if not nsys:
+        raise TraceError(f"{rep}: exporting needs nsys on PATH or in $NSYS")
+    proc = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
+                           "-o", str(out), str(rep)], capture_output=True, text=True)
+    if proc.returncode != 0 or not out.exists():
+        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise TraceError(f"{rep}: nsys export failed: {last[0]}")
+
+
+def _tables(con) -> dict[str, set[str]]:
+    names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    return {n: {r[1] for r in con.execute(f'PRAGMA table_info("{n}")')} for n in names}
+
+
+def _read(con, sql: str) -> pd.DataFrame:
+    return pd.read_sql_query(sql, con)
+
+
+def open_trace(path: str | Path) -> Trace:
+    path = Path(path)
+    _check_file(path) if not path.name.endswith((".xz", ".nsys-rep")) else None
+    local = materialize(path)
+    _check_file(local)
+    try:
+        con = sqlite3.connect(f"file:{local}?mode=ro&immutable=1", uri=True)
+        try:
+            return _load(con, path)
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        raise TraceError(f"{path}: unreadable SQLite ({e}); the file may be truncated") from None
+
+
+def _load(con, path: Path) -> Trace:
+    tables = _tables(con)
+    if "StringIds" not in tables:
+        raise TraceError(f"{path}: not an Nsight Systems export (no StringIds table)")
+    version = ""
+    if "META_DATA_EXPORT" in tables:
+        rows = con.execute("SELECT name, value FROM META_DATA_EXPORT").fetchall()
+        meta = dict(rows)
+        version = str(meta.get("EXPORT_PROGRAM_VERSION") or meta.get("EXPORT_SCHEMA_VERSION") or "")
+    return Trace(path=path, version=version, kernels=_kernels(con, tables),
+                 copies=_copies(con, tables), runtime=_runtime(con, tables),
+                 nvtx=_nvtx(con, tables), memory=_memory(con, tables), gpus=_gpus(con, tables),
+                 tables=frozenset(tables))
+
+
+def _kernels(con, tables) -> pd.DataFrame:
+    t = "CUPTI_ACTIVITY_KIND_KERNEL"
+    if t not in tables:
+        return pd.DataFrame(columns=[*KERNEL_COLS, "name"])
+    name_col = "shortName" if "shortName" in tables[t] else "demangledName"
+    df = _read(con, f'SELECT k.start, k."end", k.deviceId, k.streamId, k.correlationId, '
+                    f'k.globalPid, s.value AS name FROM {t} k '
+                    f'LEFT JOIN StringIds s ON s.id = k.{name_col}')
+    df["name"] = df["name"].fillna("?")
+    return df
+
+
+def _copies(con, tables) -> pd.DataFrame:
+    parts = []
+    for t, kind in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
+        if t in tables:
+            df = _read(con, f'SELECT start, "end", deviceId, streamId, globalPid FROM {t}')
+            df["kind"] = kind
+            parts.append(df)
+    if not parts:
+        return pd.DataFrame(columns=["start", "end", "deviceId", "streamId", "globalPid", "kind"])
+    return pd.concat(parts, ignore_index=True)
+
+
+def _runtime(con, tables) -> pd.DataFrame:
+    t = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    if t not in tables:
+        return pd.DataFrame(columns=["start", "end", "globalPid", "correlationId", "name"])
+    df = _read(con, f'SELECT r.start, r."end", r.globalTid, r.correlationId, s.value AS name '
+                    f'FROM {t} r LEFT JOIN StringIds s ON s.id = r.nameId')
+    df["globalPid"] = df.pop("globalTid").astype("int64") & PID_MASK
+    df["name"] = df["name"].fillna("").str.replace(r"_v\d+$", "", regex=True)
+    return df
+
+
+def _nvtx(con, tables) -> pd.DataFrame:
+    t = "NVTX_EVENTS"
+    if t not in tables:
+        return pd.DataFrame(columns=["start", "end", "globalPid", "text"])
+    cols = tables[t]
+    text = "COALESCE(n.text, s.value)" if "textId" in cols else "n.text"
+    join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
+    # eventType 59: push/pop range, 60: start/end range (both schemas)
+    df = _read(con, f'SELECT n.start, n."end", n.globalTid, {text} AS text FROM {t} n {join} '
+                    f'WHERE n."end" IS NOT NULL AND n.eventType IN (59, 60)')
+    df["globalPid"] = df.pop("globalTid").astype("int64") & PID_MASK
+    df["text"] = df["text"].fillna("")
+    return df
+
+
+def _memory(con, tables) -> pd.DataFrame:
+    t = "CUDA_GPU_MEMORY_USAGE_EVENTS"
+    if t not in tables:
+        return pd.DataFrame(columns=["start", "deviceId", "globalPid", "bytes", "op"])
+    return _read(con, f"SELECT start, deviceId, globalPid, bytes, memoryOperationType AS op FROM {t}")
+
+
+def _gpus(con, tables) -> pd.DataFrame:
+    t = "TARGET_INFO_GPU"
+    if t not in tables:
+        return pd.DataFrame(columns=["id", "name", "totalMemory"])
+    cols = [c for c in ("id", "name", "totalMemory") if c in tables[t]]
+    return _read(con, f"SELECT {', '.join(cols)} FROM {t}")

@@ -1,0 +1,70 @@
+"""Parse a Megatron training log (and what Slurm and torch print into it)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from analysis.errors import TraceError
+
+ITER = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|.*?elapsed time per iteration \(ms\):\s*([\d.]+)")
+TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")
+TOKENS = re.compile(r"tokens per (?:sec|second)[^:]*:\s*([\d.]+)", re.IGNORECASE)
+MAX_ALLOC = re.compile(r"max allocated:\s*([\d.]+)")
+GLOBAL_BATCH = re.compile(r"global batch size:\s*(\d+)")
+
+# (failure, pattern). First match in file order of this table wins.
+FAILURES: tuple[tuple[str, re.Pattern], ...] = (
+    ("oom", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|"
+                       r"CUBLAS_STATUS_ALLOC_FAILED|oom-kill|Out Of Memory|OUT_OF_MEMORY")),
+    ("time_limit", re.compile(r"DUE TO TIME LIMIT|TIMEOUT")),
+    ("nccl_timeout", re.compile(r"Watchdog caught collective operation timeout|NCCL.*[Tt]imeout|"
+                                r"ProcessGroupNCCL.*timed out")),
+    ("nccl_error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
+                              r"ncclRemoteError")),
+    ("cancelled", re.compile(r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT")),
+)
+
+
+def parse_log(path: str | Path, steady_skip: int = 2) -> dict:
+    """Iteration times, throughput, memory and the failure (if any) of one training log.
+
+    The first `steady_skip` iterations (warm-up, compilation) are left out of the mean.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read log ({e.strerror})") from None
+    iters, tflops, tokens = [], [], []
+    seq_len = None
+    for line in text.splitlines():
+        m = ITER.search(line)
+        if m:
+            iters.append((int(m.group(1)), float(m.group(3))))
+            t = TFLOPS.search(line)
+            if t:
+                tflops.append(float(t.group(1)))
+        t = TOKENS.search(line)
+        if t:
+            tokens.append(float(t.group(1)))
+    alloc = [float(x) for x in MAX_ALLOC.findall(text)]
+    failure = None
+    for name, rx in FAILURES:
+        if rx.search(text):
+            failure = name
+            break
+    steady = [ms for it, ms in iters if it > steady_skip] or [ms for _, ms in iters]
+    out = {
+        "iterations": len(iters),
+        "iteration_ms": [ms for _, ms in iters],
+        "step_time_ms": round(float(np.mean(steady)), 3) if steady else None,
+        "step_time_std_ms": round(float(np.std(steady, ddof=1)), 3) if len(steady) > 1 else None,
+        "tflops_per_gpu": round(float(np.mean(tflops[steady_skip:] or tflops)), 3) if tflops else None,
+        "tokens_per_s": round(float(np.mean(tokens)), 1) if tokens else None,
+        "max_allocated_gb": round(max(alloc) / 1024, 3) if alloc else None,
+        "failure": failure,
+        "last_lines": text.splitlines()[-10:],
+    }
+    return out

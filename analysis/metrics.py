@@ -1,0 +1,215 @@
+"""Per-rank metrics of the profiled window, each a small function of the trace frames.
+
+Shares are fractions of the window. Interval unions, not sums: two overlapping kernels count once.
+  gpu_busy_share      union of all kernels and copies / window
+  gpu_idle_share      1 - gpu_busy_share
+  comm_share          union of communication kernels / window (raw: includes waiting)
+  exposed_comm_share  communication time during which no compute kernel runs on that GPU / window
+  exposed_a2a_ms      the same for all-to-all (NCCL SendRecv, DeepEP, HybridEP), per step
+  sm_util_estimate    union of compute kernels / window (a timeline estimate, not SM counters)
+  idle_gaps           gaps in the busy union above 10 us / 100 us / 1 ms: count and total ms
+  idle causes         launch_starved (the next kernel's launch call ended after the gap began),
+                      sync_blocked (a synchronising call spans the gap), other_wait (a stream or
+                      a peer rank)
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis import intervals as iv
+from analysis.kernels import A2A_CLASSES, COMM_CLASSES, NON_COMPUTE
+from analysis.load import LAUNCH_CALLS, SYNC_CALLS
+from analysis.window import Window
+
+GAP_THRESHOLDS_US = (10, 100, 1000)
+NS_PER_MS = 1e6
+
+
+def _u(df: pd.DataFrame):
+    return iv.union(df["start"].to_numpy(), df["end"].to_numpy())
+
+
+def in_window(df: pd.DataFrame, w: Window) -> pd.DataFrame:
+    """Rows that overlap the window, clipped to it."""
+    if df.empty:
+        return df
+    keep = (df["end"] > w.start) & (df["start"] < w.end)
+    out = df[keep].copy()
+    out["start"] = out["start"].clip(lower=w.start)
+    out["end"] = out["end"].clip(upper=w.end)
+    return out
+
+
+def class_times(k: pd.DataFrame) -> tuple[dict, dict]:
+    """Raw kernel time (ms) and count by class."""
+    if k.empty:
+        return {}, {}
+    dur = (k["end"] - k["start"]) / NS_PER_MS
+    ms = dur.groupby(k["cls"]).sum().round(4).to_dict()
+    count = k["cls"].value_counts().to_dict()
+    return ms, {c: int(n) for c, n in count.items()}
+
+
+def comm_exposure(k: pd.DataFrame) -> dict:
+    """Raw and exposed communication (ns): comm time not covered by any compute kernel."""
+    compute = _u(k[~k["cls"].isin(NON_COMPUTE)])
+    comm = _u(k[k["cls"].isin(COMM_CLASSES)])
+    a2a = _u(k[k["cls"].isin(A2A_CLASSES)])
+    other = _u(k[k["cls"] == "nccl_other"])
+    return {
+        "compute_ns": iv.length(compute),
+        "comm_ns": iv.length(comm),
+        "a2a_ns": iv.length(a2a),
+        "exposed_comm_ns": iv.length(comm) - iv.intersection_length(comm, compute),
+        "exposed_a2a_ns": iv.length(a2a) - iv.intersection_length(a2a, compute),
+        "exposed_other_comm_ns": iv.length(other) - iv.intersection_length(other, compute),
+    }
+
+
+def idle_gaps(busy, w: Window) -> tuple[np.ndarray, np.ndarray]:
+    return iv.gaps(busy, w.start, w.end)
+
+
+def gap_histogram(gs: np.ndarray, ge: np.ndarray) -> dict:
+    d = (ge - gs) / 1e3  # us
+    out = {}
+    for t in GAP_THRESHOLDS_US:
+        sel = d > t
+        out[f"gaps_over_{t}us"] = int(sel.sum())
+        out[f"gaps_over_{t}us_ms"] = round(float(d[sel].sum()) / 1e3, 4)
+    return out
+
+
+def idle_causes(gs, ge, k: pd.DataFrame, runtime: pd.DataFrame) -> dict:
+    """Split idle time by what the GPU waited for (needs the CUDA runtime table)."""
+    out = {"launch_starved_ms": 0.0, "sync_blocked_ms": 0.0, "other_wait_ms": 0.0}
+    if gs.size == 0 or k.empty:
+        return out
+    ks = k.sort_values("start")
+    nxt = np.searchsorted(ks["start"].to_numpy(), ge, side="left")
+    launch_end = pd.Series(np.nan, index=range(gs.size))
+    if not runtime.empty:
+        launches = runtime[runtime["name"].isin(LAUNCH_CALLS)]
+        by_corr = launches.set_index("correlationId")["end"]
+        by_corr = by_corr[~by_corr.index.duplicated()]
+        valid = nxt < len(ks)
+        corr = np.where(valid, ks["correlationId"].to_numpy()[np.minimum(nxt, len(ks) - 1)], -1)
+        launch_end = pd.Series(by_corr.reindex(corr).to_numpy())
+    syncs = runtime[runtime["name"].isin(SYNC_CALLS)] if not runtime.empty else runtime
+    sync_u = _u(syncs) if not syncs.empty else (np.array([], np.int64), np.array([], np.int64))
+    for i, (s, e) in enumerate(zip(gs, ge)):
+        dur = (e - s) / NS_PER_MS
+        le = launch_end.iloc[i]
+        if not np.isnan(le) and le >= s:
+            out["launch_starved_ms"] += dur
+        elif iv.intersection_length((np.array([s]), np.array([e])), sync_u) > 0.5 * (e - s):
+            out["sync_blocked_ms"] += dur
+        else:
+            out["other_wait_ms"] += dur
+    return {key: round(v, 4) for key, v in out.items()}
+
+
+def peak_memory_gb(memory: pd.DataFrame) -> float | None:
+    """Peak of allocated minus freed bytes over the trace (CUDA memory events)."""
+    if memory.empty:
+        return None
+    m = memory.sort_values("start")
+    signed = np.where(m["op"].to_numpy() == 1, -1, 1) * m["bytes"].to_numpy(dtype=np.float64)
+    return round(float(np.cumsum(signed).max()) / 2**30, 4)
+
+
+def rank_metrics(k: pd.DataFrame, copies: pd.DataFrame, runtime: pd.DataFrame,
+                 memory: pd.DataFrame, w: Window) -> dict:
+    """All metrics of one rank. `k` carries a `cls` column (kernels.classify)."""
+    wms = w.ns / NS_PER_MS
+    k = in_window(k, w)
+    copies = in_window(copies, w)
+    rt = runtime[(runtime["start"] >= w.start) & (runtime["start"] < w.end)] if not runtime.empty else runtime
+    steps = max(w.steps, 1)
+    m: dict = {"window_ms": round(wms, 4), "steps": w.steps, "window_source": w.source}
+    if w.step_times_ns:
+        st = np.array(w.step_times_ns) / NS_PER_MS
+        m["step_time_ms"] = round(float(st.mean()), 4)
+        m["step_time_std_ms"] = round(float(st.std(ddof=1)) if st.size > 1 else 0.0, 4)
+    m["kernel_class_ms"], m["kernel_class_count"] = class_times(k)
+    for c in copies["kind"].unique() if not copies.empty else []:
+        sel = copies[copies["kind"] == c]
+        m["kernel_class_ms"][c] = round(float((sel["end"] - sel["start"]).sum() / NS_PER_MS), 4)
+        m["kernel_class_count"][c] = int(len(sel))
+    if wms <= 0:
+        return m
+    busy = iv.union(np.concatenate([k["start"].to_numpy(), copies["start"].to_numpy()]),
+                    np.concatenate([k["end"].to_numpy(), copies["end"].to_numpy()]))
+    busy_ns = iv.length(busy)
+    ce = comm_exposure(k)
+    m.update({
+        "gpu_busy_share": round(busy_ns / w.ns, 4),
+        "gpu_idle_share": round(1 - busy_ns / w.ns, 4),
+        "sm_util_estimate": round(ce["compute_ns"] / w.ns, 4),
+        "comm_share": round(ce["comm_ns"] / w.ns, 4),
+        "exposed_comm_share": round(ce["exposed_comm_ns"] / w.ns, 4),
+        "exposed_a2a_share": round(ce["exposed_a2a_ns"] / w.ns, 4),
+        "exposed_other_comm_share": round(ce["exposed_other_comm_ns"] / w.ns, 4),
+        "a2a_ms": round(ce["a2a_ns"] / NS_PER_MS / steps, 4),
+        "exposed_a2a_ms": round(ce["exposed_a2a_ns"] / NS_PER_MS / steps, 4),
+        "exposed_comm_ms": round(ce["exposed_comm_ns"] / NS_PER_MS / steps, 4),
+        "kernels_per_step": round(len(k) / steps, 2),
+        "median_kernel_us": round(float(((k["end"] - k["start"]) / 1e3).median()), 3) if len(k) else 0.0,
+    })
+    gs, ge = idle_gaps(busy, w)
+    m.update(gap_histogram(gs, ge))
+    m.update(idle_causes(gs, ge, k, rt))
+    if not rt.empty:
+        launches = rt["name"].isin(LAUNCH_CALLS)
+        m["launch_rate_per_ms"] = round(float(launches.sum()) / wms, 3)
+        m["cuda_graph_launches"] = int(rt["name"].isin(("cudaGraphLaunch", "cuGraphLaunch")).sum())
+    else:
+        m["cuda_graph_launches"] = 0
+    peak = peak_memory_gb(memory)
+    if peak is not None:
+        m["peak_memory_gb"] = peak
+    return m
+
+
+SHARE_KEYS = ("gpu_busy_share", "gpu_idle_share", "sm_util_estimate", "comm_share",
+              "exposed_comm_share", "exposed_a2a_share", "exposed_other_comm_share")
+
+
+def combine(per_rank: dict[int, dict]) -> dict:
+    """Across ranks: means of shares and times, the slowest step, and the all-to-all skew split.
+
+    The transfer cost of the all-to-all is estimated from the rank that spends least time in it
+    (that rank did not wait); what other ranks spend beyond it is waiting for a late peer.
+    """
+    ranks = [m for m in per_rank.values() if m.get("window_ms", 0) > 0]
+    out: dict = {"ranks": len(per_rank)}
+    if not ranks:
+        return out
+    keys = set().union(*(m.keys() for m in ranks))
+    for key in sorted(keys):
+        vals = [m[key] for m in ranks if isinstance(m.get(key), (int, float)) and not isinstance(m.get(key), bool)]
+        if vals:
+            out[key] = round(float(np.mean(vals)), 4)
+    for key in ("kernel_class_ms", "kernel_class_count"):
+        agg: dict = {}
+        for m in ranks:
+            for c, v in m.get(key, {}).items():
+                agg[c] = agg.get(c, 0) + v
+        out[key] = {c: (round(v / len(ranks), 4) if key.endswith("ms") else v) for c, v in agg.items()}
+    if "step_time_ms" in out:
+        out["step_time_ms"] = max(m.get("step_time_ms", 0) for m in ranks)
+    out["steps"] = min(m.get("steps", 0) for m in ranks)
+    for key in ("gpu_idle_share", "exposed_comm_share"):
+        out[f"max_{key}"] = max(m.get(key, 0) for m in ranks)
+    if "peak_memory_gb" in out:
+        out["peak_memory_gb"] = max(m.get("peak_memory_gb", 0) for m in ranks)
+    a2a = [m.get("a2a_ms", 0.0) for m in ranks]
+    transfer = min(a2a)
+    wait = float(np.mean(a2a)) - transfer
+    out["a2a_transfer_ms"] = round(transfer, 4)
+    out["a2a_wait_ms"] = round(wait, 4)
+    step = out.get("step_time_ms") or out["window_ms"] / max(out["steps"], 1)
+    out["a2a_wait_share"] = round(wait / step, 4) if step else 0.0
+    out["exposed_comm_share_net"] = round(max(0.0, out.get("exposed_comm_share", 0) - out["a2a_wait_share"]), 4)
+    return out

@@ -1,0 +1,88 @@
+"""Which wall holds the run back: memory, communication, host_overhead or compute.
+
+`THRESHOLDS` is the whole policy, as data. Each row: the wall, the metric, the comparison, the
+threshold, and the guidance it comes from. A row fires when its metric crosses its threshold; its
+strength is how far past (value / threshold). The strongest firing wall wins; ties go by
+`WALL_ORDER` (fit first). No row fires: `compute` if the GPU is busy, else `unknown`.
+"""
+from __future__ import annotations
+
+WORKFLOW = "moe-optimization-workflow.md (Profile The Dominant Bottleneck)"
+
+WALL_ORDER = ("memory", "communication", "host_overhead", "compute")
+
+# (rule, wall, metric, op, threshold, source)
+THRESHOLDS: tuple[tuple[str, str, str, str, float, str], ...] = (
+    ("oom_in_log", "memory", "log_oom", ">=", 1.0, WORKFLOW + ": OOMs during warmup"),
+    ("memory_near_capacity", "memory", "memory_used_share", ">=", 0.92,
+     WORKFLOW + ": run fits only barely"),
+    ("exposed_a2a", "communication", "exposed_comm_share_net", ">=", 0.15,
+     WORKFLOW + ": Nsight shows large all-to-all or collective blocks"),
+    ("gpu_idle", "host_overhead", "gpu_idle_share", ">=", 0.25,
+     WORKFLOW + ": GPU gaps, launch-bound traces"),
+    ("straggler_wait", "host_overhead", "a2a_wait_share", ">=", 0.15,
+     "a late rank makes its peers' NCCL kernels wait: host stall, not communication"),
+    ("short_kernels", "host_overhead", "launch_bound", ">=", 1.0,
+     WORKFLOW + ": launch-bound (median kernel under 20 us with idle over 10%)"),
+    ("busy_compute", "compute", "sm_util_estimate", ">=", 0.70,
+     WORKFLOW + ": busy GPU; next fixes are kernel-level (grouped GEMM, fusion, FP8)"),
+)
+
+MIN_WINDOW_MS = 0.05  # below this the trace cannot decide
+
+
+def _ops(v: float, op: str, t: float) -> bool:
+    return v >= t if op == ">=" else v <= t
+
+
+def derived(metrics: dict, log: dict | None, gpu_memory_gb: float | None) -> dict:
+    """Inputs of the table that are not plain metrics."""
+    d = dict(metrics)
+    d["log_oom"] = 1.0 if log and log.get("failure") == "oom" else 0.0
+    peak = metrics.get("peak_memory_gb") or (log or {}).get("max_allocated_gb")
+    if peak and gpu_memory_gb:
+        d["memory_used_share"] = peak / gpu_memory_gb
+    med, idle = metrics.get("median_kernel_us"), metrics.get("gpu_idle_share")
+    if med is not None and idle is not None:
+        d["launch_bound"] = 1.0 if (med < 20 and idle > 0.10) else 0.0
+    return d
+
+
+def classify(metrics: dict, log: dict | None = None, gpu_memory_gb: float | None = None) -> dict:
+    """{wall, confidence, evidence}. Evidence lists every row that fired, strongest first."""
+    d = derived(metrics, log, gpu_memory_gb)
+    fired = []
+    for rule, wall, metric, op, thr, src in THRESHOLDS:
+        v = d.get(metric)
+        if v is None or not _ops(float(v), op, thr):
+            continue
+        strength = float(v) / thr if thr else float(v)
+        fired.append({"rule": rule, "wall": wall, "metric": metric, "value": round(float(v), 4),
+                      "threshold": thr, "strength": round(strength, 3), "source": src})
+    memory = [f for f in fired if f["wall"] == "memory"]
+    if memory:  # the first wall: nothing else matters until the run fits
+        return {"wall": "memory", "confidence": 0.95 if d["log_oom"] else 0.8,
+                "evidence": memory + [f for f in fired if f["wall"] != "memory"]}
+    window = metrics.get("window_ms", 0) or 0
+    if window < MIN_WINDOW_MS:
+        why = "no GPU activity in the window" if metrics else "no trace metrics"
+        if log and log.get("failure"):
+            why = f"the log ends in {log['failure']}"
+        return {"wall": "unknown", "confidence": 0.0,
+                "evidence": [{"rule": "no_window", "wall": "unknown", "metric": "window_ms",
+                              "value": window, "threshold": MIN_WINDOW_MS, "reason": why}]}
+    non_compute = [f for f in fired if f["wall"] != "compute"]
+    if non_compute:
+        best = max(non_compute, key=lambda f: (f["strength"], -WALL_ORDER.index(f["wall"])))
+        runner_up = max([f["strength"] for f in non_compute if f["wall"] != best["wall"]], default=0.0)
+        margin = best["strength"] - max(runner_up, 1.0)
+        conf = min(0.95, 0.55 + 0.4 * min(1.0, margin / 1.0)) if runner_up < best["strength"] else 0.5
+        ordered = sorted(fired, key=lambda f: -f["strength"])
+        return {"wall": best["wall"], "confidence": round(conf, 3), "evidence": ordered}
+    if fired:
+        return {"wall": "compute", "confidence": round(min(0.9, 0.5 + 0.4 * (fired[0]["strength"] - 1) * 3), 3),
+                "evidence": fired}
+    return {"wall": "compute", "confidence": 0.4,
+            "evidence": [{"rule": "nothing_else", "wall": "compute", "metric": "sm_util_estimate",
+                          "value": metrics.get("sm_util_estimate"), "threshold": None,
+                          "reason": "no communication, idle or memory row fired"}]}

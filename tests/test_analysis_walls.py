@@ -1,0 +1,167 @@
+"""Wall classification on hand-built traces whose bottleneck is known by construction,
+log parsing, and bad input."""
+import json
+import sqlite3
+
+import pytest
+
+import analysis
+from analysis import TraceError
+from analysis.cli import main as analyze_cli
+from analysis.logs import parse_log
+from analysis.walls import THRESHOLDS, classify
+from tests.nsys_fixture import TraceBuilder
+
+GEMM = "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT"
+SENDRECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def _steps(b, n, step_us):
+    for i in range(n):
+        b.range(f"iteration {i}", i * step_us, (i + 1) * step_us)
+
+
+def test_a2a_drowned_is_communication(tmp_path):
+    b = TraceBuilder()
+    _steps(b, 3, 1000)
+    for i in range(3):
+        t = i * 1000
+        b.kernel(GEMM, t + 10, t + 300, launch_us=(t, t + 2)).kernel(SENDRECV, t + 300, t + 990, launch_us=(t + 3, t + 4))
+    r = analysis.analyze([b.write(tmp_path / "a.sqlite")])
+    assert r["wall"] == "communication"
+    assert r["evidence"][0]["rule"] == "exposed_a2a"
+
+
+def test_hidden_a2a_is_compute(tmp_path):
+    b = TraceBuilder()
+    _steps(b, 3, 1000)
+    for i in range(3):
+        t = i * 1000
+        b.kernel(GEMM, t + 5, t + 995, launch_us=(t, t + 2))
+        b.kernel(SENDRECV, t + 100, t + 800, stream=9, launch_us=(t + 3, t + 4))
+    r = analysis.analyze([b.write(tmp_path / "h.sqlite")])
+    assert r["wall"] == "compute"
+    assert r["metrics"]["combined"]["exposed_a2a_share"] == pytest.approx(0.0)
+
+
+def test_tiny_kernels_with_gaps_is_host_overhead(tmp_path):
+    b = TraceBuilder()
+    _steps(b, 2, 2000)
+    t = 0
+    while t < 4000:
+        b.kernel("vectorized_elementwise_kernel", t + 5, t + 10, launch_us=(t, t + 4))
+        t += 20
+    r = analysis.analyze([b.write(tmp_path / "k.sqlite")])
+    assert r["wall"] == "host_overhead"
+    assert r["metrics"]["combined"]["median_kernel_us"] == pytest.approx(5.0)
+
+
+def test_oom_log_is_memory_without_trace(tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text("iteration        1/      20 | consumed samples: 8 | elapsed time per iteration (ms): 900.0 |\n"
+                   "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+    r = analysis.analyze([], log=log)
+    assert r["wall"] == "memory" and r["confidence"] >= 0.9
+    assert r["log"]["failure"] == "oom"
+
+
+def test_memory_near_capacity_from_trace(tmp_path):
+    b = TraceBuilder(gpu_memory_gb=10).kernel(GEMM, 0, 1000).alloc(0, int(9.5 * 2**30))
+    r = analysis.analyze([b.write(tmp_path / "m.sqlite")])
+    assert r["wall"] == "memory"
+
+
+def test_parse_megatron_log(tmp_path):
+    log = tmp_path / "log.txt"
+    lines = [f" [2026-11-22 10:00:0{i}] iteration        {i}/      10 | consumed samples:   {8*i} | "
+             f"elapsed time per iteration (ms): {ms} | throughput per GPU (TFLOP/s/GPU): {tf} | "
+             f"learning rate: 1.0E-04 | global batch size:     8 | lm loss: 1.0E+01 |"
+             for i, ms, tf in ((1, 2000.0, 10.0), (2, 700.0, 30.0), (3, 600.0, 35.0), (4, 620.0, 34.0))]
+    lines.append("[Rank 0] (after 4 iterations) memory (MB) | allocated: 1000.0 | max allocated: 3072.0 | reserved: 4000.0")
+    log.write_text("\n".join(lines) + "\n")
+    p = parse_log(log)
+    assert p["iterations"] == 4
+    assert p["step_time_ms"] == pytest.approx(610.0)
+    assert p["step_time_std_ms"] == pytest.approx(14.142, abs=1e-2)
+    assert p["tflops_per_gpu"] == pytest.approx(34.5)
+    assert p["max_allocated_gb"] == pytest.approx(3.0)
+    assert p["failure"] is None
+
+
+@pytest.mark.parametrize("text, failure", [
+    ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error", "nccl_error"),
+    ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5)", "nccl_timeout"),
+    ("slurmstepd: error: *** JOB 12 ON node1 CANCELLED AT 2026-11-22T10:00:00 DUE TO TIME LIMIT ***", "time_limit"),
+    ("slurmstepd: error: *** JOB 12 ON node1 CANCELLED AT 2026-11-22T10:00:00 ***", "cancelled"),
+])
+def test_log_failures(tmp_path, text, failure):
+    log = tmp_path / "log.txt"
+    log.write_text(text + "\n")
+    assert parse_log(log)["failure"] == failure
+
+
+def test_threshold_rows_name_their_source():
+    assert all(row[5] for row in THRESHOLDS)
+    assert {row[1] for row in THRESHOLDS} == {"memory", "communication", "host_overhead", "compute"}
+
+
+def test_classify_prefers_memory_over_everything():
+    r = classify({"window_ms": 10, "exposed_comm_share_net": 0.9, "gpu_idle_share": 0.9},
+                 {"failure": "oom"}, 80)
+    assert r["wall"] == "memory"
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+def test_truncated_file(tmp_path):
+    good = TraceBuilder().kernel(GEMM, 0, 100).write(tmp_path / "g.sqlite")
+    bad = tmp_path / "trunc.sqlite"
+    bad.write_bytes(good.read_bytes()[:3000])
+    with pytest.raises(TraceError, match="trunc.sqlite"):
+        analysis.analyze([bad])
+
+
+def test_foreign_sqlite(tmp_path):
+    p = tmp_path / "foreign.sqlite"
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE people (name TEXT)")
+    con.commit()
+    con.close()
+    with pytest.raises(TraceError, match="not an Nsight Systems export"):
+        analysis.analyze([p])
+
+
+def test_not_sqlite_and_empty(tmp_path):
+    (tmp_path / "x.sqlite").write_text("hello")
+    (tmp_path / "e.sqlite").write_bytes(b"")
+    with pytest.raises(TraceError, match="not an SQLite file"):
+        analysis.analyze([tmp_path / "x.sqlite"])
+    with pytest.raises(TraceError, match="empty file"):
+        analysis.analyze([tmp_path / "e.sqlite"])
+
+
+def test_missing_tables_give_unknown(tmp_path):
+    p = tmp_path / "bare.sqlite"
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+    con.commit()
+    con.close()
+    r = analysis.analyze([p])
+    assert r["wall"] == "unknown"
+
+
+def test_empty_window_gives_unknown(tmp_path):
+    p = TraceBuilder().range("iteration 1", 0, 100).write(tmp_path / "w.sqlite")
+    assert analysis.analyze([p])["wall"] == "unknown"
+
+
+def test_cli_one_line_error_and_json(tmp_path, capsys):
+    (tmp_path / "x.sqlite").write_text("junk")
+    assert analyze_cli([str(tmp_path / "x.sqlite")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "x.sqlite" in err
+    p = TraceBuilder().kernel(GEMM, 0, 100).write(tmp_path / "ok.sqlite")
+    assert analyze_cli([str(p), "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"wall", "confidence", "evidence", "metrics"} <= set(out)
+    assert set(out["metrics"]) == {"combined", "per_rank"}
