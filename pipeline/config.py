@@ -245,6 +245,5 @@ def run_args(folder: str | None = None) -> list[str]:
         "--clip-grad", "1.0", "--init-method-std", "0.008",
         "--log-interval", "1", "--log-throughput",
         "--eval-iters", "0", "--eval-interval", "1000000",
-        "--profile",
         "--split", "100,0,0",
     ]

@@ -1,0 +1,60 @@
+"""The trial bank's configs: moe_proxy's baseline and the knobs that run without Transformer
+Engine on the GPU machine. `python benchmarks/device/bank_configs.py [GROUP]` prints one line per
+config: NAME, GPUS, then the shell-quoted Megatron argv."""
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from pipeline.config import TrainingConfig, run_args  # noqa: E402
+from pipeline.model import ModelArch  # noqa: E402
+
+EXP = yaml.safe_load((Path(__file__).resolve().parents[2] / "experiments/moe_proxy.yaml").read_text())
+MODEL = ModelArch.from_dict(EXP["model"])
+BASE = TrainingConfig.from_dict(EXP["baseline"])
+
+# (name, changes from the baseline). 2-GPU configs; names ending in _1gpu run on one GPU.
+CONFIGS = [
+    ("baseline", {}),
+    ("allgather", {"dispatcher": "allgather"}),
+    ("ep_overlap", {"overlap_ep_a2a": True}),
+    ("mbs1", {"micro_batch": 1}),
+    ("mbs4", {"micro_batch": 4}),
+    ("mbs8", {"micro_batch": 8}),
+    ("seq1024", {"seq_length": 1024}),
+    ("seq4096", {"seq_length": 4096}),
+    ("seq4096_mbs4", {"seq_length": 4096, "micro_batch": 4}),
+    ("manual_gc", {"manual_gc": True}),
+    ("recompute_mlp", {"recompute_granularity": "selective", "recompute_modules": ["moe"]}),
+    ("recompute_full", {"recompute_granularity": "full", "recompute_num_layers": 1}),
+    ("force_balance", {"force_balance": True}),
+    ("router_fp32", {"router_dtype": "fp32"}),
+    ("ep_overlap_mbs4", {"overlap_ep_a2a": True, "micro_batch": 4}),
+    ("tp2_sp_ep2", {"tp": 2, "sequence_parallel": True, "ep": 2, "etp": 1}),
+    ("tp2_sp_ep1", {"tp": 2, "sequence_parallel": True, "ep": 1, "etp": 1}),
+    ("ep1_dp2", {"ep": 1}),
+    ("distopt", {"distributed_optimizer": True}),
+    ("distopt_overlap", {"distributed_optimizer": True, "overlap_grad_reduce": True,
+                         "overlap_param_gather": True}),
+    ("allgather_mbs4", {"dispatcher": "allgather", "micro_batch": 4}),
+    ("mbs16_oom", {"micro_batch": 16, "seq_length": 8192}),
+    ("seq16384_oom", {"seq_length": 16384, "micro_batch": 4}),
+    ("manual_gc_mbs4", {"manual_gc": True, "micro_batch": 4}),
+    ("cuda_graph_attn", {"cuda_graph_impl": "local", "cuda_graph_modules": ["attn"]}),
+    ("overlap_gc_mbs4", {"overlap_ep_a2a": True, "manual_gc": True, "micro_batch": 4}),
+]
+
+
+def argv(changes: dict) -> list[str]:
+    cfg = BASE.replace(**changes)
+    return cfg.to_args(MODEL) + run_args()
+
+
+if __name__ == "__main__":
+    only = set(sys.argv[1:])
+    for name, changes in CONFIGS:
+        if only and name not in only:
+            continue
+        print(name, 2, shlex.join(argv(changes)))
