@@ -44,6 +44,14 @@ CONFIGS = [
     ("manual_gc_mbs4", {"manual_gc": True, "micro_batch": 4}),
     ("cuda_graph_attn", {"cuda_graph_impl": "local", "cuda_graph_modules": ["attn"]}),
     ("overlap_gc_mbs4", {"overlap_ep_a2a": True, "manual_gc": True, "micro_batch": 4}),
+    # one GPU each (EP=1, DP=1): run two at a time
+    ("baseline_1gpu", {"ep": 1, "global_batch": 8}),
+    ("mbs4_1gpu", {"ep": 1, "global_batch": 8, "micro_batch": 4}),
+    ("manual_gc_1gpu", {"ep": 1, "global_batch": 8, "manual_gc": True}),
+    ("recompute_moe_1gpu", {"ep": 1, "global_batch": 8, "recompute_granularity": "selective",
+                            "recompute_modules": ["moe"]}),
+    ("seq4096_1gpu", {"ep": 1, "global_batch": 8, "seq_length": 4096}),
+    ("mbs8_1gpu", {"ep": 1, "global_batch": 8, "micro_batch": 8}),
 ]
 
 
@@ -57,4 +65,4 @@ if __name__ == "__main__":
     for name, changes in CONFIGS:
         if only and name not in only:
             continue
-        print(name, 2, shlex.join(argv(changes)))
+        print(name, 1 if name.endswith("_1gpu") else 2, shlex.join(argv(changes)))

@@ -50,7 +50,7 @@ summary() {
 case "${1:-}" in
   scenarios)
     for s in a2a_hidden big_gemm tiny_kernels skew; do
-      profile "$s" torchrun --nproc_per_node=2 benchmarks/scenarios/scenarios.py "$s"
+      profile "$s" torchrun --standalone --nproc_per_node=2 benchmarks/scenarios/scenarios.py "$s"
     done
     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 profile a2a_drowned \
       torchrun --nproc_per_node=2 benchmarks/scenarios/scenarios.py a2a_drowned
@@ -61,10 +61,19 @@ case "${1:-}" in
   bank)
     shift
     python3 benchmarks/device/bank_configs.py "$@" > /tmp/bank.txt || exit 1
+    slot=0
     while read -r -u 3 name gpus args; do
       eval "set -- $args"
-      profile "$name" torchrun --nproc_per_node="$gpus" -m pipeline.train_moe "$@" < /dev/null
+      if [ "$gpus" = 1 ]; then  # one-GPU configs run two at a time, one per GPU
+        CUDA_VISIBLE_DEVICES=$slot profile "$name" torchrun --standalone --nproc_per_node=1 \
+          -m pipeline.train_moe "$@" < /dev/null &
+        slot=$(( (slot + 1) % NGPU )); [ "$slot" = 0 ] && wait
+      else
+        wait
+        profile "$name" torchrun --standalone --nproc_per_node="$gpus" -m pipeline.train_moe "$@" < /dev/null
+      fi
     done 3< /tmp/bank.txt
+    wait
     ;;
   *) echo "usage: $0 scenarios | bank [NAME ...]"; exit 2 ;;
 esac
