@@ -1,0 +1,89 @@
+"""The demo's job step: replay a recorded GPU trial instead of training.
+
+`replay_job(config, folder, bank_dir)` runs where a training job would (a submitit job): it finds
+the trial bank entry whose TrainingConfig hash equals the trial's and writes that entry's log
+(`log.txt`) and trace (`trace_0.sqlite`) into the trial folder, as the training would have.
+A config the bank does not hold fails the job with "not in the trial bank"; the tuner records
+that trial as skipped.
+"""
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+from functools import lru_cache
+from pathlib import Path
+
+from pipeline.config import TrainingConfig
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_BANK = REPO / "benchmarks" / "trial_bank"
+
+
+class ReplayError(Exception):
+    """The trial bank cannot answer this job (one line)."""
+
+
+def entry_hash(entry: dict) -> str:
+    if entry.get("config"):
+        return TrainingConfig.from_dict(entry["config"]).config_hash()
+    return TrainingConfig.from_args(list(entry["args"])).config_hash()
+
+
+def load_bank(bank_dir: str | Path = DEFAULT_BANK) -> list[dict]:
+    path = Path(bank_dir) / "bank.jsonl"
+    if not path.exists():
+        raise ReplayError(f"{path}: no trial bank here; the demo needs benchmarks/trial_bank/bank.jsonl")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ReplayError(f"{path}:{n}: not JSON ({e.msg})") from None
+    return out
+
+
+@lru_cache(maxsize=8)
+def _index(bank_dir: str, mtime: float) -> dict[str, dict]:
+    index = {}
+    for e in load_bank(bank_dir):
+        index.setdefault(entry_hash(e), e)
+    return index
+
+
+def index(bank_dir: str | Path = DEFAULT_BANK) -> dict[str, dict]:
+    """{config hash: entry}; the first entry of a hash wins."""
+    p = Path(bank_dir)
+    return _index(str(p), (p / "bank.jsonl").stat().st_mtime if (p / "bank.jsonl").exists() else 0)
+
+
+def find(config: TrainingConfig, bank_dir: str | Path = DEFAULT_BANK) -> dict | None:
+    return index(bank_dir).get(config.config_hash())
+
+
+def _copy(src: Path, dst: Path) -> None:
+    if src.suffix == ".xz":
+        with lzma.open(src) as f, open(dst, "wb") as out:
+            shutil.copyfileobj(f, out)
+    else:
+        shutil.copyfile(src, dst)
+
+
+def replay_job(config: dict, folder: str, bank_dir: str = str(DEFAULT_BANK)) -> dict:
+    """The job body: write the matching entry's log and trace into `folder`."""
+    cfg = TrainingConfig.from_dict(config)
+    entry = find(cfg, bank_dir)
+    if entry is None:
+        raise ReplayError(f"config {cfg.config_hash()} is not in the trial bank ({bank_dir}); "
+                          "the demo can only replay recorded trials")
+    out, bank = Path(folder), Path(bank_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if entry.get("log"):
+        _copy(bank / entry["log"], out / "log.txt")
+    if entry.get("trace"):
+        _copy(bank / entry["trace"], out / "trace_0.sqlite")
+    state = {"state": entry.get("state"), "bank_entry": entry.get("name")}
+    (out / "state.json").write_text(json.dumps(state))
+    return state
