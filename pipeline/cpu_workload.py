@@ -1,0 +1,145 @@
+"""CPU stand-in for training: used where no GPU is (CI, laptops) so that submit → `nsys profile`
+→ export → analyze runs for real. It is not training.
+
+Takes the same Megatron argv a trial would (unknown flags are ignored), reads `--train-iters`,
+`--global-batch-size`, `--profile-step-start/--profile-step-end`, burns CPU for each iteration,
+wraps every iteration in an NVTX range `iteration N` (the `nvtx` pip package if installed, else
+libnvToolsExt through ctypes, which nsys's injection picks up) and prints Megatron-style
+iteration lines. Its own knobs:
+
+    --stand-in-ms-per-iter MS   wall time of one iteration (default 50)
+    --stand-in-busy FRACTION    share of each iteration spent burning CPU, the rest sleeps (1.0)
+    --stand-in-alloc-mb MB      memory to hold (touched) for the whole run, to test --mem limits
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import os
+import resource
+import sys
+import time
+from datetime import datetime
+
+
+class _NoNvtx:
+    source = "none"
+
+    def push(self, name: str) -> None:
+        pass
+
+    def pop(self) -> None:
+        pass
+
+
+class _PipNvtx:
+    source = "nvtx package"
+
+    def __init__(self, mod):
+        self.mod = mod
+
+    def push(self, name: str) -> None:
+        self.mod.push_range(name)
+
+    def pop(self) -> None:
+        self.mod.pop_range()
+
+
+class _CtypesNvtx:
+    source = "libnvToolsExt (ctypes)"
+
+    def __init__(self, lib):
+        self.lib = lib
+
+    def push(self, name: str) -> None:
+        self.lib.nvtxRangePushA(name.encode())
+
+    def pop(self) -> None:
+        self.lib.nvtxRangePop()
+
+
+def _nvtx_lib_candidates() -> list[str]:
+    out = [os.environ.get("MOETUNE_NVTX_LIB", ""), ctypes.util.find_library("nvToolsExt") or ""]
+    inj = os.environ.get("NVTX_INJECTION64_PATH", "")  # set by nsys; its folder holds the lib
+    if inj:
+        out += [os.path.join(os.path.dirname(inj), "libnvToolsExt.so")]
+    return [p for p in out if p]
+
+
+def nvtx_api():
+    """The first NVTX emitter that loads: the pip package, libnvToolsExt, or none."""
+    try:
+        import nvtx  # type: ignore
+        return _PipNvtx(nvtx)
+    except ImportError:
+        pass
+    for path in _nvtx_lib_candidates():
+        try:
+            lib = ctypes.CDLL(path)
+            lib.nvtxRangePushA.argtypes = [ctypes.c_char_p]
+            return _CtypesNvtx(lib)
+        except (OSError, AttributeError):
+            continue
+    return _NoNvtx()
+
+
+def burn(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    x = 1.0
+    while time.perf_counter() < end:
+        for _ in range(2000):
+            x = x * 1.0000001 + 1e-9
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="moetune-cpu-stand-in", allow_abbrev=False)
+    p.add_argument("--train-iters", type=int, default=10)
+    p.add_argument("--global-batch-size", type=int, default=8)
+    p.add_argument("--profile-step-start", type=int, default=None)
+    p.add_argument("--profile-step-end", type=int, default=None)
+    p.add_argument("--stand-in-ms-per-iter", type=float, default=50.0)
+    p.add_argument("--stand-in-busy", type=float, default=1.0)
+    p.add_argument("--stand-in-alloc-mb", type=int, default=0)
+    args, _megatron_flags = p.parse_known_args(argv)
+    return args
+
+
+def iteration_line(it: int, total: int, ms: float, gbs: int) -> str:
+    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    return (f" [{stamp}] iteration {it:8d}/{total:8d} | consumed samples: {it * gbs:12d} | "
+            f"elapsed time per iteration (ms): {ms:.1f} | learning rate: 1.000000E-04 | "
+            f"global batch size: {gbs:5d} | lm loss: {10.0 / it:.6E} | loss scale: 1.0 | "
+            f"number of skipped iterations:   0 | number of nan iterations:   0 |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
+    nvtx = nvtx_api()
+    hold = b"\x01" * (args.stand_in_alloc_mb * 2**20) if args.stand_in_alloc_mb else b""
+    if rank == 0:
+        print(f"moetune cpu stand-in (not training): {args.train_iters} iterations of "
+              f"{args.stand_in_ms_per_iter} ms, NVTX via {nvtx.source}, holding {len(hold) >> 20} MB",
+              flush=True)
+    period = args.stand_in_ms_per_iter / 1000
+    for it in range(1, args.train_iters + 1):
+        t0 = time.perf_counter()
+        nvtx.push(f"iteration {it}")
+        burn(period * args.stand_in_busy)
+        rest = period - (time.perf_counter() - t0)
+        if rest > 0:
+            time.sleep(rest)
+        nvtx.pop()
+        ms = (time.perf_counter() - t0) * 1000
+        if rank == 0:
+            print(iteration_line(it, args.train_iters, ms, args.global_batch_size), flush=True)
+            if it == 1:
+                max_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+                print(f"[Rank {rank}] (after {it} iterations) memory (MB) | allocated: "
+                      f"{max_mb:.1f} | max allocated: {max_mb:.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Trial jobs through submitit: Slurm's executor on a cluster, submitit's local executor as the
+embedded default on one machine. States come from Slurm itself (`sacct`, `squeue` while
+accounting has not seen a new job yet) and map to trial outcomes through `OUTCOMES`.
+
+    make_executor(kind, folder, spec)   -> submitit executor
+    submit(spec, kind)                  -> JobRef (job id, kind, folder, name)
+    slurm_state(job_id)                 -> JobState
+    job_state(ref)                      -> JobState (Slurm or local)
+    reattach(job_id, folder, kind)      -> submitit job handle
+    find_slurm_job(name)                -> job id of a job of that name, if Slurm has one
+    wait(ref, poll_s, timeout_s)        -> terminal JobState
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import submitit
+
+from pipeline.render import JobSpec
+
+
+class JobError(Exception):
+    """A job could not be submitted or looked up (one line, says what to do)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    trial_state: str  # the trial's state in the store
+    retry: bool  # not the config's fault: the same trial may run again
+    measured: bool  # the job ran to its end: a measurement to analyze
+
+
+# Slurm job state → trial outcome. CANCELLED is someone's decision: never retried.
+OUTCOMES: dict[str, Outcome] = {
+    "COMPLETED": Outcome("completed", retry=False, measured=True),
+    "FAILED": Outcome("failed", retry=False, measured=False),
+    "OUT_OF_MEMORY": Outcome("oom", retry=False, measured=False),
+    "TIMEOUT": Outcome("timeout", retry=False, measured=False),
+    "DEADLINE": Outcome("timeout", retry=False, measured=False),
+    "CANCELLED": Outcome("cancelled", retry=False, measured=False),
+    "NODE_FAIL": Outcome("node_fail", retry=True, measured=False),
+    "BOOT_FAIL": Outcome("node_fail", retry=True, measured=False),
+    "PREEMPTED": Outcome("preempted", retry=True, measured=False),  # requeue
+    "REVOKED": Outcome("preempted", retry=True, measured=False),
+}
+# States of a job that is still the scheduler's business.
+ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                    "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT",
+                    "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT", "UNKNOWN"})
+# submitit's local job states → Slurm's words.
+LOCAL_STATES = {"RUNNING": "RUNNING", "FINISHED": "COMPLETED", "FAILED": "FAILED",
+                "INTERRUPTED": "CANCELLED", "QUEUED": "PENDING"}
+SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Submit", "Start", "End", "Elapsed",
+                "NodeList", "Reason")
+
+
+@dataclass(frozen=True)
+class JobRef:
+    job_id: str
+    kind: str  # slurm | local
+    folder: str  # submitit's folder
+    name: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str  # Slurm's word: COMPLETED, RUNNING, OUT_OF_MEMORY, ...
+    exit_code: str = ""
+    submit: str | None = None
+    start: str | None = None
+    end: str | None = None
+    elapsed: str | None = None
+    node: str | None = None
+    reason: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state not in ACTIVE
+
+    @property
+    def outcome(self) -> Outcome:
+        return OUTCOMES.get(self.state, Outcome(self.state.lower(), retry=False, measured=False))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(outcome=self.outcome.trial_state, retry=self.outcome.retry,
+                 measured=self.outcome.measured)
+        return d
+
+
+class RunScript:
+    """What the submitted job runs: `bash job.sh`, its output appended to the trial's log.
+    Slurm's own time limit ends a trial (TIMEOUT), so submitit's pre-timeout signal is ignored."""
+
+    def __init__(self, script: str, log: str):
+        self.script, self.log = script, log
+
+    def __call__(self) -> int:
+        signal.signal(signal.SIGUSR2, lambda *_: None)
+        with open(self.log, "ab") as out:
+            rc = subprocess.run(["bash", self.script], stdout=out, stderr=subprocess.STDOUT).returncode
+        if rc:
+            raise JobError(f"{self.script} exited with status {rc}; see {self.log}")
+        return rc
+
+
+def slurm_available() -> bool:
+    return shutil.which("sbatch") is not None and shutil.which("sacct") is not None
+
+
+def resolve_kind(kind: str) -> str:
+    if kind == "auto":
+        return "slurm" if slurm_available() else "local"
+    if kind not in ("slurm", "local"):
+        raise JobError(f"executor {kind!r}: use slurm, local or auto")
+    if kind == "slurm" and not slurm_available():
+        raise JobError("executor slurm: sbatch/sacct not on PATH (run scripts/slurm-up, or use "
+                       "--executor local)")
+    return kind
+
+
+def make_executor(kind: str, folder: str | Path, spec: JobSpec | None = None):
+    """A submitit executor for one trial's job (parameters from the job spec)."""
+    kind = resolve_kind(kind)
+    if kind == "local":
+        ex = submitit.LocalExecutor(folder=str(folder))
+        if spec:
+            ex.update_parameters(timeout_min=spec.time_min)
+        return ex
+    ex = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=0)
+    if spec:
+        params = dict(job_name=spec.name, time=spec.time_min, nodes=spec.nodes,
+                      ntasks_per_node=spec.ntasks_per_node, cpus_per_task=spec.cpus_per_task,
+                      use_srun=False, stderr_to_stdout=True,
+                      # the batch shell only, 1 s before the end: a training step must not get
+                      # submitit's USR2 (it would die early and read FAILED, not TIMEOUT)
+                      additional_parameters={"signal": "B:USR2@1"})
+        for key, value in (("gpus_per_node", spec.gpus_per_node), ("mem", spec.mem),
+                           ("partition", spec.partition), ("account", spec.account)):
+            if value:
+                params[key] = value
+        ex.update_parameters(**params)
+    return ex
+
+
+def submit(spec: JobSpec, kind: str = "auto") -> JobRef:
+    kind = resolve_kind(kind)
+    folder = Path(spec.folder) / "submitit"
+    ex = make_executor(kind, folder, spec)
+    try:
+        job = ex.submit(RunScript(f"{spec.folder}/job.sh", spec.log))
+    except Exception as e:  # submitit wraps sbatch's message
+        raise JobError(f"submitting {spec.name} failed: {str(e).strip().splitlines()[-1]}") from None
+    return JobRef(job_id=str(job.job_id), kind=kind, folder=str(folder), name=spec.name)
+
+
+def _run(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
+    except FileNotFoundError:
+        raise JobError(f"{cmd[0]} not found: is Slurm installed here (scripts/slurm-up)?") from None
+    except subprocess.CalledProcessError as e:
+        raise JobError(f"{' '.join(cmd[:2])} failed: {e.stderr.strip()[:200]}") from None
+    except subprocess.TimeoutExpired:
+        raise JobError(f"{' '.join(cmd[:2])} did not answer in 60 s (slurmctld/slurmdbd down?)") from None
+
+
+def _clean(value: str) -> str | None:
+    return None if value in ("", "Unknown", "None", "N/A") else value
+
+
+def slurm_state(job_id: str) -> JobState:
+    """The job's state from accounting (`sacct`); from `squeue` while sacct has no record yet.
+    A job whose batch script failed because a step was killed for memory reads OUT_OF_MEMORY
+    (Slurm marks the step, and the batch shell only sees a failed command)."""
+    out = _run(["sacct", "-n", "-P", "-j", str(job_id), "-o", ",".join(SACCT_FIELDS)])
+    rows = [dict(zip(SACCT_FIELDS, line.split("|"))) for line in out.splitlines() if line.strip()]
+    job = [r for r in rows if r["JobID"] == str(job_id)]
+    if job:
+        r = job[-1]
+        state = r["State"].split()[0]
+        steps = {s["State"].split()[0] for s in rows if s["JobID"].startswith(f"{job_id}.")}
+        if state == "FAILED" and "OUT_OF_MEMORY" in steps:
+            state = "OUT_OF_MEMORY"
+        return JobState(state=state, exit_code=r["ExitCode"],
+                        submit=_clean(r["Submit"]), start=_clean(r["Start"]), end=_clean(r["End"]),
+                        elapsed=_clean(r["Elapsed"]), node=_clean(r["NodeList"]),
+                        reason=_clean(r["Reason"]))
+    try:
+        out = _run(["squeue", "-h", "-j", str(job_id), "-o", "%T|%R"])
+    except JobError:
+        out = ""
+    if out.strip():
+        state, reason = out.strip().split("|", 1)
+        return JobState(state=state, reason=reason)
+    return JobState(state="UNKNOWN", reason="neither sacct nor squeue knows this job yet")
+
+
+def find_slurm_job(name: str) -> str | None:
+    """Id of the newest job of this name that Slurm knows (a submit whose id was never stored)."""
+    out = _run(["sacct", "-X", "-n", "-P", "--name", name, "-S", "now-30days", "-o", "JobID"])
+    ids = [line.strip() for line in out.splitlines() if line.strip().isdigit()]
+    if not ids:
+        out = _run(["squeue", "-h", "--name", name, "-o", "%i"])
+        ids = [line.strip() for line in out.splitlines() if line.strip().isdigit()]
+    return max(ids, key=int) if ids else None
+
+
+def local_state(ref: JobRef) -> JobState:
+    """A local job (id = process id): its result pickle says how it ended; else alive or lost."""
+    result = Path(ref.folder) / f"{ref.job_id}_0_result.pkl"
+    if result.exists():
+        try:
+            with open(result, "rb") as f:
+                kind, _ = pickle.load(f)
+        except Exception:
+            kind = "error"
+        return JobState(state="COMPLETED" if kind == "success" else "FAILED")
+    try:
+        os.kill(int(ref.job_id), 0)
+        return JobState(state="RUNNING")
+    except (ProcessLookupError, ValueError):
+        return JobState(state="FAILED", reason="process gone without a result")
+    except PermissionError:
+        return JobState(state="RUNNING")
+
+
+def job_state(ref: JobRef) -> JobState:
+    return slurm_state(ref.job_id) if ref.kind == "slurm" else local_state(ref)
+
+
+def reattach(job_id: str, folder: str | Path, kind: str = "slurm"):
+    """A submitit handle on a job submitted earlier (by this process or a killed one)."""
+    if kind == "slurm":
+        return submitit.SlurmJob(folder=str(folder), job_id=str(job_id))
+    from submitit.local.local import LocalJob
+    return LocalJob(folder=str(folder), job_id=str(job_id))
+
+
+def cancel(ref: JobRef) -> None:
+    if ref.kind == "slurm":
+        _run(["scancel", ref.job_id])
+    else:
+        try:
+            os.kill(int(ref.job_id), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def wait(ref: JobRef, poll_s: float = 2.0, timeout_s: float | None = None) -> JobState:
+    """Poll until the job leaves the scheduler's hands; survives slurmctld restarts (a failed
+    query is retried until timeout_s)."""
+    t0 = time.monotonic()
+    last_error = None
+    while True:
+        try:
+            st = job_state(ref)
+            if st.terminal:
+                return st
+        except JobError as e:
+            last_error = e
+        if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+            raise JobError(f"job {ref.job_id} not finished after {timeout_s:.0f} s"
+                           + (f" (last error: {last_error})" if last_error else ""))
+        time.sleep(poll_s)

@@ -1,0 +1,352 @@
+"""A trial's stages, each a function from files in the trial folder to files out:
+
+    render  : config (+ experiment, templates) → job.sbatch, job.sh, spec.json, config.json, command.txt
+    submit  : job.sh, spec.json                → job.json (job id; submitit, Slurm or local)
+    collect : job.json                         → state.json, log.txt, trace_*.nsys-rep
+    export  : trace_*.nsys-rep                 → trace_*.sqlite (nsys export, on this node)
+    analyze : trace_*.sqlite, log.txt          → analysis.json (analysis.analyze)
+    decide  : analysis.json, config.json       → decision.json (the tuner's decider)
+
+Every run is recorded in the store with the hash of its inputs (names and contents). A stage is
+skipped when its last good run had the same inputs hash and its outputs are all there;
+`force=True` runs it anyway. `run_stage(store, trial_id, stage)` is what `moetune stage` calls.
+
+The trial folder is `trial.folder` once rendered, else `<runs_root>/<study>/<trial id>/`. The
+experiment comes from the study's `experiment` record: its `model` and `cluster` sections where
+they are stored there, else loaded by its `experiment` name.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline import jobs, render
+from pipeline.store import now
+
+STAGE_ORDER = ("render", "submit", "collect", "export", "analyze", "decide")
+TRACE_GLOBS = ("trace_*.nsys-rep", "trace_*.qdstrm")
+
+
+class StageError(Exception):
+    """A stage cannot run or failed (one line: which trial, which stage, what to do)."""
+
+
+class NotReady(StageError):
+    """The job has not ended yet; collect again later (not a failure, not recorded)."""
+
+
+# -- hashing and currency ----------------------------------------------------------------------
+def file_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def inputs_hash(stage: str, files: list[Path], extra: Any = None) -> str:
+    h = hashlib.sha256(stage.encode())
+    for p in sorted(files, key=lambda p: p.name):
+        h.update(f"\0{p.name}\0{file_hash(p)}".encode())
+    h.update(json.dumps(extra, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:32]
+
+
+def current(store, trial_id: int, stage: str, key: str):
+    run = store.last_stage(trial_id, stage)
+    if run and run.inputs_hash == key and all(Path(p).exists() for p in run.outputs):
+        return run
+    return None
+
+
+# -- the trial's context -----------------------------------------------------------------------
+class Trial:
+    """One trial with what its stages read: store rows, experiment parts, folder."""
+
+    def __init__(self, store, trial_id: int, runs_root: str | Path | None = None,
+                 executor: str | None = None):
+        from pipeline.store import Study
+        self.store = store
+        self.row = store.trial(trial_id)
+        with store.session() as s:
+            self.study = s.get(Study, self.row.study_id)
+        self.experiment = dict(self.study.experiment or {})
+        root = Path(runs_root or os.environ.get("MOETUNE_RUNS", "runs"))
+        self.folder = Path(self.row.folder) if self.row.folder else \
+            (root / self.study.name / str(self.row.id)).resolve()
+        self.executor = executor or self.experiment.get("executor") or "auto"
+
+    @property
+    def id(self) -> int:
+        return self.row.id
+
+    def path(self, name: str) -> Path:
+        return self.folder / name
+
+    def need(self, name: str, stage: str) -> Path:
+        p = self.path(name)
+        if not p.exists():
+            raise StageError(f"trial {self.id}: {p} is missing; run `moetune stage {stage} "
+                             f"--trial {self.id}` first")
+        return p
+
+    def glob(self, *patterns: str) -> list[Path]:
+        return sorted(p for pat in patterns for p in self.folder.glob(pat))
+
+    def model_and_cluster(self):
+        """(ModelArch, cluster mapping or object) of the study's experiment."""
+        from pipeline.model import ModelArch
+        exp = self.experiment
+        if isinstance(exp.get("model"), dict) and isinstance(exp.get("cluster"), dict):
+            return ModelArch.from_dict(exp["model"]), exp["cluster"]
+        from pipeline.runner import load_experiment
+        loaded = load_experiment(exp.get("experiment") or self.study.model)
+        return loaded.model, loaded.cluster
+
+    def job_name(self) -> str:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.study.name)
+        return f"moetune.{safe[:60]}.t{self.id}"
+
+
+# -- the stages ------------------------------------------------------------------------------
+def _render_inputs(t: Trial) -> tuple[list[Path], Any]:
+    model, cluster = t.model_and_cluster()
+    cluster_d = cluster if isinstance(cluster, dict) else dict(vars(cluster))
+    return [], {"config": t.row.config, "model": model.to_dict(), "cluster": cluster_d,
+                "folder": str(t.folder), "launcher": _launcher(t), "templates": render.template_texts()}
+
+
+def _launcher(t: Trial) -> str:
+    return "srun" if jobs.resolve_kind(t.executor) == "slurm" else "local"
+
+
+def do_render(t: Trial) -> list[Path]:
+    from pipeline.config import TrainingConfig, run_args
+    model, cluster = t.model_and_cluster()
+    config = TrainingConfig.from_dict(t.row.config)
+    argv = config.to_args(model) + run_args()
+    spec = render.job_spec(name=t.job_name(), folder=t.folder, config=t.row.config, argv=argv,
+                           cluster=cluster, launcher=_launcher(t))
+    out = render.write_job(spec)
+    for name, text in (("spec.json", json.dumps(asdict(spec), indent=1, sort_keys=True)),
+                       ("config.json", json.dumps(t.row.config, indent=1, sort_keys=True)),
+                       ("command.txt", " ".join(map(render.shell_word, spec.command)))):
+        t.path(name).write_text(text + "\n")
+        out.append(t.path(name))
+    t.store.update_trial(t.id, folder=str(t.folder))
+    return out
+
+
+def load_spec(t: Trial) -> render.JobSpec:
+    d = json.loads(t.need("spec.json", "render").read_text())
+    nsys = render.NsysSpec(**{**d["nsys"], "options": tuple(d["nsys"]["options"]),
+                              "ranks": tuple(d["nsys"]["ranks"])}) if d.get("nsys") else None
+    tuples = {k: tuple(tuple(x) if isinstance(x, list) else x for x in d[k])
+              for k in ("command", "env", "container_mounts", "modules")}
+    return render.JobSpec(**{**d, **tuples, "nsys": nsys})
+
+
+def _submit_inputs(t: Trial) -> tuple[list[Path], Any]:
+    return [t.need("job.sh", "render"), t.need("spec.json", "render")], None
+
+
+def _set_aside(t: Trial, job_id: str) -> None:
+    """A forced re-submit keeps the earlier attempt's files under previous/<job id>/."""
+    dest = t.path(f"previous/{job_id}")
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in t.glob("job.json", "state.json", "log.txt", "analysis.json", "decision.json",
+                    "trace_*", "submitit"):
+        shutil.move(str(p), str(dest / p.name))
+
+
+def do_submit(t: Trial, force: bool = False) -> list[Path]:
+    spec = load_spec(t)
+    out = t.path("job.json")
+    earlier = {p.name for p in t.glob("previous/*")}
+    if out.exists():
+        old = json.loads(out.read_text())
+        earlier.add(old["job_id"])
+        _set_aside(t, old["job_id"])
+    kind = jobs.resolve_kind(t.executor)
+    ref = None
+    if kind == "slurm" and not force:
+        # a submit whose job id never reached the store (the tuner was killed right after
+        # sbatch): that job is this trial's, so take it instead of submitting a second one
+        found = jobs.find_slurm_job(spec.name)
+        if found and found not in earlier:
+            ref = jobs.JobRef(job_id=found, kind="slurm", folder=f"{spec.folder}/submitit",
+                              name=spec.name)
+    if ref is None:
+        ref = jobs.submit(spec, kind)
+    out.write_text(json.dumps({**ref.to_dict(), "submitted_at": now()}, indent=1, sort_keys=True) + "\n")
+    t.store.update_trial(t.id, slurm_job_id=ref.job_id, state="submitted", submitted_at=now())
+    return [out]
+
+
+def _collect_inputs(t: Trial) -> tuple[list[Path], Any]:
+    return [t.need("job.json", "submit")], None
+
+
+def load_ref(t: Trial) -> jobs.JobRef:
+    d = json.loads(t.need("job.json", "submit").read_text())
+    return jobs.JobRef(job_id=d["job_id"], kind=d["kind"], folder=d["folder"], name=d["name"])
+
+
+def do_collect(t: Trial, wait: bool = True, poll_s: float = 2.0,
+               timeout_s: float | None = None) -> list[Path]:
+    ref = load_ref(t)
+    if wait:
+        st = jobs.wait(ref, poll_s=poll_s, timeout_s=timeout_s)
+    else:
+        st = jobs.job_state(ref)
+        if not st.terminal:
+            raise NotReady(f"trial {t.id}: job {ref.job_id} is {st.state}; collect again later")
+    state = t.path("state.json")
+    state.write_text(json.dumps({"job_id": ref.job_id, **st.to_dict()}, indent=1, sort_keys=True) + "\n")
+    t.store.update_trial(t.id, state=st.outcome.trial_state, started_at=st.start, ended_at=st.end)
+    return [state] + t.glob("log.txt", *TRACE_GLOBS)
+
+
+def _export_inputs(t: Trial) -> tuple[list[Path], Any]:
+    t.need("state.json", "collect")
+    return t.glob("trace_*.nsys-rep"), None
+
+
+def nsys_binary() -> str:
+    found = os.environ.get("MOETUNE_NSYS") or shutil.which("nsys")
+    if not found:
+        raise StageError("nsys not found: install Nsight Systems (scripts/nsys-up) or set MOETUNE_NSYS")
+    return found
+
+
+def do_export(t: Trial) -> list[Path]:
+    out = []
+    for rep in t.glob("trace_*.nsys-rep"):
+        sqlite = rep.with_suffix(".sqlite")
+        r = subprocess.run([nsys_binary(), "export", "--type", "sqlite", "--force-overwrite", "true",
+                            "-o", str(sqlite), str(rep)], capture_output=True, text=True)
+        if r.returncode or not sqlite.exists():
+            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise StageError(f"trial {t.id}: nsys export of {rep.name} failed: {tail[0]}")
+        out.append(sqlite)
+    return out
+
+
+def _analyze_inputs(t: Trial) -> tuple[list[Path], Any]:
+    return [t.need("state.json", "collect")] + t.glob("log.txt", "trace_*.sqlite"), None
+
+
+def do_analyze(t: Trial) -> list[Path]:
+    import analysis
+    traces = [str(p) for p in t.glob("trace_*.sqlite")]
+    log = t.path("log.txt")
+    if not traces and not log.exists():
+        raise StageError(f"trial {t.id}: no trace and no log in {t.folder}; nothing to analyze")
+    try:
+        result = analysis.analyze(traces, log=str(log) if log.exists() else None)
+    except analysis.TraceError as e:
+        raise StageError(f"trial {t.id}: {e}") from None
+    out = t.path("analysis.json")
+    out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
+    combined = (result.get("metrics") or {}).get("combined") or {}
+    t.store.set_metrics(t.id, combined)
+    for rank, values in ((result.get("metrics") or {}).get("per_rank") or {}).items():
+        t.store.set_metrics(t.id, values, rank=int(rank))
+    t.store.update_trial(t.id, wall=result.get("wall"),
+                         **{k: combined.get(k) for k in ("step_time_ms", "step_time_std_ms",
+                                                         "tflops_per_gpu", "peak_memory_gb")})
+    return [out]
+
+
+def _decide_inputs(t: Trial) -> tuple[list[Path], Any]:
+    return [t.need("analysis.json", "analyze"), t.need("config.json", "render")], None
+
+
+Decider = Callable[[Any, Any, dict], dict]
+
+
+def default_decider() -> Decider:
+    try:
+        from pipeline.tuner import decide_trial  # type: ignore[attr-defined]
+    except ImportError:
+        raise StageError("no decider: pipeline.tuner.decide_trial(store, trial, analysis) is not "
+                         "there; the tuning loop (`moetune tune`) decides instead") from None
+    return decide_trial
+
+
+def do_decide(t: Trial, decider: Decider | None = None) -> list[Path]:
+    decider = decider or default_decider()
+    result = json.loads(t.path("analysis.json").read_text())
+    decision = decider(t.store, t.row, result)
+    out = t.path("decision.json")
+    out.write_text(json.dumps(decision, indent=1, sort_keys=True, default=str) + "\n")
+    return [out]
+
+
+# stage → (its inputs: (files, extra), what it does)
+STAGES: dict[str, tuple[Callable, Callable]] = {
+    "render": (_render_inputs, do_render),
+    "submit": (_submit_inputs, do_submit),
+    "collect": (_collect_inputs, do_collect),
+    "export": (_export_inputs, do_export),
+    "analyze": (_analyze_inputs, do_analyze),
+    "decide": (_decide_inputs, do_decide),
+}
+OPTIONS = {"submit": ("force",), "collect": ("wait", "poll_s", "timeout_s"), "decide": ("decider",)}
+
+
+def run_stage(store, trial_id: int, stage: str, force: bool = False, *,
+              runs_root: str | Path | None = None, executor: str | None = None,
+              **options: Any) -> list[str]:
+    """Run one stage of one trial (skipped when current unless force); its output paths.
+
+    Options: collect(wait=True, poll_s=2.0, timeout_s=None), decide(decider=fn(store, trial,
+    analysis) -> dict). Raises StageError (NotReady for a job still running)."""
+    if stage not in STAGES:
+        raise StageError(f"unknown stage {stage!r}; stages: {', '.join(STAGE_ORDER)}")
+    t = Trial(store, trial_id, runs_root, executor)
+    inputs_of, do = STAGES[stage]
+    files, extra = inputs_of(t)
+    key = inputs_hash(stage, files, extra)
+    done = current(store, trial_id, stage, key)
+    if done and not force:
+        return list(done.outputs)
+    kwargs = {k: v for k, v in options.items() if k in OPTIONS.get(stage, ())}
+    if stage == "submit":
+        kwargs["force"] = force
+    started = now()
+    t.folder.mkdir(parents=True, exist_ok=True)
+    try:
+        outputs = do(t, **kwargs)
+    except NotReady:
+        raise
+    except (StageError, jobs.JobError, render.RenderError) as e:
+        store.record_stage(trial_id, stage, key, [], status="failed", error=str(e), started_at=started)
+        raise StageError(str(e)) from None
+    store.record_stage(trial_id, stage, key, [str(p) for p in outputs], started_at=started)
+    return [str(p) for p in outputs]
+
+
+def run_trial(store, trial_id: int, through: str = "analyze", **options: Any) -> dict[str, list[str]]:
+    """Every stage of a trial in order up to `through`; {stage: outputs}."""
+    out = {}
+    for stage in STAGE_ORDER[:STAGE_ORDER.index(through) + 1]:
+        out[stage] = run_stage(store, trial_id, stage, **options)
+    return out
+
+
+def unfinished(store, study_id: int) -> list[int]:
+    """Trials submitted whose collect has not run: what a resumed tuner re-attaches to."""
+    return [tr.id for tr in store.trials(study_id)
+            if store.last_stage(tr.id, "submit") and not store.last_stage(tr.id, "collect")]
+
+
+def resume(store, study_id: int, **options: Any) -> dict[int, list[str]]:
+    """Re-attach to the study's submitted-but-uncollected jobs and collect them."""
+    return {tid: run_stage(store, tid, "collect", **options) for tid in unfinished(store, study_id)}
