@@ -1,0 +1,82 @@
+"""Shared pytest fixtures. Each block says whose it is; add yours in a block of its own."""
+from __future__ import annotations
+
+# ---- Slurm orchestration fixtures (issue 4: scripts/slurm-up, pipeline/stages.py) -------------
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _host_cannot_run_slurm() -> str | None:
+    if os.geteuid() != 0:
+        return "scripts/slurm-up needs root (it installs Debian packages and starts daemons)"
+    if not shutil.which("apt-get"):
+        return "scripts/slurm-up needs Debian's apt-get"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """The one-node Slurm of scripts/slurm-up, started once per test session."""
+    why = _host_cannot_run_slurm()
+    if why:
+        pytest.skip(why)
+    r = subprocess.run(["bash", str(REPO / "scripts/slurm-up")], capture_output=True, text=True,
+                       timeout=1200)
+    assert r.returncode == 0, f"scripts/slurm-up failed:\n{r.stdout}\n{r.stderr}"
+    node = subprocess.run(["sinfo", "-h", "-o", "%N"], capture_output=True, text=True).stdout.strip()
+    return {"node": node}
+
+
+@pytest.fixture(scope="session")
+def nsys_bin():
+    """Debian's Nsight Systems (scripts/nsys-up, the analysis part's installer)."""
+    found = shutil.which("nsys")
+    if not found and (REPO / "scripts/nsys-up").exists() and os.geteuid() == 0:
+        r = subprocess.run(["bash", str(REPO / "scripts/nsys-up")], capture_output=True, text=True,
+                           timeout=1800)
+        assert r.returncode == 0, f"scripts/nsys-up failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+        found = shutil.which("nsys")
+    if not found:
+        pytest.skip("nsys not installed and scripts/nsys-up not available on this host")
+    return found
+
+
+def proxy_model() -> dict:
+    return yaml.safe_load((REPO / "experiments/moe_proxy.yaml").read_text())["model"]
+
+
+def stand_in_cluster(**overrides) -> dict:
+    """A cluster section that runs the CPU stand-in for training (no GPU here)."""
+    c = {"name": "test-1node", "template": "venv", "workload": "cpu_stand_in", "nodes": 1,
+         "gpus_per_node": 0, "cpus_per_task": 1, "mem": "1G", "time_limit": "00:05:00",
+         "stand_in": {"ms_per_iter": 40}}
+    c.update(overrides)
+    return c
+
+
+@pytest.fixture
+def make_trial(tmp_path):
+    """make_trial(cluster=..., executor=..., study=..., **config) -> (store, trial id)."""
+    from pipeline.config import TrainingConfig
+    from pipeline.store import Store
+    store = Store(str(tmp_path / "store.db"))
+
+    def make(cluster=None, executor="slurm", study="s", runs_root=None, **config):
+        cfg = TrainingConfig(train_iters=8, profile_step_start=3, profile_step_end=6).replace(**config)
+        st = store.create_study(study, "moe_proxy", {"model": proxy_model(),
+                                                    "cluster": cluster or stand_in_cluster(),
+                                                    "executor": executor})
+        trial = store.add_trial(st.id, cfg.to_dict(), cfg.config_hash())
+        root = Path(runs_root or tmp_path / "runs")
+        store.update_trial(trial.id, folder=str((root / study / str(trial.id)).resolve()))
+        return store, trial.id
+
+    return make
+# ---- end of Slurm orchestration fixtures ---------------------------------------------------

@@ -1,0 +1,107 @@
+"""Stages on submitit's local executor (no Slurm, no nsys): records, skipping, force, re-creation,
+the CLI's `moetune stage`, and the study lock."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import lock, stages
+from tests.conftest import REPO, stand_in_cluster
+
+
+def decider(store, trial, analysis):
+    return {"kind": "keep", "rule": None, "wall": analysis["wall"], "trial": trial.id}
+
+
+def local_trial(make_trial, **kw):
+    return make_trial(cluster=stand_in_cluster(nsys="off"), executor="local", **kw)
+
+
+def test_all_stages_locally_then_skip_and_force(make_trial):
+    store, tid = local_trial(make_trial)
+    out = stages.run_trial(store, tid, through="decide", decider=decider, poll_s=0.3, timeout_s=120)
+    assert [r.stage for r in store.stage_runs(tid)] == list(stages.STAGE_ORDER)
+    assert all(r.status == "ok" for r in store.stage_runs(tid))
+    folder = Path(store.trial(tid).folder)
+    state = json.loads((folder / "state.json").read_text())
+    assert state["state"] == "COMPLETED" and state["outcome"] == "completed"
+    analysis = json.loads((folder / "analysis.json").read_text())
+    assert analysis["log"]["iterations"] == 8  # the stand-in printed every iteration line
+    assert store.trial(tid).state == "completed"
+    assert store.trial(tid).step_time_ms == pytest.approx(40, rel=0.5)
+    assert json.loads((folder / "decision.json").read_text())["trial"] == tid
+    assert out["export"] == []  # nsys off: no report to export
+
+    runs = len(store.stage_runs(tid))
+    for stage in stages.STAGE_ORDER[:-1]:
+        stages.run_stage(store, tid, stage)  # every stage current: nothing runs
+    assert len(store.stage_runs(tid)) == runs
+    stages.run_stage(store, tid, "analyze", force=True)
+    assert [r.stage for r in store.stage_runs(tid)][-1] == "analyze"
+    assert len(store.stage_runs(tid)) == runs + 1
+
+
+def test_analyze_recreated_identically_by_the_cli(make_trial, tmp_path):
+    store, tid = local_trial(make_trial)
+    stages.run_trial(store, tid, through="analyze", poll_s=0.3, timeout_s=120)
+    out = Path(store.trial(tid).folder) / "analysis.json"
+    before = out.read_bytes()
+    out.unlink()
+    env = {**os.environ, "MOETUNE_DB": store.url}
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "stage", "analyze", "--trial", str(tid)],
+                       capture_output=True, text=True, env=env, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(out)
+    assert out.read_bytes() == before
+    n = len(store.stage_runs(tid, "analyze"))
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "stage", "analyze", "--trial", str(tid),
+                        "--force"], capture_output=True, text=True, env=env, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert len(store.stage_runs(tid, "analyze")) == n + 1
+    assert out.read_bytes() == before
+
+
+def test_a_stage_before_its_inputs_is_one_clear_line(make_trial):
+    store, tid = local_trial(make_trial)
+    with pytest.raises(stages.StageError, match=r"job\.json is missing; run `moetune stage submit"):
+        stages.run_stage(store, tid, "collect")
+    with pytest.raises(stages.StageError, match="unknown stage"):
+        stages.run_stage(store, tid, "bake")
+
+
+def test_changed_config_rerenders(make_trial):
+    store, tid = local_trial(make_trial)
+    first = stages.run_stage(store, tid, "render")
+    job_sh = Path(first[0]).parent / "job.sh"
+    text = job_sh.read_text()
+    store.update_trial(tid, config={**store.trial(tid).config, "micro_batch": 4})
+    stages.run_stage(store, tid, "render")
+    assert len(store.stage_runs(tid, "render")) == 2
+    assert "--micro-batch-size" in job_sh.read_text() and job_sh.read_text() != text
+
+
+def test_second_tuner_on_a_study_is_refused(tmp_path):
+    with lock.study_lock(tmp_path, "qwen"):
+        with pytest.raises(lock.LockError, match=r"study 'qwen' is already being tuned by pid \d+"):
+            lock.study_lock(tmp_path, "qwen").acquire()
+    lock.study_lock(tmp_path, "qwen").acquire().release()  # free again
+
+
+def test_lock_of_a_killed_tuner_is_free(tmp_path):
+    code = ("import sys, time; from pipeline import lock; "
+            "lock.study_lock(sys.argv[1], 'qwen').acquire(); print('held', flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                         text=True, cwd=REPO)
+    assert p.stdout.readline().strip() == "held"
+    with pytest.raises(lock.LockError):
+        lock.study_lock(tmp_path, "qwen").acquire()
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    lock.study_lock(tmp_path, "qwen").acquire().release()
