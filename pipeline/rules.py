@@ -4,8 +4,9 @@
     proposals(analysis, config, model, cluster, tuning=None, check=constraints.check)
         -> [Proposal(rule, config, refused)]   # matching rules, best first
 
-A rule matches when its wall is one the analysis found (the named wall first, then the other walls
-whose evidence fired), all its metric conditions hold and all its preconditions hold. Its change
+A rule matches when all its metric conditions and preconditions hold; rules of the wall the
+analysis named come first, then those of other walls whose evidence fired, then the rest (memory
+rules only when memory fired). Its change
 makes the new config; the constraint checker then judges it, and a refused change comes back with
 `refused` holding the violations' reasons (the tuner records it as a skip).
 """
@@ -224,7 +225,8 @@ def context(analysis: dict, config: TrainingConfig, model, cluster, tuning=None)
 
 
 def walls_in_order(analysis: dict) -> list[str]:
-    """The named wall, then the other walls whose evidence fired (strongest first)."""
+    """The named wall, then the other walls whose evidence fired (strongest first), then the
+    remaining walls except memory (their rules' own metric conditions still gate them)."""
     order = []
     if analysis.get("wall") in WALLS:
         order.append(analysis["wall"])
@@ -232,7 +234,7 @@ def walls_in_order(analysis: dict) -> list[str]:
         w = ev.get("wall")
         if w in WALLS and w not in order:
             order.append(w)
-    return order
+    return order + [w for w in WALLS if w not in order and w != "memory"]
 
 
 def matching(analysis: dict, config: TrainingConfig, model, cluster, tuning=None,

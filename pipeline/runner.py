@@ -127,9 +127,15 @@ def render(store, trial, experiment, folder: Path) -> Path:
               + shlex.join(argv) + " 2>&1 | tee log.txt"]
     (folder / "job.sh").write_text("\n".join(script) + "\n")
     (folder / "config.json").write_text(json.dumps(trial.config, indent=1, sort_keys=True))
-    (folder / "command.txt").write_text(shlex.join(argv) + "\n")
+    (folder / "command.txt").write_text(command_line(argv, experiment.cluster) + "\n")
     store.record_stage(trial.id, "render", key, [str(folder / "job.sh"), str(folder / "config.json")])
     return folder / "job.sh"
+
+
+def command_line(argv: list[str], cluster) -> str:
+    """The full command a node runs: the launcher, Megatron's entry point and its argv."""
+    n = attr(cluster, "gpus_per_node", 1)
+    return shlex.join(["torchrun", "--nproc_per_node", str(n), "pipeline/train_moe.py", *argv])
 
 
 def _executor(kind: str, folder: Path, experiment):
@@ -199,13 +205,22 @@ def watch(job, log: Path, hang_timeout_s: float, poll_s: float = 0.5) -> tuple[s
         time.sleep(poll_s)
     try:
         job.result()
-    except Exception as e:  # submitit wraps the job's exception; keep its last line
-        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-        msg = lines[-1] if lines else type(e).__name__
-        if "not in the trial bank" in str(e):
-            return "skipped", msg
-        return "failed", msg
+    except Exception as e:  # submitit wraps the job's exception in its traceback text
+        msg = error_line(str(e)) or type(e).__name__
+        return ("skipped" if "not in the trial bank" in msg else "failed"), msg
     return "ok", None
+
+
+ERROR_LINE = re.compile(r"^\s*([A-Za-z_.]*(Error|Exception)):\s*(.+)$")
+
+
+def error_line(text: str) -> str | None:
+    """The last `SomeError: message` line of a traceback text."""
+    found = [m for m in map(ERROR_LINE.match, text.splitlines()) if m]
+    if not found:
+        return None
+    m = found[-1]
+    return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(3).strip()}"
 
 
 def export(store, trial, folder: Path) -> list[Path]:

@@ -137,7 +137,7 @@ BLOCKED = [
      cluster(has_transformer_engine=False), "fp8_blockwise_hopper"),
     ("token drop only where the study allows it",
      analysis("compute", sm_util_estimate=0.9), BASE, cluster(), "token_drop"),
-    ("full recompute is not proposed for a communication wall",
+    ("memory rules are not proposed unless memory fired",
      analysis("communication", exposed_a2a_share=0.3), BASE, cluster(), "full_recompute"),
 ]
 
@@ -149,9 +149,11 @@ def test_preconditions_block(case, an, config, cl, rule_id):
 
 
 def test_full_recompute_is_the_last_memory_rule():
-    ids = [p.rule.id for p in rules.proposals(analysis("memory"), BASE.replace(ep=4), MODEL,
-                                              cluster(), check=no_violations)]
+    props = rules.proposals(analysis("memory"), BASE.replace(ep=4), MODEL, cluster(),
+                            check=no_violations)
+    ids = [p.rule.id for p in props if p.rule.wall == "memory"]
     assert ids[-1] == "full_recompute" and ids[0] != "full_recompute"
+    assert props[len(ids) - 1].rule.id == "full_recompute"  # memory rules all come first
 
 
 def test_token_drop_when_allowed():

@@ -1,0 +1,182 @@
+"""The tuning loop on a CPU stand-in trial bank (tests/standin_bank.py): real stages through
+submitit's local executor, real analysis of the stand-in's SQLite traces and logs."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import applied, runner, tuner
+from pipeline.store import Store
+
+sys.path.insert(0, str(Path(__file__).parent))
+import standin_bank  # noqa: E402
+
+EXPERIMENT = str(Path(__file__).resolve().parents[1] / "experiments" / "moe_proxy.yaml")
+
+
+def same_workload_best(bank: Path) -> float:
+    rows = [json.loads(x) for x in bank.read_text().splitlines()]
+    base = rows[0]["config"]
+    return min(r["step_time_ms"] for r in rows if r["state"] == "COMPLETED"
+               and r["config"]["seq_length"] == base["seq_length"]
+               and r["config"]["global_batch"] == base["global_batch"])
+
+
+def judged(store, study):
+    ds = store.decisions(study.id)
+    out = {}
+    for d in ds:
+        if d.trial_id and d.kind in tuner.JUDGED:
+            out.setdefault(d.trial_id, []).append(d.kind)
+    return out
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    d = tmp_path_factory.mktemp("standin_bank")
+    return d, standin_bank.build(d)
+
+
+@pytest.fixture(scope="module")
+def finished(standin, tmp_path_factory):
+    bank_dir, _ = standin
+    tmp = tmp_path_factory.mktemp("study")
+    store = Store(str(tmp / "db.sqlite"))
+    s = tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp / "runs", bank_dir=bank_dir,
+                   progress=False)
+    return store, s, tmp
+
+
+def test_reaches_bank_best_with_a_third_of_the_trials(standin, finished):
+    _, bank = standin
+    store, s, _ = finished
+    n_bank = len(bank.read_text().splitlines())
+    assert s["best_step_time_ms"] <= same_workload_best(bank) * 1.03
+    assert s["trials"] <= n_bank / 3
+    assert s["best_step_time_ms"] < s["baseline_step_time_ms"]
+
+
+def test_every_trial_judged_once_and_no_config_twice(finished):
+    store, s, _ = finished
+    study = store.study(s["study"])
+    trials = store.trials(study.id)
+    assert len({t.config_hash for t in trials}) == len(trials)
+    j = judged(store, study)
+    assert set(j) == {t.id for t in trials}
+    assert all(len(v) == 1 for v in j.values())
+    kinds = [d.kind for d in store.decisions(study.id)]
+    assert kinds[-1] == "stop" and kinds.count("stop") == 1
+
+
+def test_every_stage_recorded(finished):
+    store, s, _ = finished
+    study = store.study(s["study"])
+    first = store.trials(study.id)[0]
+    stages = [r.stage for r in store.stage_runs(first.id)]
+    assert stages == ["render", "submit", "collect", "export", "analyze"]
+
+
+def test_config_not_in_bank_is_a_skipped_trial(finished):
+    store, s, _ = finished
+    study = store.study(s["study"])
+    skipped = [t for t in store.trials(study.id) if t.state == "skipped"]
+    assert skipped, "the stand-in bank lacks some configs the rules propose"
+    reasons = [d.reason for d in store.decisions(study.id)
+               if d.kind == "skip" and d.trial_id == skipped[0].id]
+    assert reasons and "not in the trial bank" in reasons[0]
+
+
+def test_rerun_of_finished_study_runs_nothing(standin, finished):
+    store, s, tmp = finished
+    again = tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp / "runs",
+                       bank_dir=standin[0], progress=False)
+    assert again == s
+
+
+def test_slower_change_is_reverted_as_a_result(tmp_path):
+    bank_dir = tmp_path / "bank"
+    standin_bank.build(bank_dir, slower={"mbs4": 1.5})
+    store = Store(str(tmp_path / "db.sqlite"))
+    s = tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp_path / "runs",
+                   bank_dir=bank_dir, progress=False)
+    study = store.study(s["study"])
+    mbs4 = next(t for t in store.trials(study.id) if t.fix == "larger_micro_batch")
+    d = next(d for d in store.decisions(study.id) if d.trial_id == mbs4.id and d.kind in tuner.JUDGED)
+    assert mbs4.state == "completed" and d.kind == "revert" and d.reason.startswith("slower")
+    assert d.evidence["step_time_ms"] > d.evidence["parent_step_time_ms"]
+    assert s["best_config_hash"] != mbs4.config_hash
+
+
+def test_hung_trial_is_cancelled_recorded_and_reverted(tmp_path):
+    bank_dir = tmp_path / "bank"
+    standin_bank.build(bank_dir, hang={"mbs4"})
+    store = Store(str(tmp_path / "db.sqlite"))
+    s = tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp_path / "runs",
+                   bank_dir=bank_dir, progress=False)
+    study = store.study(s["study"])
+    t = next(t for t in store.trials(study.id) if t.fix == "larger_micro_batch")
+    d = next(d for d in store.decisions(study.id) if d.trial_id == t.id and d.kind in tuner.JUDGED)
+    assert t.state == "hung" and d.kind == "revert"
+    assert any("Watchdog caught collective operation timeout" in ln for ln in d.evidence["last_lines"])
+    assert s["best_config_hash"] != t.config_hash
+
+
+def _silent_job(log_path):
+    import time
+    Path(log_path).write_text(" iteration        1/      10 | elapsed time per iteration (ms): 5.0 |\n")
+    time.sleep(120)
+
+
+def test_watch_cancels_a_job_without_iteration_lines(tmp_path):
+    import submitit
+    ex = submitit.LocalExecutor(folder=tmp_path / "submitit")
+    log = tmp_path / "log.txt"
+    job = ex.submit(_silent_job, str(log))
+    status, msg = runner.watch(job, log, hang_timeout_s=3, poll_s=0.2)
+    assert status == "hung" and "no iteration line" in msg
+    import time
+    for _ in range(50):
+        if job.done():
+            break
+        time.sleep(0.2)
+    assert job.done()
+
+
+def test_fix_without_effect_is_not_applied_and_blocked_on_the_cluster(tmp_path):
+    bank_dir = tmp_path / "bank"
+    standin_bank.build(bank_dir, no_effect={"ep_overlap_mbs4", "ep_overlap"})
+    store = Store(str(tmp_path / "db.sqlite"))
+    s = tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp_path / "runs",
+                   bank_dir=bank_dir, progress=False)
+    study = store.study(s["study"])
+    d = next(d for d in store.decisions(study.id) if d.kind == "not_applied")
+    assert d.rule == "ep_a2a_overlap" and "did not fall" in d.reason
+    assert "overlap_ep_a2a" not in [k for k, v in (s["best_config"] or {}).items() if v is True]
+    # a second study on the same cluster and image does not try it again
+    s2 = tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp_path / "runs2",
+                    bank_dir=bank_dir, progress=False, study_name="second")
+    study2 = store.study("second")
+    assert not [t for t in store.trials(study2.id) if t.fix == "ep_a2a_overlap"]
+    assert any(d.kind == "skip" and d.rule == "ep_a2a_overlap" for d in store.decisions(study2.id))
+
+
+def test_budget_stops_the_study(standin, tmp_path):
+    store = Store(str(tmp_path / "db.sqlite"))
+    s = tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp_path / "runs",
+                   bank_dir=standin[0], progress=False, max_trials=2)
+    assert s["trials"] == 2 and "trial budget" in s["stop_reason"]
+
+
+def test_missing_bank_is_one_clear_error(tmp_path):
+    from pipeline.replay import ReplayError
+    with pytest.raises(ReplayError, match="no trial bank"):
+        tuner.tune(EXPERIMENT, Store(str(tmp_path / "db.sqlite")), executor="replay",
+                   runs_root=tmp_path / "runs", bank_dir=tmp_path / "nothing", progress=False)
+
+
+def test_noise_threshold_uses_the_runs_spread():
+    quiet = {"step_time_ms": 100.0, "step_time_std_ms": 0.1, "steps": 4}
+    noisy = {"step_time_ms": 100.0, "step_time_std_ms": 10.0, "steps": 4}
+    assert tuner.noise_ms(quiet, quiet, 0.02) == pytest.approx(2.0)
+    assert tuner.noise_ms(noisy, noisy, 0.02) > 10.0
