@@ -1,22 +1,19 @@
 """The tuner's one seam to the rest of moetune: experiments, constraints, and running a trial.
 
 Everything the loop needs from other modules goes through here, so the loop itself stays a
-function of the store. A trial runs as the stages of docs/architecture.md — render, submit,
+function of the store. A trial runs as the stages of pipeline/stages.py — render, submit,
 collect, export, analyze — each recorded in the store with the hash of its inputs; a stage whose
 record is current is not run again (that is what makes a killed tuner resumable).
 
-Executors: `replay` runs `pipeline.replay.replay_job` (the trial bank) through submitit's local
-executor; `local` and `slurm` run the rendered job script through submitit (local executor or
-Slurm), watched for hangs.
+Executors: `local` and `slurm` submit the rendered job script (pipeline.jobs); `replay` (the
+demo) submits `pipeline.replay.replay_job` through submitit's local executor instead, and every
+other stage is the same. While a job runs its log is watched for hangs.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shlex
-import shutil
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.config import TrainingConfig, run_args
+from pipeline.config import TrainingConfig
 from pipeline.model import ModelArch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,44 +89,17 @@ def gpus_of(config: TrainingConfig, cluster) -> int:
 # -- one trial's stages ------------------------------------------------------------------------
 @dataclass
 class Outcome:
-    state: str  # completed | oom | failed | hung | skipped
+    state: str  # completed | oom | failed | hung | skipped | timeout | cancelled | node_fail
     analysis: dict | None = None
     error: str | None = None
     last_lines: list[str] = field(default_factory=list)
 
 
-def _hash(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _current(store, trial_id: int, stage: str, inputs_hash: str):
-    run = store.last_stage(trial_id, stage)
-    if run and run.inputs_hash == inputs_hash and all(Path(p).exists() for p in run.outputs):
-        return run
-    return None
-
-
 def trial_folder(runs_root: Path, study: str, trial) -> Path:
-    return Path(runs_root) / study / f"trial_{trial.number:03d}_{trial.config_hash}"
-
-
-def render(store, trial, experiment, folder: Path) -> Path:
-    config = TrainingConfig.from_dict(trial.config)
-    argv = config.to_args(experiment.model) + run_args()
-    key = _hash("render", trial.config, argv)
-    if _current(store, trial.id, "render", key):
-        return folder / "job.sh"
-    folder.mkdir(parents=True, exist_ok=True)
-    gpus = gpus_of(config, experiment.cluster)
-    script = ["#!/bin/bash", "set -euo pipefail", f"cd {shlex.quote(str(folder))}",
-              "torchrun --nproc_per_node " + shlex.quote(str(attr(experiment.cluster, "gpus_per_node", gpus)))
-              + " " + shlex.quote(str(REPO / "pipeline" / "train_moe.py")) + " "
-              + shlex.join(argv) + " 2>&1 | tee log.txt"]
-    (folder / "job.sh").write_text("\n".join(script) + "\n")
-    (folder / "config.json").write_text(json.dumps(trial.config, indent=1, sort_keys=True))
-    (folder / "command.txt").write_text(command_line(argv, experiment.cluster) + "\n")
-    store.record_stage(trial.id, "render", key, [str(folder / "job.sh"), str(folder / "config.json")])
-    return folder / "job.sh"
+    """Where pipeline.stages keeps a trial's files."""
+    if getattr(trial, "folder", None):
+        return Path(trial.folder)
+    return (Path(runs_root) / study / str(trial.id)).resolve()
 
 
 def command_line(argv: list[str], cluster) -> str:
@@ -138,77 +108,73 @@ def command_line(argv: list[str], cluster) -> str:
     return shlex.join(["torchrun", "--nproc_per_node", str(n), "pipeline/train_moe.py", *argv])
 
 
-def _executor(kind: str, folder: Path, experiment):
+def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path) -> None:
+    """The demo's submit stage: `replay_job` through submitit's local executor, recorded as
+    pipeline.stages records its own submit (job.json in the same form)."""
     import submitit
-    if kind == "slurm":
-        ex = submitit.AutoExecutor(folder=folder / "submitit", cluster="slurm")
-        c = experiment.cluster
-        ex.update_parameters(nodes=int(attr(c, "nodes", 1)), gpus_per_node=int(attr(c, "gpus_per_node", 1)),
-                             tasks_per_node=1, slurm_partition=attr(c, "partition"),
-                             timeout_min=_minutes(attr(c, "time_limit", "00:30:00")))
-        return ex
-    ex = submitit.LocalExecutor(folder=folder / "submitit")
-    ex.update_parameters(timeout_min=_minutes(attr(experiment.cluster, "time_limit", "00:30:00")))
-    return ex
+    from pipeline import stages
+    from pipeline.replay import replay_job
+    from pipeline.store import now
+    t = stages.Trial(store, trial_id, runs_root, "local")
+    files, _ = stages._submit_inputs(t)
+    key = stages.inputs_hash("submit", files, {"replay": str(bank_dir)})
+    if stages.current(store, trial_id, "submit", key):
+        return
+    folder = t.folder / "submitit"
+    ex = submitit.LocalExecutor(folder=folder)
+    ex.update_parameters(timeout_min=30)
+    started = now()
+    job = ex.submit(replay_job, t.row.config, str(t.folder), str(bank_dir))
+    out = t.path("job.json")
+    out.write_text(json.dumps({"job_id": str(job.job_id), "kind": "local", "folder": str(folder),
+                               "name": t.job_name(), "submitted_at": now()}, indent=1) + "\n")
+    store.update_trial(trial_id, slurm_job_id=str(job.job_id), state="submitted", submitted_at=now())
+    store.record_stage(trial_id, "submit", key, [str(out)], started_at=started)
 
 
-def _minutes(limit: str) -> int:
-    parts = [int(p) for p in str(limit).split(":")]
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    h, m, s = parts[-3:]
-    return max(1, h * 60 + m + (1 if s else 0))
-
-
-def submit_and_wait(store, trial, experiment, folder: Path, executor: str, bank_dir: Path | None,
-                    hang_timeout_s: float, poll_s: float = 0.5) -> tuple[str, str | None]:
-    """Submit the trial's job and wait for it: ('ok'|'failed'|'hung'|'skipped', message)."""
-    key = _hash("submit", trial.config, executor, str(bank_dir))
-    done = _current(store, trial.id, "collect", _hash("collect", key))
-    if done:  # the job finished before a kill: its files are here
-        return "ok", None
-    log = folder / "log.txt"
-    ex = _executor("local" if executor in ("replay", "local") else "slurm", folder, experiment)
-    if executor == "replay":
-        from pipeline.replay import replay_job
-        job = ex.submit(replay_job, trial.config, str(folder), str(bank_dir))
-    else:
-        import submitit
-        job = ex.submit(submitit.helpers.CommandFunction(["bash", str(folder / "job.sh")]))
-    store.update_trial(trial.id, slurm_job_id=str(job.job_id), state="running",
-                       submitted_at=_now())
-    store.record_stage(trial.id, "submit", key, [str(folder / "job.sh")])
-    status, message = watch(job, log, hang_timeout_s, poll_s)
-    if status == "ok":
-        store.record_stage(trial.id, "collect", _hash("collect", key), [str(log)])
-    else:
-        store.record_stage(trial.id, "collect", _hash("collect", key), [], status="failed",
-                           error=message)
-    return status, message
-
-
-def watch(job, log: Path, hang_timeout_s: float, poll_s: float = 0.5) -> tuple[str, str | None]:
-    """Wait for a submitit job; cancel it when its log shows no new iteration line for
-    `hang_timeout_s` or an NCCL watchdog timeout."""
+def watch(ref, log: Path, hang_timeout_s: float, poll_s: float = 0.5) -> tuple[str, str | None]:
+    """Wait for a job (pipeline.jobs.JobRef); cancel it when its log shows no new iteration line
+    for `hang_timeout_s` or an NCCL watchdog timeout. ('ended'|'hung', why)."""
+    from pipeline import jobs
     last_count, last_change = 0, time.monotonic()
-    while not job.done():
+    while not jobs.job_state(ref).terminal:
         text = log.read_text(errors="replace") if log.exists() else ""
         count = len(ITERATION_LINE.findall(text))
         if WATCHDOG.search(text):
-            job.cancel()
+            cancel(ref)
             return "hung", "NCCL watchdog timeout in the log"
         if count != last_count:
             last_count, last_change = count, time.monotonic()
         elif time.monotonic() - last_change > hang_timeout_s:
-            job.cancel()
+            cancel(ref)
             return "hung", f"no iteration line for {hang_timeout_s:.0f} s"
         time.sleep(poll_s)
-    try:
-        job.result()
-    except Exception as e:  # submitit wraps the job's exception in its traceback text
-        msg = error_line(str(e)) or type(e).__name__
-        return ("skipped" if "not in the trial bank" in msg else "failed"), msg
-    return "ok", None
+    return "ended", None
+
+
+def cancel(ref, grace_s: float = 3.0) -> None:
+    """Cancel a job: scancel on Slurm; a local job gets SIGTERM (pipeline.jobs), then SIGINT
+    and SIGKILL to its process group (submitit's local job ignores SIGTERM)."""
+    import os
+    import signal
+    from pipeline import jobs
+    jobs.cancel(ref)
+    if ref.kind != "local":
+        return
+    pid = int(ref.job_id)
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < grace_s:
+            if jobs.local_state(ref).terminal:
+                return
+            time.sleep(0.1)
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            return
 
 
 ERROR_LINE = re.compile(r"^\s*([A-Za-z_.]*(Error|Exception)):\s*(.+)$")
@@ -223,71 +189,73 @@ def error_line(text: str) -> str | None:
     return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(3).strip()}"
 
 
-def export(store, trial, folder: Path) -> list[Path]:
-    """nsys-rep → SQLite where a report is there and no SQLite is; replayed traces are SQLite."""
-    outs = []
-    for rep in sorted(folder.glob("trace_*.nsys-rep")):
-        sqlite = rep.with_suffix(".sqlite")
-        if not sqlite.exists() and shutil.which("nsys"):
-            subprocess.run(["nsys", "export", "--type", "sqlite", "-o", str(sqlite),
-                            "--force-overwrite", "true", str(rep)], check=False,
-                           capture_output=True, timeout=1800)
-    outs = sorted(folder.glob("trace_*.sqlite"))
-    store.record_stage(trial.id, "export", _hash("export", [p.name for p in outs]),
-                       [str(p) for p in outs])
-    return outs
-
-
-def analyze(store, trial, folder: Path, experiment) -> dict:
-    import analysis as an
-    traces = sorted(folder.glob("trace_*.sqlite"))
-    log = folder / "log.txt"
-    key = _hash("analyze", [(p.name, p.stat().st_size) for p in traces],
-                log.stat().st_size if log.exists() else None)
-    out = folder / "analysis.json"
-    if _current(store, trial.id, "analyze", key) and out.exists():
-        return json.loads(out.read_text())
-    mem = None
-    from pipeline.rules import GPU_MEMORY_GB
-    mem = GPU_MEMORY_GB.get(str(attr(experiment.cluster, "gpu_type", "")))
-    try:
-        result = an.analyze([str(p) for p in traces], log=str(log) if log.exists() else None,
-                            gpu_memory_gb=mem)
-    except an.TraceError as e:
-        store.record_stage(trial.id, "analyze", key, [], status="failed", error=str(e))
-        raise
-    out.write_text(json.dumps(result, indent=1, default=str))
-    store.record_stage(trial.id, "analyze", key, [str(out)])
-    return result
+def job_error(ref) -> str | None:
+    """Why a submitit job failed: its result pickle's traceback, else its stderr."""
+    import pickle
+    folder = Path(ref.folder)
+    result = folder / f"{ref.job_id}_0_result.pkl"
+    if result.exists():
+        try:
+            with open(result, "rb") as f:
+                kind, value = pickle.load(f)
+            if kind != "success":
+                return error_line(str(value)) or str(value).strip().splitlines()[-1]
+        except Exception:
+            pass
+    for err in folder.glob(f"{ref.job_id}_*log.err"):
+        found = error_line(err.read_text(errors="replace"))
+        if found:
+            return found
+    return None
 
 
 def run_trial(store, trial, experiment, *, executor: str, runs_root: Path, study: str,
               bank_dir: Path | None = None, hang_timeout_s: float = 600.0) -> Outcome:
-    """All stages of one trial; the outcome the tuner judges."""
-    folder = trial_folder(runs_root, study, trial)
-    render(store, trial, experiment, folder)
-    status, message = submit_and_wait(store, trial, experiment, folder, executor, bank_dir,
-                                      hang_timeout_s)
-    log = folder / "log.txt"
-    last = log.read_text(errors="replace").splitlines()[-10:] if log.exists() else []
-    if status == "skipped":
-        return Outcome("skipped", error=message)
-    if status == "hung":
-        return Outcome("hung", error=message, last_lines=last)
-    export(store, trial, folder)
+    """All stages of one trial (pipeline.stages; the demo's submit replays the bank); the
+    outcome the tuner judges."""
+    from pipeline import stages
+    kind = "local" if executor == "replay" else executor
+    opts = {"runs_root": runs_root, "executor": kind}
+    stages.run_stage(store, trial.id, "render", **opts)
+    t = stages.Trial(store, trial.id, runs_root, kind)
+    if executor == "replay":
+        submit_replay(store, trial.id, runs_root, bank_dir)
+    else:
+        stages.run_stage(store, trial.id, "submit", **opts)
+    log = t.path("log.txt")
+    ref = stages.load_ref(t)
+    status, why = watch(ref, log, hang_timeout_s)
+    last = lambda: log.read_text(errors="replace").splitlines()[-10:] if log.exists() else []
     try:
-        result = analyze(store, trial, folder, experiment)
-    except Exception as e:
-        return Outcome("failed", error=message or str(e), last_lines=last)
+        stages.run_stage(store, trial.id, "collect", **opts, poll_s=0.5)
+    except stages.StageError as e:
+        return Outcome("failed", error=str(e), last_lines=last())
+    if status == "hung":
+        return Outcome("hung", error=why, last_lines=last())
+    state = json.loads(t.path("state.json").read_text())
+    if state.get("outcome") != "completed":
+        msg = job_error(ref) or f"job {state.get('state')}"
+        if "not in the trial bank" in msg:
+            return Outcome("skipped", error=msg)
+        if not log.exists():
+            return Outcome(state.get("outcome") or "failed", error=msg, last_lines=last())
+    try:
+        stages.run_stage(store, trial.id, "export", **opts)
+        stages.run_stage(store, trial.id, "analyze", **opts)
+    except stages.StageError as e:
+        return Outcome("failed", error=str(e), last_lines=last())
+    result = json.loads(t.path("analysis.json").read_text())
     failure = (result.get("log") or {}).get("failure")
     if failure == "nccl_timeout":
-        return Outcome("hung", result, "NCCL watchdog timeout in the log", last)
+        return Outcome("hung", result, "NCCL watchdog timeout in the log", last())
     if failure == "oom":
-        return Outcome("oom", result, "out of memory", last)
+        return Outcome("oom", result, "out of memory", last())
     step = (result.get("metrics") or {}).get("combined", {}).get("step_time_ms")
-    if status != "ok" or failure or not step:
-        return Outcome("failed", result, message or failure or "no step time in trace or log", last)
-    return Outcome("completed", result, None, last)
+    if state.get("outcome") != "completed" or failure or not step:
+        why = failure or (job_error(ref) if state.get("outcome") != "completed" else None)
+        return Outcome(state.get("outcome") if state.get("outcome") != "completed" else "failed",
+                       result, why or "no step time in trace or log", last())
+    return Outcome("completed", result, None, last())
 
 
 def _now() -> str:

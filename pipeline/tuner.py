@@ -92,8 +92,8 @@ def _combined(analysis: dict | None) -> dict:
     return ((analysis or {}).get("metrics") or {}).get("combined") or {}
 
 
-def _load_analysis(runs_root: Path, study: str, trial) -> dict | None:
-    p = runner.trial_folder(runs_root, study, trial) / "analysis.json"
+def _load_analysis(store, runs_root: Path, study: str, trial) -> dict | None:
+    p = runner.trial_folder(runs_root, study, store.trial(trial.id)) / "analysis.json"
     return json.loads(p.read_text()) if p.exists() else None
 
 
@@ -117,8 +117,10 @@ class Tuner:
         self.patience = int(tuning_value(experiment, "patience"))
         self.hang_timeout_s = float(tuning_value(experiment, "hang_timeout_s"))
         self.study = store.create_study(study_name, experiment.model.name, {
-            "experiment": experiment.name, "executor": executor,
-            "cluster": attr(experiment.cluster, "name"), "baseline": experiment.baseline.to_dict()})
+            "experiment": experiment.name, "executor": "local" if executor == "replay" else executor,
+            "replay": executor == "replay", "model": experiment.model.to_dict(),
+            "cluster": rules_mod._attrs(experiment.cluster), "tuning": rules_mod._attrs(experiment.tuning),
+            "baseline": experiment.baseline.to_dict()})
         self.gpus = runner.gpus_of(experiment.baseline, experiment.cluster)
 
     # -- output -------------------------------------------------------------------------
@@ -174,7 +176,7 @@ class Tuner:
     def propose(self, st: StudyState) -> bool:
         """Pick the best untried rule for the incumbent and add its trial. False: none left."""
         inc = st.incumbent
-        analysis = _load_analysis(self.runs_root, self.study_name, inc)
+        analysis = _load_analysis(self.store, self.runs_root, self.study_name, inc)
         if analysis is None:
             raise TunerError(f"trial {inc.number}: analysis.json is missing; run "
                              f"`moetune stage analyze --trial {inc.id}`")
@@ -247,7 +249,7 @@ class Tuner:
             self.say(f"trial {trial.number}: {out.state}, reverted")
             return
         rule = self.rule_by_id.get(rid)
-        parent_an = _load_analysis(self.runs_root, self.study_name, parent)
+        parent_an = _load_analysis(self.store, self.runs_root, self.study_name, parent)
         verdict = applied.verify(rule.verify if rule else "none", out.analysis, parent_an)
         ev.update(verify=verdict.status, verify_reason=verdict.reason, verify_evidence=verdict.evidence)
         if not verdict.applied:
@@ -297,7 +299,7 @@ def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
     if best and base and base.step_time_ms and best.step_time_ms:
         out["speedup"] = round(base.step_time_ms / best.step_time_ms, 4)
     if best and runs_root is not None:
-        cmd = runner.trial_folder(runs_root, study_name, best) / "command.txt"
+        cmd = runner.trial_folder(runs_root, study_name, store.trial(best.id)) / "command.txt"
         out["best_command"] = cmd.read_text().strip() if cmd.exists() else None
     return out
 

@@ -129,13 +129,16 @@ def _silent_job(log_path):
 
 
 def test_watch_cancels_a_job_without_iteration_lines(tmp_path):
+    import time
     import submitit
+    from pipeline import jobs
     ex = submitit.LocalExecutor(folder=tmp_path / "submitit")
     log = tmp_path / "log.txt"
     job = ex.submit(_silent_job, str(log))
-    status, msg = runner.watch(job, log, hang_timeout_s=3, poll_s=0.2)
+    ref = jobs.JobRef(job_id=str(job.job_id), kind="local", folder=str(tmp_path / "submitit"),
+                      name="silent")
+    status, msg = runner.watch(ref, log, hang_timeout_s=3, poll_s=0.2)
     assert status == "hung" and "no iteration line" in msg
-    import time
     for _ in range(50):
         if job.done():
             break
