@@ -1,0 +1,55 @@
+"""`moetune status`: studies, their trials and every decision with its evidence, as text.
+
+    render(store, study_name=None) -> str
+"""
+from __future__ import annotations
+
+from pipeline import tuner as tuner_mod
+
+
+def _ms(v) -> str:
+    return f"{v:.1f}" if isinstance(v, (int, float)) else "-"
+
+
+def _evidence(d) -> str:
+    ev = d.evidence or {}
+    bits = []
+    for key in ("parent_step_time_ms", "step_time_ms", "noise_ms", "verify"):
+        if ev.get(key) is not None:
+            bits.append(f"{key}={ev[key]}")
+    if ev.get("deciding"):
+        bits.append("deciding=" + ",".join(f"{e.get('metric')}={e.get('value')}"
+                                             for e in ev["deciding"][:3]))
+    return ("  [" + "; ".join(bits) + "]") if bits else ""
+
+
+def render_study(store, name: str) -> str:
+    study = store.study(name)
+    s = tuner_mod.summary(store, name)
+    lines = [f"study {study.name} ({study.state}) model {study.model}: {s['trials']} trials run, "
+             f"{s['skipped']} skipped; baseline {_ms(s['baseline_step_time_ms'])} ms, best "
+             f"{_ms(s['best_step_time_ms'])} ms (trial {s['best_trial'] or '-'})"]
+    if s.get("stop_reason"):
+        lines.append(f"  stopped: {s['stop_reason']}")
+    lines.append(f"  {'#':>3} {'id':>4} {'fix':<28} {'state':<10} {'step ms':>9} {'TFLOP/s':>8} "
+                 f"{'wall':<14} hash")
+    for t in store.trials(study.id):
+        lines.append(f"  {t.number:>3} {t.id:>4} {(t.fix or 'baseline')[:28]:<28} {t.state:<10} "
+                     f"{_ms(t.step_time_ms):>9} {_ms(t.tflops_per_gpu):>8} {(t.wall or '-'):<14} "
+                     f"{t.config_hash}")
+    lines.append("  decisions:")
+    number = {t.id: t.number for t in store.trials(study.id)}
+    for d in store.decisions(study.id):
+        where = f"trial {number.get(d.trial_id)}" if d.trial_id else "study"
+        lines.append(f"    {d.created_at} {d.kind:<11} {where:<9} {d.rule or '':<26} {d.reason}"
+                     f"{_evidence(d)}")
+    return "\n".join(lines)
+
+
+def render(store, study_name: str | None = None) -> str:
+    if study_name:
+        return render_study(store, study_name)
+    studies = store.studies()
+    if not studies:
+        return f"no studies in {store.url}; run `moetune tune MODEL` or `make demo`"
+    return "\n\n".join(render_study(store, s.name) for s in studies)

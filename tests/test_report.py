@@ -1,0 +1,132 @@
+"""Reports: Markdown and the self-contained HTML page of a study run on the CPU stand-in bank;
+every string from a trace, log or config is escaped; the page renders in headless Chromium."""
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import analysis
+from pipeline import report, status, tuner
+from pipeline.store import Store
+
+sys.path.insert(0, str(Path(__file__).parent))
+import standin_bank  # noqa: E402
+
+EXPERIMENT = str(Path(__file__).resolve().parents[1] / "experiments" / "moe_proxy.yaml")
+EVIL = "<script>document.title='pwned'</script>"
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    standin_bank.build(tmp / "bank")
+    store = Store(str(tmp / "db.sqlite"))
+    s = tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp / "runs",
+                   bank_dir=tmp / "bank", progress=False)
+    md, html = report.write_reports(store, s["study"], tmp / "reports")
+    return store, s, md, html
+
+
+def test_markdown_has_every_part(study):
+    store, s, md, _ = study
+    text = md.read_text()
+    for part in ("## Trials", "## Best config", "## Bottleneck reports", "Full command line",
+                 "| deciding rule |", "| kernel class |", "| top kernel |", "Decision: **keep**",
+                 "Memory: peak", "GPU idle"):
+        assert part in text, part
+    assert f"best {s['best_step_time_ms']:.1f} ms/step" in text
+    assert "--micro-batch-size 4" in text  # the best config's command line
+    # one bottleneck section per trial
+    trials = store.trials(store.study(s["study"]).id)
+    assert len(re.findall(r"^### Trial \d+", text, re.M)) == len(trials)
+
+
+def test_html_has_its_plots(study):
+    store, s, _, html = study
+    text = html.read_text()
+    assert text.count('<svg class="timeline"') == s["trials"]
+    assert '<svg class="breakdown"' in text and '<svg class="steptimes"' in text
+    assert text.count("<circle") == s["trials"]
+    assert "<script" not in text and "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_status_lists_trials_and_decisions(study):
+    store, s, _, _ = study
+    text = status.render(store)
+    assert f"study {s['study']}" in text
+    assert "keep" in text and "apply" in text and "stop" in text
+    assert text.count("\n    ") >= len(store.decisions(store.study(s["study"]).id))
+
+
+def evil_study(tmp_path):
+    """A study whose trace, log, config, command line and names hold markup."""
+    folder = tmp_path / "runs" / "t1"
+    folder.mkdir(parents=True)
+    standin_bank.write_trace(folder / "trace_0.sqlite", "evil", dict(standin_bank.BASE_STEP),
+                             extra_kernels=(EVIL,))
+    standin_bank.write_log(folder / "log.txt", dict(standin_bank.BASE_STEP), "evil")
+    an = analysis.analyze([str(folder / "trace_0.sqlite")], log=str(folder / "log.txt"))
+    (folder / "analysis.json").write_text(json.dumps(an, default=str))
+    (folder / "command.txt").write_text(f"python -m pipeline.train_moe --name '{EVIL}'\n")
+    store = Store(str(tmp_path / "db.sqlite"))
+    st = store.create_study(f"s{EVIL}", model=f"m{EVIL}")
+    cfg = {"router_dtype": EVIL, "tp": 1}
+    t = store.add_trial(st.id, cfg, "h1", fix=None)
+    store.update_trial(t.id, folder=str(folder), state="completed", step_time_ms=500.0,
+                       wall="host_overhead", tflops_per_gpu=40.0)
+    store.add_decision(st.id, "keep", f"baseline {EVIL}", trial_id=t.id,
+                       evidence={"last_lines": [EVIL]})
+    store.add_decision(st.id, "skip", f"refused: {EVIL}", rule=f"r{EVIL}")
+    store.add_decision(st.id, "stop", f"stop {EVIL}")
+    return store, st.name
+
+
+def test_every_string_is_escaped(tmp_path):
+    store, name = evil_study(tmp_path)
+    md, html = report.write_reports(store, name, tmp_path / "out")
+    text = html.read_text()
+    assert "<script" not in text
+    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in text
+    # the kernel name reached the report (top kernels), escaped
+    assert text.count("&lt;script&gt;") >= 6
+    assert md.exists() and html.name.endswith(".html") and "/" not in html.name[:-5]
+
+
+CHROMIUM = shutil.which("chromium")
+HEADLESS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def chromium(args, tmp_path):
+    return subprocess.run([CHROMIUM, *HEADLESS, f"--user-data-dir={tmp_path / 'profile'}", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.chromium
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
+def test_html_renders_in_chromium(study, tmp_path):
+    _, s, _, html = study
+    dom = chromium(["--dump-dom", html.resolve().as_uri()], tmp_path).stdout
+    assert "<h1>moetune study" in dom
+    assert dom.count('class="timeline"') == s["trials"]
+    assert len(re.findall(r"<rect", dom)) > 50 and dom.count("<circle") == s["trials"]
+    shot = tmp_path / "shot.png"
+    chromium([f"--screenshot={shot}", "--window-size=1000,1600", html.resolve().as_uri()], tmp_path)
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000  # a blank page is ~5 KB
+
+
+@pytest.mark.chromium
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
+def test_script_in_a_kernel_name_renders_as_text(tmp_path):
+    store, name = evil_study(tmp_path)
+    _, html = report.write_reports(store, name, tmp_path / "out")
+    dom = chromium(["--dump-dom", html.resolve().as_uri()], tmp_path).stdout
+    assert "<h1>" in dom
+    assert "<title>pwned</title>" not in dom  # the script would have set the title
+    assert "<script" not in dom
+    assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom  # shown as text
