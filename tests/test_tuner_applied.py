@@ -1,0 +1,64 @@
+"""Did the fix take effect? Checked on traces (hand-built SQLite in the nsys schema, read by the
+real analysis), and the tuner marks a fix its trace does not show as not_applied."""
+import sys
+from pathlib import Path
+
+import analysis
+from pipeline import applied
+
+sys.path.insert(0, str(Path(__file__).parent))
+import standin_bank  # noqa: E402
+
+STEP = dict(standin_bank.BASE_STEP)
+
+
+def analyzed(tmp_path, name, **kw):
+    p = standin_bank.write_trace(tmp_path / f"{name}.sqlite", name, kw.pop("step", STEP), **kw)
+    return analysis.analyze([str(p)])
+
+
+def test_deepep_config_whose_trace_shows_only_sendrecv_is_not_applied(tmp_path):
+    parent = analyzed(tmp_path, "alltoall")
+    fell_back = analyzed(tmp_path, "deepep_fallback")  # flex/deepep asked, NCCL SendRecv ran
+    v = applied.verify("flex_dispatch", fell_back, parent)
+    assert v.status == "not_applied" and "NCCL SendRecv" in v.reason
+    assert v.evidence["nccl_sendrecv_kernels"] > 0 and v.evidence["deepep_or_hybridep_kernels"] == 0
+
+
+def test_deepep_kernels_without_sendrecv_is_applied(tmp_path):
+    parent = analyzed(tmp_path, "alltoall")
+    deepep = analyzed(tmp_path, "deepep", sendrecv_name="deep_ep::intranode::dispatch<8>")
+    v = applied.verify("flex_dispatch", deepep, parent)
+    assert v.status == "applied", v.reason
+
+
+def test_overlap_must_lower_exposed_all_to_all(tmp_path):
+    parent = analyzed(tmp_path, "plain")
+    hidden = dict(STEP, hidden=STEP["a2a"] * 0.7, a2a=STEP["a2a"] * 0.3)
+    assert applied.verify("overlap", analyzed(tmp_path, "overlap", step=hidden), parent).applied
+    v = applied.verify("overlap", analyzed(tmp_path, "no_overlap"), parent)
+    assert v.status == "not_applied" and "did not fall" in v.reason
+
+
+def test_fp8_and_recompute_need_their_kernels(tmp_path):
+    parent = analyzed(tmp_path, "bf16")
+    assert applied.verify("fp8", analyzed(tmp_path, "bf16_again"), parent).status == "not_applied"
+    fp8 = analyzed(tmp_path, "fp8", extra_kernels=("transformer_engine::fp8_quantize_kernel",))
+    assert applied.verify("fp8", fp8, parent).applied
+    assert applied.verify("recompute", analyzed(tmp_path, "same"), parent).status == "not_applied"
+    more = analyzed(tmp_path, "recompute", extra_kernels=("nvjet_sm90_recompute_fwd_gemm",))
+    assert applied.verify("recompute", more, parent).applied
+
+
+def test_cuda_graphs_need_graph_launches():
+    with_graphs = {"metrics": {"combined": {"kernel_class_count": {"gemm": 10},
+                                            "cuda_graph_launches": 12}}}
+    without = {"metrics": {"combined": {"kernel_class_count": {"gemm": 10}, "cuda_graph_launches": 0}}}
+    assert applied.verify("cuda_graphs", with_graphs, without).applied
+    assert applied.verify("cuda_graphs", without, without).status == "not_applied"
+
+
+def test_no_trace_metrics_is_unverified_not_refused():
+    log_only = {"metrics": {"combined": {"step_time_ms": 100.0}}}
+    v = applied.verify("flex_dispatch", log_only, log_only)
+    assert v.status == "unverified" and v.applied
