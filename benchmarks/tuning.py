@@ -1,0 +1,143 @@
+"""The tuning loop on the trial bank: does it reach the bank's best step time with at most a third
+of the bank's trials?
+
+    .venv/bin/python benchmarks/tuning.py [--bank benchmarks/trial_bank] [--no-docs]
+
+Runs `tune('moe_proxy', executor='replay')` into a fresh store (every stage real; the job step
+replays the bank), then compares with the full sweep: every bank entry with the baseline's
+workload (same sequence length and global batch, so the same tokens per step). Without a bank in
+the checkout it runs on the CPU stand-in bank (tests/standin_bank.py) and says so.
+Writes benchmarks/results/tuning.json and the `## Tuning loop on the trial bank` section of
+docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pipeline import tuner  # noqa: E402
+from pipeline.config import TrainingConfig  # noqa: E402
+from pipeline.replay import entry_hash, load_bank  # noqa: E402
+from pipeline.store import Store  # noqa: E402
+
+SECTION = "## Tuning loop on the trial bank"
+TARGET_GAP, TARGET_SHARE = 0.03, 1 / 3
+
+
+def entry_step_ms(e: dict) -> float | None:
+    if e.get("state") != "COMPLETED":
+        return None
+    if e.get("step_time_ms"):
+        return float(e["step_time_ms"])
+    m = ((e.get("analysis") or {}).get("metrics") or {}).get("combined") or {}
+    return m.get("step_time_ms")
+
+
+def run(bank_dir: Path, work: Path, experiment: str = "moe_proxy") -> dict:
+    bank = load_bank(bank_dir)
+    store = Store(str(work / "db.sqlite"))
+    t0 = time.monotonic()
+    s = tuner.tune(experiment, store, executor="replay", runs_root=work / "runs",
+                   bank_dir=bank_dir, progress=True)
+    wall_s = time.monotonic() - t0
+    study = store.study(s["study"])
+    tried = {t.config_hash: t for t in store.trials(study.id)}
+    base = TrainingConfig.from_dict(s and store.trials(study.id)[0].config)
+    by_hash = {entry_hash(e): e for e in bank}
+    sweep = []
+    for e in bank:
+        cfg = TrainingConfig.from_dict(e["config"]) if e.get("config") else None
+        same = cfg is not None and cfg.seq_length == base.seq_length and \
+            cfg.global_batch == base.global_batch
+        h = entry_hash(e)
+        sweep.append({"name": e.get("name"), "state": e.get("state"), "step_time_ms": entry_step_ms(e),
+                      "same_workload": same, "run_by_tuner": h in tried and tried[h].state != "skipped"})
+    comparable = [r for r in sweep if r["same_workload"] and r["step_time_ms"]]
+    best = min(comparable, key=lambda r: r["step_time_ms"])
+    best_entry = by_hash.get(s["best_config_hash"])
+    tuned_ms = entry_step_ms(best_entry) if best_entry else None
+    gap = (tuned_ms / best["step_time_ms"] - 1) if tuned_ms else None
+    share = s["trials"] / len(bank)
+    return {
+        "bank": str(bank_dir), "stand_in": any(e.get("stand_in") for e in bank),
+        "bank_trials": len(bank), "bank_best": best,
+        "tuner": {"study": s["study"], "trials_run": s["trials"], "skipped_not_in_bank": s["skipped"],
+                  "trials_total": s["trials_total"], "best_entry": best_entry.get("name") if best_entry else None,
+                  "best_step_time_ms_bank": tuned_ms, "best_step_time_ms_trace": s["best_step_time_ms"],
+                  "baseline_step_time_ms_trace": s["baseline_step_time_ms"], "kept_fixes": s["kept_fixes"],
+                  "stop_reason": s["stop_reason"], "wall_s": round(wall_s, 1)},
+        "gap_to_bank_best": round(gap, 4) if gap is not None else None,
+        "trials_share": round(share, 4),
+        "passes": gap is not None and gap <= TARGET_GAP and share <= TARGET_SHARE,
+        "sweep": sweep,
+    }
+
+
+def section(r: dict) -> str:
+    t = r["tuner"]
+    kind = ("the CPU stand-in bank (tests/standin_bank.py: made-up step times, hand-built traces; "
+            "not GPU measurements)" if r["stand_in"] else "the recorded GPU trial bank")
+    lines = [SECTION, "",
+             f"`.venv/bin/python benchmarks/tuning.py` on {kind}, `{r['bank']}` "
+             f"({r['bank_trials']} trials). Results: `benchmarks/results/tuning.json`.", "",
+             f"- Tuner: {t['trials_run']} trials run ({r['trials_share']:.0%} of the bank; target at most "
+             f"{TARGET_SHARE:.0%}), {t['skipped_not_in_bank']} proposed configs not in the bank (recorded as "
+             f"skipped, not run), {t['wall_s']} s wall.",
+             f"- Best found: `{t['best_entry']}` at {t['best_step_time_ms_bank']} ms/step (bank's figure); "
+             f"the bank's best of the same workload: `{r['bank_best']['name']}` at "
+             f"{r['bank_best']['step_time_ms']} ms/step. Gap {100 * (r['gap_to_bank_best'] or 0):.1f}% "
+             f"(target at most {TARGET_GAP:.0%}): **{'met' if r['passes'] else 'not met'}**.",
+             f"- Path: baseline → {' → '.join(t['kept_fixes']) or '(nothing kept)'}; stopped: "
+             f"{t['stop_reason']}.", "",
+             "Full sweep (every bank entry; only those with the baseline's sequence length and global "
+             "batch compete):", "",
+             "| entry | state | step ms | same workload | run by the tuner |", "|---|---|---|---|---|"]
+    for row in sorted(r["sweep"], key=lambda x: (x["step_time_ms"] is None, x["step_time_ms"] or 0)):
+        lines.append(f"| {row['name']} | {row['state']} | {row['step_time_ms'] or '–'} | "
+                     f"{'yes' if row['same_workload'] else 'no'} | {'yes' if row['run_by_tuner'] else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(doc: Path, text: str) -> None:
+    src = doc.read_text()
+    start = src.index(SECTION)
+    nxt = src.find("\n## ", start + len(SECTION))
+    end = len(src) if nxt < 0 else nxt + 1
+    doc.write_text(src[:start] + text + ("\n" if nxt >= 0 else "") + src[end:])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bank", default=str(REPO / "benchmarks" / "trial_bank"))
+    p.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
+    args = p.parse_args(argv)
+    bank = Path(args.bank)
+    with tempfile.TemporaryDirectory(prefix="moetune-tuning-") as tmp:
+        work = Path(tmp)
+        if not (bank / "bank.jsonl").exists():
+            print(f"{bank}/bank.jsonl not found: using the CPU stand-in bank", file=sys.stderr)
+            sys.path.insert(0, str(REPO / "tests"))
+            import standin_bank
+            bank = work / "standin_bank"
+            standin_bank.build(bank)
+        r = run(bank, work / "study")
+    if r["stand_in"]:
+        r["bank"] = "CPU stand-in (tests/standin_bank.py)"
+    out = REPO / "benchmarks" / "results" / "tuning.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(r, indent=1) + "\n")
+    if not args.no_docs:
+        write_section(REPO / "docs" / "benchmarks.md", section(r))
+    print(section(r))
+    return 0 if r["passes"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
