@@ -3,8 +3,8 @@
 
 Takes the same Megatron argv a trial would (unknown flags are ignored), reads `--train-iters`,
 `--global-batch-size`, `--profile-step-start/--profile-step-end`, burns CPU for each iteration,
-wraps every iteration in an NVTX range `iteration N` (the `nvtx` pip package if installed, else
-libnvToolsExt through ctypes, which nsys's injection picks up) and prints Megatron-style
+wraps every iteration in an NVTX range `iteration N` (through ctypes: libnvToolsExt, or a
+shim built from the NVTX headers nsys ships; else the `nvtx` pip package; see `nvtx_api`) and prints Megatron-style
 iteration lines. Its own knobs:
 
     --stand-in-ms-per-iter MS   wall time of one iteration (default 50)
@@ -18,6 +18,7 @@ import ctypes
 import ctypes.util
 import os
 import resource
+import shutil
 import sys
 import time
 from datetime import datetime
@@ -59,29 +60,75 @@ class _CtypesNvtx:
         self.lib.nvtxRangePop()
 
 
-def _nvtx_lib_candidates() -> list[str]:
-    out = [os.environ.get("MOETUNE_NVTX_LIB", ""), ctypes.util.find_library("nvToolsExt") or ""]
-    inj = os.environ.get("NVTX_INJECTION64_PATH", "")  # set by nsys; its folder holds the lib
-    if inj:
-        out += [os.path.join(os.path.dirname(inj), "libnvToolsExt.so")]
-    return [p for p in out if p]
+SHIM_C = b"""#include <nvtx3/nvToolsExt.h>
+int nvtxRangePushA_shim(const char *s) { return nvtxRangePushA(s); }
+int nvtxRangePop_shim(void) { return nvtxRangePop(); }
+"""
+
+
+def build_shim(include_dir: str) -> str | None:
+    """NVTX v3 is header-only and Debian's nsys ships no libnvToolsExt.so, only the headers:
+    compile a two-function library from them (once, cached) that ctypes can call. nsys's
+    injection library (NVTX_INJECTION64_PATH) then records the ranges."""
+    import hashlib
+    import subprocess
+    import tempfile
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc or not os.path.isdir(include_dir):
+        return None
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "moetune")
+    os.makedirs(cache, exist_ok=True)
+    tag = hashlib.sha256(SHIM_C + include_dir.encode()).hexdigest()[:12]
+    lib = os.path.join(cache, f"nvtx_shim_{tag}.so")
+    if os.path.exists(lib):
+        return lib
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        src = os.path.join(tmp, "shim.c")
+        with open(src, "wb") as f:
+            f.write(SHIM_C)
+        out = os.path.join(tmp, "shim.so")
+        r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-I", include_dir, "-o", out, src, "-ldl"],
+                           capture_output=True)
+        if r.returncode:
+            return None
+        os.replace(out, lib)  # atomic: ranks may build at once
+    return lib
+
+
+class _ShimNvtx(_CtypesNvtx):
+    source = "NVTX shim built from nsys's headers (ctypes)"
+
+    def push(self, name: str) -> None:
+        self.lib.nvtxRangePushA_shim(name.encode())
+
+    def pop(self) -> None:
+        self.lib.nvtxRangePop_shim()
 
 
 def nvtx_api():
-    """The first NVTX emitter that loads: the pip package, libnvToolsExt, or none."""
+    """The first NVTX emitter that loads: a libnvToolsExt (MOETUNE_NVTX_LIB or the system's), a
+    shim compiled from the NVTX headers of the nsys that runs us, the `nvtx` pip package, or
+    none. (Under Debian's nsys 2022.4 the pip package's ranges are not recorded; the shim's are.)"""
+    for path in (os.environ.get("MOETUNE_NVTX_LIB"), ctypes.util.find_library("nvToolsExt")):
+        if path:
+            try:
+                lib = ctypes.CDLL(path)
+                lib.nvtxRangePushA.argtypes = [ctypes.c_char_p]
+                return _CtypesNvtx(lib)
+            except (OSError, AttributeError):
+                pass
+    inj = os.environ.get("NVTX_INJECTION64_PATH", "")
+    if inj:
+        shim = build_shim(os.path.join(os.path.dirname(inj), "nvtx", "include"))
+        if shim:
+            lib = ctypes.CDLL(shim)
+            lib.nvtxRangePushA_shim.argtypes = [ctypes.c_char_p]
+            return _ShimNvtx(lib)
     try:
         import nvtx  # type: ignore
         return _PipNvtx(nvtx)
     except ImportError:
-        pass
-    for path in _nvtx_lib_candidates():
-        try:
-            lib = ctypes.CDLL(path)
-            lib.nvtxRangePushA.argtypes = [ctypes.c_char_p]
-            return _CtypesNvtx(lib)
-        except (OSError, AttributeError):
-            continue
-    return _NoNvtx()
+        return _NoNvtx()
 
 
 def burn(seconds: float) -> None:

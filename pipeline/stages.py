@@ -215,7 +215,7 @@ def do_collect(t: Trial, wait: bool = True, poll_s: float = 2.0,
 
 def _export_inputs(t: Trial) -> tuple[list[Path], Any]:
     t.need("state.json", "collect")
-    return t.glob("trace_*.nsys-rep"), None
+    return t.glob(*TRACE_GLOBS), None
 
 
 def nsys_binary() -> str:
@@ -225,17 +225,46 @@ def nsys_binary() -> str:
     return found
 
 
+def qdstrm_importer() -> str | None:
+    """nsys's QdstrmImporter: beside the host tools of the nsys in use (Debian:
+    /usr/lib/nsight-systems/host-linux-x64), or MOETUNE_QDSTRM_IMPORTER."""
+    candidates = [os.environ.get("MOETUNE_QDSTRM_IMPORTER", "")]
+    real = Path(os.path.realpath(nsys_binary()))
+    candidates += [str(real.parent.parent / "host-linux-x64" / "QdstrmImporter"),
+                   "/usr/lib/nsight-systems/host-linux-x64/QdstrmImporter"]
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def _tool(cmd: list[str], what: str, t: Trial) -> None:
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    except subprocess.TimeoutExpired:
+        raise StageError(f"trial {t.id}: {what} did not finish in an hour") from None
+    if r.returncode:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise StageError(f"trial {t.id}: {what} failed: {tail[0][:200]}")
+
+
 def do_export(t: Trial) -> list[Path]:
+    """Each rank's report → SQLite. A bare .qdstrm (nsys could not run its importer inside the
+    job) is imported to .nsys-rep first."""
+    imported = []
+    for raw in t.glob("trace_*.qdstrm"):
+        rep = raw.with_suffix(".nsys-rep")
+        if not rep.exists():
+            imported.append(rep)
+            importer = qdstrm_importer()
+            if not importer:
+                raise StageError(f"trial {t.id}: {raw.name} needs nsys's QdstrmImporter; set "
+                                 "MOETUNE_QDSTRM_IMPORTER")
+            _tool([importer, "-i", str(raw)], f"QdstrmImporter on {raw.name}", t)
     out = []
     for rep in t.glob("trace_*.nsys-rep"):
         sqlite = rep.with_suffix(".sqlite")
-        r = subprocess.run([nsys_binary(), "export", "--type", "sqlite", "--force-overwrite", "true",
-                            "-o", str(sqlite), str(rep)], capture_output=True, text=True)
-        if r.returncode or not sqlite.exists():
-            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise StageError(f"trial {t.id}: nsys export of {rep.name} failed: {tail[0]}")
+        _tool([nsys_binary(), "export", "--type", "sqlite", "--force-overwrite", "true",
+               "-o", str(sqlite), str(rep)], f"nsys export of {rep.name}", t)
         out.append(sqlite)
-    return out
+    return imported + out
 
 
 def _analyze_inputs(t: Trial) -> tuple[list[Path], Any]:
