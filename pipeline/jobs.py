@@ -142,9 +142,12 @@ def make_executor(kind: str, folder: str | Path, spec: JobSpec | None = None):
         params = dict(job_name=spec.name, time=spec.time_min, nodes=spec.nodes,
                       ntasks_per_node=spec.ntasks_per_node, cpus_per_task=spec.cpus_per_task,
                       use_srun=False, stderr_to_stdout=True,
-                      # the batch shell only, 1 s before the end: a training step must not get
-                      # submitit's USR2 (it would die early and read FAILED, not TIMEOUT)
-                      additional_parameters={"signal": "B:USR2@1"})
+                      # submitit asks Slurm for USR2 before the time limit (up to 60 s early, at
+                      # Slurm's resolution). Sent to the training step it would kill it early and
+                      # the trial would read FAILED, not TIMEOUT: send it to the batch shell
+                      # only, which ignores it. Slurm's own limit ends the job.
+                      additional_parameters={"signal": "B:USR2@1"},
+                      setup=["trap '' USR2"])
         for key, value in (("gpus_per_node", spec.gpus_per_node), ("mem", spec.mem),
                            ("partition", spec.partition), ("account", spec.account)):
             if value:

@@ -111,7 +111,9 @@ class Trial:
 
     def job_name(self) -> str:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.study.name)
-        return f"moetune.{safe[:60]}.t{self.id}"
+        # the folder's hash keeps two stores' trials of one study name apart in Slurm
+        where = hashlib.sha256(str(self.folder).encode()).hexdigest()[:8]
+        return f"moetune.{safe[:60]}.t{self.id}.{where}"
 
 
 # -- the stages ------------------------------------------------------------------------------

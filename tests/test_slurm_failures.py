@@ -1,0 +1,187 @@
+"""Failure modes against the real one-node Slurm, each leaving the store consistent and the study
+resumable: OUT_OF_MEMORY, CANCELLED (not retried), slurmctld restarted while a job runs, the
+tuner SIGKILLed between submit and collect, TIMEOUT, NODE_FAIL. The TIMEOUT job (a minute, Slurm's
+least) is submitted first and runs beside the others; NODE_FAIL runs last, alone on the node."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import jobs, stages
+from tests.conftest import REPO, stand_in_cluster
+
+pytestmark = pytest.mark.slurm
+LONG = {"ms_per_iter": 100, "busy": 0.05}  # a long, mostly idle stand-in: 100 ms an iteration
+
+
+def long_cluster(**kw):
+    return stand_in_cluster(nsys="off", stand_in=LONG, **kw)
+
+
+def wait_running(job_id: str, timeout_s: float = 60) -> None:
+    t0 = time.monotonic()
+    while jobs.slurm_state(job_id).state != "RUNNING":
+        assert time.monotonic() - t0 < timeout_s, f"job {job_id} never started"
+        time.sleep(0.5)
+
+
+def submitted(store, tid) -> str:
+    stages.run_stage(store, tid, "render")
+    stages.run_stage(store, tid, "submit")
+    return store.trial(tid).slurm_job_id
+
+
+def jobs_named(name: str) -> list[str]:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "--name", name, "-S", "now-1days", "-o", "JobID"],
+                         capture_output=True, text=True, check=True).stdout
+    return [x for x in out.split() if x]
+
+
+@pytest.fixture(scope="module")
+def timeout_trial(slurm, tmp_path_factory):
+    """Submitted when the module starts, checked near its end."""
+    from pipeline.config import TrainingConfig
+    from pipeline.store import Store
+    from tests.conftest import proxy_model
+    tmp = tmp_path_factory.mktemp("timeout")
+    store = Store(str(tmp / "store.db"))
+    st = store.create_study("timeout", "moe_proxy", {"model": proxy_model(), "executor": "slurm",
+                                                     "cluster": long_cluster(time_limit=1)})
+    cfg = TrainingConfig(train_iters=100000)
+    tid = store.add_trial(st.id, cfg.to_dict(), cfg.config_hash()).id
+    store.update_trial(tid, folder=str(tmp / "runs" / "timeout" / str(tid)))
+    submitted(store, tid)
+    return store, tid
+
+
+def test_job_over_its_memory_ends_out_of_memory(slurm, timeout_trial, make_trial):
+    cluster = stand_in_cluster(nsys="off", mem="300M", stand_in={"ms_per_iter": 50, "alloc_mb": 800})
+    store, tid = make_trial(cluster=cluster, study="oom")
+    submitted(store, tid)
+    stages.run_trial(store, tid, through="analyze", poll_s=1, timeout_s=120)
+    state = json.loads((Path(store.trial(tid).folder) / "state.json").read_text())
+    assert state["state"] == "OUT_OF_MEMORY" and state["outcome"] == "oom" and not state["retry"]
+    assert store.trial(tid).state == "oom"
+    analysis = json.loads((Path(store.trial(tid).folder) / "analysis.json").read_text())
+    assert analysis["log"]["failure"] == "oom"
+
+
+def test_cancelled_job_is_not_retried(slurm, timeout_trial, make_trial):
+    store, tid = make_trial(cluster=long_cluster(), study="cancel", train_iters=100000)
+    job = submitted(store, tid)
+    wait_running(job)
+    subprocess.run(["scancel", job], check=True)
+    stages.run_stage(store, tid, "collect", poll_s=1, timeout_s=60)
+    assert store.trial(tid).state == "cancelled"
+    assert jobs.slurm_state(job).outcome.retry is False
+    stages.run_stage(store, tid, "submit")  # current: a cancelled trial is not submitted again
+    name = json.loads((Path(store.trial(tid).folder) / "job.json").read_text())["name"]
+    assert jobs_named(name) == [job]
+
+
+def _slurmctld_pid() -> int:
+    return int(Path("/run/slurm/slurmctld.pid").read_text())
+
+
+def restart_slurmctld() -> None:
+    pid = _slurmctld_pid()
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(120):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.25)
+    subprocess.run(["/usr/sbin/slurmctld"], check=True)
+    for _ in range(120):
+        if "UP" in subprocess.run(["scontrol", "ping"], capture_output=True, text=True).stdout:
+            return
+        time.sleep(0.25)
+    raise AssertionError("slurmctld did not come back")
+
+
+def test_slurmctld_restart_while_a_job_runs(slurm, timeout_trial, make_trial):
+    store, tid = make_trial(cluster=long_cluster(), study="restart", train_iters=100)  # ~10 s
+    job = submitted(store, tid)
+    wait_running(job)
+    restart_slurmctld()
+    stages.run_stage(store, tid, "collect", poll_s=1, timeout_s=120)
+    assert store.trial(tid).state == "completed"
+    assert "iteration      100/     100" in (Path(store.trial(tid).folder) / "log.txt").read_text()
+
+
+KILLED_TUNER = """
+import sys
+from pipeline.store import Store
+from pipeline import stages
+store = Store(sys.argv[1]); tid = int(sys.argv[2])
+stages.run_stage(store, tid, "render"); stages.run_stage(store, tid, "submit")
+print("submitted", flush=True)
+stages.run_stage(store, tid, "collect", poll_s=1)
+"""
+
+
+def test_tuner_killed_between_submit_and_collect_resumes(slurm, timeout_trial, make_trial):
+    store, tid = make_trial(cluster=long_cluster(), study="killed", train_iters=60)
+    p = subprocess.Popen([sys.executable, "-c", KILLED_TUNER, store.url.removeprefix("sqlite:///"),
+                          str(tid)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert p.stdout.readline().strip() == "submitted"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    study_id = store.trial(tid).study_id
+    assert stages.unfinished(store, study_id) == [tid]
+    out = stages.resume(store, study_id, poll_s=1, timeout_s=120)
+    assert tid in out and store.trial(tid).state == "completed"
+    assert stages.unfinished(store, study_id) == []
+    name = json.loads((Path(store.trial(tid).folder) / "job.json").read_text())["name"]
+    assert jobs_named(name) == [store.trial(tid).slurm_job_id]  # one job, never a second
+
+
+def test_killed_right_after_sbatch_reattaches_not_resubmits(slurm, timeout_trial, make_trial):
+    store, tid = make_trial(cluster=long_cluster(), study="lostid", train_iters=20)
+    stages.run_stage(store, tid, "render")
+    t = stages.Trial(store, tid)
+    ref = jobs.submit(stages.load_spec(t), "slurm")  # the job exists; its id never reached the store
+    stages.run_stage(store, tid, "submit")
+    assert store.trial(tid).slurm_job_id == ref.job_id
+    stages.run_stage(store, tid, "collect", poll_s=1, timeout_s=120)
+    assert jobs_named(ref.name) == [ref.job_id]
+
+
+def test_job_past_its_time_limit_ends_timeout(timeout_trial):
+    store, tid = timeout_trial
+    stages.run_stage(store, tid, "collect", poll_s=2, timeout_s=240)
+    state = json.loads((Path(store.trial(tid).folder) / "state.json").read_text())
+    assert state["state"] == "TIMEOUT" and store.trial(tid).state == "timeout"
+    assert not state["retry"]
+
+
+def test_node_down_while_a_job_runs_is_node_fail_then_resumes(slurm, make_trial):
+    node = slurm["node"]
+    store, tid = make_trial(cluster=long_cluster(), study="nodefail", train_iters=100000)
+    job = submitted(store, tid)
+    wait_running(job)
+    try:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=test"],
+                       check=True)
+        stages.run_stage(store, tid, "collect", poll_s=1, timeout_s=120)
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+    state = json.loads((Path(store.trial(tid).folder) / "state.json").read_text())
+    assert state["state"] == "NODE_FAIL" and state["retry"] is True
+    assert store.trial(tid).state == "node_fail"
+    # resumable: the node is back and the same trial runs again (a short config this time)
+    store.update_trial(tid, config={**store.trial(tid).config, "train_iters": 10})
+    stages.run_stage(store, tid, "render")
+    stages.run_stage(store, tid, "submit", force=True)
+    assert store.trial(tid).slurm_job_id != job
+    stages.run_stage(store, tid, "collect", poll_s=1, timeout_s=120)
+    assert store.trial(tid).state == "completed"
+    assert (Path(store.trial(tid).folder) / "previous" / job / "state.json").exists()
