@@ -119,9 +119,21 @@ class Trial:
 # -- the stages ------------------------------------------------------------------------------
 def _render_inputs(t: Trial) -> tuple[list[Path], Any]:
     model, cluster = t.model_and_cluster()
-    cluster_d = cluster if isinstance(cluster, dict) else dict(vars(cluster))
+    cluster_d = as_dict(cluster)
     return [], {"config": t.row.config, "model": model.to_dict(), "cluster": cluster_d,
                 "folder": str(t.folder), "launcher": _launcher(t), "templates": render.template_texts()}
+
+
+def as_dict(obj: Any) -> dict:
+    """A cluster section as a plain dict, whatever class the experiment loader made it."""
+    if isinstance(obj, dict):
+        return obj
+    for method in ("model_dump", "to_dict"):
+        if hasattr(obj, method):
+            return getattr(obj, method)()
+    if hasattr(obj, "__dataclass_fields__"):
+        return asdict(obj)
+    return dict(vars(obj))
 
 
 def _launcher(t: Trial) -> str:

@@ -1,0 +1,123 @@
+"""Job scripts from sbatch_templates/: what each template holds, the nsys line, quoting, and bad
+values refused in one line. Scripts are checked by bash itself (`bash -n`, and run locally)."""
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import render
+from tests.conftest import stand_in_cluster
+
+ARGV = ["--train-iters", "6", "--micro-batch-size", "2"]
+
+
+def spec_of(tmp_path, cluster, config=None, launcher="srun", name="t1"):
+    return render.job_spec(name=name, folder=tmp_path / "trial", config=config or {}, argv=ARGV,
+                           cluster=cluster, launcher=launcher)
+
+
+def bash_parses(text: str) -> None:
+    r = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_gpu_nsys_line_has_capture_range_and_per_rank_output(tmp_path):
+    spec = spec_of(tmp_path, {"gpus_per_node": 8, "nodes": 2, "profile_ranks": [0, 8]})
+    sh = render.render_job(spec)["job.sh"]
+    bash_parses(sh)
+    line = next(ln for ln in sh.splitlines() if "profile" in ln and "exec" in ln)
+    for part in ("-t cuda,nvtx", "-s none", "--capture-range=cudaProfilerApi", "--capture-range-end=stop"):
+        assert part in line
+    assert "-o " + shlex.quote(f"{spec.folder}/trace_%q{{SLURM_PROCID}}") in sh
+    assert "local profile_ranks='0 8'" in sh
+    assert "srun --ntasks=16 --ntasks-per-node=8" in sh
+    assert "pipeline.train_moe --train-iters 6" in " ".join(spec.command)
+    sbatch = render.render_job(spec)["job.sbatch"]
+    assert "#SBATCH --gpus-per-node=8" in sbatch and "#SBATCH --nodes=2" in sbatch
+
+
+def test_cpu_stand_in_has_no_capture_range(tmp_path):
+    spec = spec_of(tmp_path, stand_in_cluster())
+    sh = render.render_job(spec)["job.sh"]
+    assert "--capture-range" not in sh and "-t nvtx -s none" in sh
+    assert "\n    pipeline.cpu_workload\n" in sh
+    assert "pipeline.cpu_workload --train-iters 6" in " ".join(spec.command)
+    assert " ".join(spec.command).endswith("--stand-in-ms-per-iter 40")
+
+
+def test_container_template_uses_pyxis(tmp_path):
+    cluster = {"template": "container", "container_image": "nvcr.io/nvidia/pytorch:25.01-py3",
+               "container_mounts": ["/lustre/data:/data"], "gpus_per_node": 4}
+    spec = spec_of(tmp_path, cluster)
+    sh = render.render_job(spec)["job.sh"]
+    bash_parses(sh)
+    assert "--container-image=nvcr.io/nvidia/pytorch:25.01-py3" in sh
+    assert f"--container-mounts={spec.folder}:{spec.folder},{spec.workdir}:{spec.workdir},/lustre/data:/data" in sh
+    assert "source " not in sh  # no venv inside a container
+    venv = render.render_job(spec_of(tmp_path, {"venv": "/opt/venv", "modules": ["cuda/12.8"]}))["job.sh"]
+    assert "module load cuda/12.8" in venv and "source /opt/venv/bin/activate" in venv
+    assert "--container-image" not in venv
+
+
+def test_environment_follows_the_config(tmp_path):
+    sh = render.render_job(spec_of(tmp_path, {}, config={"overlap_ep_a2a": True}))["job.sh"]
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=32" in sh
+    sh = render.render_job(spec_of(tmp_path, {}, config={"sequence_parallel": True}))["job.sh"]
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in sh
+    assert "export NCCL_NVLS_ENABLE=0" in sh
+
+
+@pytest.mark.parametrize("cluster, message", [
+    ({"template": "docker"}, r"cluster.template 'docker': allowed \['container', 'venv'\]"),
+    ({"template": "container"}, "cluster.container_image is required"),
+    ({"workload": "gpu"}, "cluster.workload 'gpu'"),
+    ({"time_limit": "soon"}, "cluster.time_limit 'soon'"),
+    ({"env": {"BAD NAME": "1"}}, "cluster.env: 'BAD NAME' is not a shell variable name"),
+])
+def test_bad_cluster_values_are_one_line(tmp_path, cluster, message):
+    with pytest.raises(render.RenderError, match=message):
+        render.render_job(spec_of(tmp_path, cluster))
+
+
+def test_newline_in_a_value_is_refused(tmp_path):
+    with pytest.raises(render.RenderError, match="newline"):
+        render.render_job(spec_of(tmp_path, {}, name="x\nrm -rf /"))
+
+
+@pytest.mark.parametrize("value, minutes", [(30, 30), ("00:20:00", 20), ("1:30", 2),
+                                            ("1-00:00:00", 1440), ("45", 45)])
+def test_time_limits(value, minutes):
+    assert render.time_minutes(value) == minutes
+
+
+def test_hostile_argv_reaches_the_program_unchanged(tmp_path):
+    """The launch line passes every argument as one literal word (run by bash, no Slurm)."""
+    hostile = ["a b", "$(touch pwned)", "`id`", "'q'\"", "*", "%q{X}"]
+    cluster = stand_in_cluster(nsys="off", python=sys.executable)
+    spec = render.job_spec(name="h", folder=tmp_path / "tr $(x)", config={},
+                           argv=hostile, cluster=cluster, launcher="local")
+    spec = spec.__class__(**{**spec.__dict__, "command": (sys.executable, "-c",
+                          "import sys, json; print(json.dumps(sys.argv[1:]))", *hostile)})
+    render.write_job(spec)
+    r = subprocess.run(["bash", f"{spec.folder}/job.sh"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    import json
+    assert json.loads(r.stdout) == hostile
+    assert not list(tmp_path.rglob("pwned")) and not Path("pwned").exists()
+
+
+@pytest.mark.nsys
+def test_only_the_ranks_asked_for_are_profiled(tmp_path, nsys_bin):
+    """Two local ranks under the real nsys, rank 1 alone profiled: one report, named by its rank."""
+    cluster = stand_in_cluster(ntasks_per_node=2, profile_ranks=[1], stand_in={"ms_per_iter": 20})
+    spec = spec_of(tmp_path, cluster, launcher="local")
+    render.write_job(spec)
+    r = subprocess.run(["bash", f"{spec.folder}/job.sh"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    made = sorted(p.name for p in Path(spec.folder).glob("trace_*"))
+    assert made and all(n.startswith("trace_1.") for n in made), made
+    assert shlex.quote(spec.folder) in (Path(spec.folder) / "job.sh").read_text()
