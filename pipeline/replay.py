@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import os
 import shutil
 from functools import lru_cache
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 from pipeline.config import TrainingConfig
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_BANK = REPO / "benchmarks" / "trial_bank"
+DEFAULT_BANK = Path(os.environ.get("MOETUNE_BANK") or REPO / "benchmarks" / "trial_bank")
 
 
 class ReplayError(Exception):

@@ -304,6 +304,11 @@ def trial_markdown(v: TrialView, parent_number: int | None) -> str:
     return "\n".join(out)
 
 
+def _from_baseline(views: list[TrialView], best: TrialView) -> dict:
+    base = views[0].trial.config if views else {}
+    return {k: (base.get(k), v) for k, v in best.trial.config.items() if base.get(k) != v}
+
+
 def tree_lines(views: list[TrialView]) -> list[tuple[int, TrialView]]:
     """(depth, view) in tree order: each trial under its parent."""
     by_parent: dict = {}
@@ -339,7 +344,9 @@ def study_markdown(store, study_name: str) -> str:
                    f"{fmt(t.step_time_ms)} | {fmt(t.tflops_per_gpu)} | {md(t.wall)} |")
     out += ["", "## Best config", ""]
     if best:
-        out += ["```json", json.dumps(best.trial.config, indent=1, sort_keys=True), "```", "",
+        out += ["Changes from the baseline: " + (", ".join(
+            f"`{md(k)}` {md(a)} → {md(b)}" for k, (a, b) in _from_baseline(views, best).items())
+            or "none"), "", "```json", json.dumps(best.trial.config, indent=1, sort_keys=True), "```", "",
                 "Full command line:", "```", best.command or "(not rendered)", "```", ""]
     refused = [d for d in decisions if d.kind == "skip" and not d.trial_id]
     if refused:
@@ -438,7 +445,9 @@ def study_html(store, study_name: str) -> str:
                                         "wall"], rows),
              "<h2>Time breakdown</h2>", svg_breakdown(views)]
     if best:
-        parts += ["<h2>Best config</h2>", "<pre>" + esc(json.dumps(best.trial.config, indent=1,
+        changes = ", ".join(f"<code>{esc(k)}</code> {esc(a)} → {esc(b)}"
+                            for k, (a, b) in _from_baseline(views, best).items()) or "none"
+        parts += ["<h2>Best config</h2>", f"<p>Changes from the baseline: {changes}</p>", "<pre>" + esc(json.dumps(best.trial.config, indent=1,
                                                                   sort_keys=True)) + "</pre>",
                   "<p>Full command line:</p><pre>" + esc(best.command or "(not rendered)") + "</pre>"]
     refused = [d for d in decisions if d.kind == "skip" and not d.trial_id]

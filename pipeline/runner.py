@@ -108,7 +108,7 @@ def command_line(argv: list[str], cluster) -> str:
     return shlex.join(["torchrun", "--nproc_per_node", str(n), "pipeline/train_moe.py", *argv])
 
 
-def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path) -> None:
+def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path, force: bool = False) -> None:
     """The demo's submit stage: `replay_job` through submitit's local executor, recorded as
     pipeline.stages records its own submit (job.json in the same form)."""
     import submitit
@@ -118,7 +118,7 @@ def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path) -> None
     t = stages.Trial(store, trial_id, runs_root, "local")
     files, _ = stages._submit_inputs(t)
     key = stages.inputs_hash("submit", files, {"replay": str(bank_dir)})
-    if stages.current(store, trial_id, "submit", key):
+    if stages.current(store, trial_id, "submit", key) and not force:
         return
     folder = t.folder / "submitit"
     ex = submitit.LocalExecutor(folder=folder)
@@ -209,6 +209,19 @@ def job_error(ref) -> str | None:
     return None
 
 
+def record_decide(store, trial, runs_root: Path, executor: str) -> None:
+    """Run the decide stage (decision.json) for a judged trial that has an analysis."""
+    from pipeline import stages
+    fresh = store.trial(trial.id)
+    if not fresh.folder or not (Path(fresh.folder) / "analysis.json").exists():
+        return
+    try:
+        stages.run_stage(store, trial.id, "decide", force=True, runs_root=runs_root,
+                         executor="local" if executor == "replay" else executor)
+    except stages.StageError:
+        pass  # decision.json is a copy of what the store holds; the store is the record
+
+
 def run_trial(store, trial, experiment, *, executor: str, runs_root: Path, study: str,
               bank_dir: Path | None = None, hang_timeout_s: float = 600.0) -> Outcome:
     """All stages of one trial (pipeline.stages; the demo's submit replays the bank); the
@@ -218,13 +231,21 @@ def run_trial(store, trial, experiment, *, executor: str, runs_root: Path, study
     opts = {"runs_root": runs_root, "executor": kind}
     stages.run_stage(store, trial.id, "render", **opts)
     t = stages.Trial(store, trial.id, runs_root, kind)
-    if executor == "replay":
-        submit_replay(store, trial.id, runs_root, bank_dir)
-    else:
-        stages.run_stage(store, trial.id, "submit", **opts)
+    from pipeline import jobs
     log = t.path("log.txt")
-    ref = stages.load_ref(t)
-    status, why = watch(ref, log, hang_timeout_s)
+    for attempt in (0, 1):
+        if executor == "replay":
+            submit_replay(store, trial.id, runs_root, bank_dir, force=attempt > 0)
+        else:
+            stages.run_stage(store, trial.id, "submit", force=attempt > 0, **opts)
+        ref = stages.load_ref(t)
+        status, why = watch(ref, log, hang_timeout_s)
+        # a local job that died with a killed tuner leaves no result: submit it again, once
+        lost = ref.kind == "local" and status == "ended" and \
+            not store.last_stage(trial.id, "collect") and \
+            jobs.local_state(ref).reason == "process gone without a result"
+        if not lost:
+            break
     last = lambda: log.read_text(errors="replace").splitlines()[-10:] if log.exists() else []
     try:
         stages.run_stage(store, trial.id, "collect", **opts, poll_s=0.5)

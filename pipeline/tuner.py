@@ -214,6 +214,10 @@ class Tuner:
         return False
 
     def judge(self, trial) -> None:
+        self._judge(trial)
+        runner.record_decide(self.store, trial, self.runs_root, self.executor)
+
+    def _judge(self, trial) -> None:
         out = runner.run_trial(self.store, trial, self.exp, executor=self.executor,
                                runs_root=self.runs_root, study=self.study_name,
                                bank_dir=self.bank_dir, hang_timeout_s=self.hang_timeout_s)
@@ -275,6 +279,15 @@ class Tuner:
             self.say(f"trial {trial.number}: {rid} reverted, {word} ({new_ms:.1f} ms/step)")
 
 
+def decide_trial(store, trial, analysis: dict) -> dict:
+    """The decide stage's content (pipeline.stages): this trial's stored decisions."""
+    ds = [d for d in store.decisions(trial.study_id) if d.trial_id == trial.id]
+    return {"trial": trial.number, "config_hash": trial.config_hash, "fix": trial.fix,
+            "wall": analysis.get("wall"),
+            "decisions": [{"kind": d.kind, "rule": d.rule, "reason": d.reason,
+                           "evidence": d.evidence, "at": d.created_at} for d in ds]}
+
+
 def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
     """The study in one dict: budget used, baseline and best, how it stopped."""
     study = store.study(study_name)
@@ -318,6 +331,8 @@ def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs
         bank_dir = Path(bank_dir or DEFAULT_BANK)
         load_bank(bank_dir)  # a clear error now rather than in every job
     name = study_name or (f"{exp.name}-replay" if executor == "replay" else exp.name)
-    t = Tuner(exp, store, executor=executor, runs_root=Path(runs_root), study_name=name,
-              max_trials=max_trials, bank_dir=bank_dir, progress=progress)
-    return t.run()
+    from pipeline.lock import study_lock
+    with study_lock(runs_root, name):  # one tuner per study; a killed one's lock goes with it
+        t = Tuner(exp, store, executor=executor, runs_root=Path(runs_root), study_name=name,
+                  max_trials=max_trials, bank_dir=bank_dir, progress=progress)
+        return t.run()

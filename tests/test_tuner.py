@@ -74,7 +74,7 @@ def test_every_stage_recorded(finished):
     study = store.study(s["study"])
     first = store.trials(study.id)[0]
     stages = [r.stage for r in store.stage_runs(first.id)]
-    assert stages == ["render", "submit", "collect", "export", "analyze"]
+    assert stages == ["render", "submit", "collect", "export", "analyze", "decide"]
 
 
 def test_config_not_in_bank_is_a_skipped_trial(finished):
@@ -183,3 +183,11 @@ def test_noise_threshold_uses_the_runs_spread():
     noisy = {"step_time_ms": 100.0, "step_time_std_ms": 10.0, "steps": 4}
     assert tuner.noise_ms(quiet, quiet, 0.02) == pytest.approx(2.0)
     assert tuner.noise_ms(noisy, noisy, 0.02) > 10.0
+
+
+def test_second_tuner_on_the_same_study_is_refused(standin, tmp_path):
+    from pipeline.lock import LockError, study_lock
+    with study_lock(tmp_path / "runs", "moe_proxy-replay"):
+        with pytest.raises(LockError, match="already being tuned"):
+            tuner.tune(EXPERIMENT, Store(str(tmp_path / "db.sqlite")), executor="replay",
+                       runs_root=tmp_path / "runs", bank_dir=standin[0], progress=False)
