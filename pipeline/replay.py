@@ -83,8 +83,10 @@ def replay_job(config: dict, folder: str, bank_dir: str = str(DEFAULT_BANK)) -> 
     out.mkdir(parents=True, exist_ok=True)
     if entry.get("log"):
         _copy(bank / entry["log"], out / "log.txt")
-    if entry.get("trace"):
-        _copy(bank / entry["trace"], out / "trace_0.sqlite")
+    traces = entry.get("trace") or []
+    for i, rel in enumerate([traces] if isinstance(traces, str) else traces):
+        kind = ".nsys-rep" if rel.removesuffix(".xz").endswith(".nsys-rep") else ".sqlite"
+        _copy(bank / rel, out / f"trace_{i}{kind}")
     state = {"state": entry.get("state"), "bank_entry": entry.get("name")}
     (out / "state.json").write_text(json.dumps(state))
     return state
