@@ -1,0 +1,111 @@
+"""Build benchmarks/trial_bank/ from what `benchmarks/device/run.sh bank` left on the device.
+
+    python benchmarks/trial_bank_build.py DIR [DIR ...]     # folders holding NAME.log, NAME.json,
+                                                           # NAME.sqlite.xz (unpacked call tars)
+
+For each config of benchmarks/device/bank_configs.py found there it writes one line of bank.jsonl
+(config, argv, state, step time from the trace's NVTX steps, TFLOP/s and memory from the log, the
+moetune analysis) and copies the log and the trace (xz) into the bank. Nothing is edited by hand.
+"""
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks" / "device"))
+
+import analysis  # noqa: E402
+from bank_configs import BASE, CONFIGS, MODEL, argv  # noqa: E402
+from analysis.logs import parse_log  # noqa: E402
+
+BANK = REPO / "benchmarks" / "trial_bank"
+
+
+def state_of(rc: int | None, log: dict, train_iters: int) -> str:
+    if log.get("failure") == "oom":
+        return "OUT_OF_MEMORY"
+    if rc == 0 and log["iterations"] >= train_iters:
+        return "COMPLETED"
+    if rc is None and log["iterations"] >= train_iters:
+        return "COMPLETED"  # finished, but its runner was cut off before writing rc and trace
+    return "FAILED"
+
+
+def first_error(text: str) -> str | None:
+    for line in text.splitlines():
+        s = line.split("]: ", 1)[-1].strip()
+        if s.startswith(("AssertionError", "torch.OutOfMemoryError", "torch.AcceleratorError",
+                         "RuntimeError", "ValueError")):
+            return s[:300]
+    return None
+
+
+def build(dirs: list[Path]) -> list[dict]:
+    found = {}
+    for d in dirs:
+        for log in d.glob("*.log"):
+            found[log.stem] = d
+    (BANK / "logs").mkdir(parents=True, exist_ok=True)
+    (BANK / "traces").mkdir(parents=True, exist_ok=True)
+    entries = []
+    for name, changes in CONFIGS:
+        d = found.get(name)
+        if d is None:
+            continue
+        cfg = BASE.replace(**changes)
+        meta = json.loads((d / f"{name}.json").read_text()) if (d / f"{name}.json").exists() else {}
+        text = (d / f"{name}.log").read_text(errors="replace")
+        log = parse_log(d / f"{name}.log")
+        state = state_of(meta.get("rc"), log, cfg.train_iters)
+        with lzma.open(BANK / "logs" / f"{name}.log.xz", "wt") as f:
+            f.write(text)
+        trace = d / f"{name}.sqlite.xz"
+        trace_rel = None
+        if trace.exists():
+            trace_rel = f"traces/{name}.sqlite.xz"
+            shutil.copyfile(trace, BANK / trace_rel)
+        work = Path("/tmp/moetune-bank") / name
+        work.mkdir(parents=True, exist_ok=True)
+        paths = []
+        if trace_rel:
+            shutil.copyfile(trace, work / trace.name)
+            paths = [work / trace.name]
+        result = analysis.analyze(paths, log=d / f"{name}.log")
+        c = result["metrics"]["combined"]
+        result["metrics"].pop("per_rank", None)  # keep the bank small; the trace has them
+        result.pop("log", None)
+        entries.append({
+            "name": name, "gpus": 1 if name.endswith("_1gpu") else 2,
+            "args": argv(changes), "config": cfg.to_dict(), "config_hash": cfg.config_hash(),
+            "state": state, "error": None if state == "COMPLETED" else first_error(text),
+            "step_time_ms": c.get("step_time_ms") if state == "COMPLETED" else None,
+            "step_time_std_ms": c.get("step_time_std_ms") if state == "COMPLETED" else None,
+            "log_step_time_ms": log["step_time_ms"], "tflops_per_gpu": log["tflops_per_gpu"],
+            "peak_memory_gb": log["max_allocated_gb"], "wall_s": meta.get("wall_s"),
+            "log": f"logs/{name}.log.xz", "trace": trace_rel, "analysis": result,
+        })
+    with open(BANK / "bank.jsonl", "w") as f:
+        for e in entries:
+            f.write(json.dumps(e, default=str) + "\n")
+    return entries
+
+
+def table(entries: list[dict]) -> str:
+    rows = ["| config | GPUs | state | step ms (± std) | TFLOP/s/GPU | max alloc GB | wall | confidence |",
+            "|---|---|---|---|---|---|---|---|"]
+    for e in sorted(entries, key=lambda e: (e["state"] != "COMPLETED", e["gpus"], e["step_time_ms"] or 1e9)):
+        st = f"{e['step_time_ms']:.0f} ± {e['step_time_std_ms']:.0f}" if e["step_time_ms"] else "-"
+        a = e["analysis"]
+        rows.append(f"| {e['name']} | {e['gpus']} | {e['state']} | {st} | {e['tflops_per_gpu'] or '-'} | "
+                    f"{e['peak_memory_gb'] or '-'} | {a['wall']} | {a['confidence']:.2f} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    es = build([Path(p) for p in sys.argv[1:]])
+    print(table(es))
