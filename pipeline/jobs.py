@@ -146,7 +146,9 @@ def make_executor(kind: str, folder: str | Path, spec: JobSpec | None = None):
                       # Slurm's resolution). Sent to the training step it would kill it early and
                       # the trial would read FAILED, not TIMEOUT: send it to the batch shell
                       # only, which ignores it. Slurm's own limit ends the job.
-                      additional_parameters={"signal": "B:USR2@1"},
+                      # moetune decides retries (OUTCOMES): Slurm must not requeue a job by
+                      # itself after a node failure (JobRequeue=1 is Slurm's default)
+                      additional_parameters={"signal": "B:USR2@1", "no_requeue": True},
                       setup=["trap '' USR2"])
         for key, value in (("gpus_per_node", spec.gpus_per_node), ("mem", spec.mem),
                            ("partition", spec.partition), ("account", spec.account)):

@@ -137,7 +137,8 @@ def as_dict(obj: Any) -> dict:
 
 
 def _launcher(t: Trial) -> str:
-    return "srun" if jobs.resolve_kind(t.executor) == "slurm" else "local"
+    slurm = t.executor == "slurm" or (t.executor == "auto" and jobs.slurm_available())
+    return "srun" if slurm else "local"
 
 
 def do_render(t: Trial) -> list[Path]:

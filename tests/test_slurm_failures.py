@@ -185,3 +185,4 @@ def test_node_down_while_a_job_runs_is_node_fail_then_resumes(slurm, make_trial)
     stages.run_stage(store, tid, "collect", poll_s=1, timeout_s=120)
     assert store.trial(tid).state == "completed"
     assert (Path(store.trial(tid).folder) / "previous" / job / "state.json").exists()
+    assert jobs.slurm_state(job).state == "NODE_FAIL"  # not requeued by Slurm behind our back
