@@ -7,7 +7,7 @@ runs). Every value reaches the shell through `shlex.quote` (the environment's `f
 model name or path with spaces, quotes or `$(...)` stays one literal word.
 
 Cluster keys read (all optional): template (venv|container), nodes, gpus_per_node,
-ntasks_per_node, cpus_per_task, mem, time_limit ("HH:MM:SS", "MM:SS" or minutes), partition,
+ntasks_per_node, cpus_per_task, mem (or mem_per_node), time_limit ("HH:MM:SS", "MM:SS" or minutes), partition,
 account, container_image, container_mounts, modules, venv, env, nsys, profile_ranks,
 workload (megatron|cpu_stand_in), stand_in ({ms_per_iter, busy, alloc_mb}), python.
 """
@@ -151,7 +151,9 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
     if workload == "cpu_stand_in":
         gpus = 0
     tasks = int(_get(cluster, "ntasks_per_node", gpus or 1))
-    python = str(_get(cluster, "python", sys.executable if template == "venv" else "python"))
+    # the interpreter of the container or of cluster.venv; with neither, the one running moetune
+    own_python = template == "venv" and not _get(cluster, "venv")
+    python = str(_get(cluster, "python", sys.executable if own_python else "python"))
     command = [python, "-u", "-m", WORKLOADS[workload], *argv]
     if workload == "cpu_stand_in":
         s = _get(cluster, "stand_in", {}) or {}
@@ -171,7 +173,7 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
         name=name, folder=folder, workdir=str(_get(cluster, "workdir", REPO)), template=template,
         launcher=launcher, nodes=int(_get(cluster, "nodes", 1)), ntasks_per_node=tasks,
         gpus_per_node=gpus, cpus_per_task=int(_get(cluster, "cpus_per_task", 1)),
-        mem=_get(cluster, "mem"), time_min=time_minutes(_get(cluster, "time_limit", 30)),
+        mem=_get(cluster, "mem", _get(cluster, "mem_per_node")), time_min=time_minutes(_get(cluster, "time_limit", 30)),
         partition=_get(cluster, "partition"), account=_get(cluster, "account"),
         command=tuple(command), env=tuple(sorted(config_env(config, _get(cluster, "env", {})).items())),
         nsys=nsys, container_image=_get(cluster, "container_image"),
