@@ -29,6 +29,8 @@ class TrainingConfig:
     tp: int = 1
     pp: int = 1
     vpp: int | None = None  # virtual stages per pipeline rank
+    first_pp_layers: int | None = None  # uneven pipeline: layers of the first stage
+    last_pp_layers: int | None = None  # and of the last
     cp: int = 1
     ep: int = 1
     etp: int | None = None  # expert tensor parallel; None follows Megatron (= tp)
@@ -187,6 +189,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("tp", "--tensor-model-parallel-size", "int", 1, always=True),
     Flag("pp", "--pipeline-model-parallel-size", "int", 1, always=True),
     Flag("vpp", "--num-virtual-stages-per-pipeline-rank", "int"),
+    Flag("first_pp_layers", "--decoder-first-pipeline-num-layers", "int"),
+    Flag("last_pp_layers", "--decoder-last-pipeline-num-layers", "int"),
     Flag("cp", "--context-parallel-size", "int", 1),
     Flag("ep", "--expert-model-parallel-size", "int", 1, always=True),
     Flag("etp", "--expert-tensor-parallel-size", "int"),

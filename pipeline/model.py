@@ -42,6 +42,30 @@ class ModelArch:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
+    @classmethod
+    def from_args(cls, argv: list[str], name: str = "from-args") -> "ModelArch":
+        """The architecture named by a Megatron argv (the flags `to_args` writes)."""
+        def val(flag, cast=int, default=None):
+            if flag in argv:
+                i = argv.index(flag)
+                if i + 1 < len(argv):
+                    return cast(argv[i + 1])
+            return default
+        heads = val("--num-attention-heads", default=1)
+        freq = val("--moe-layer-freq", str)
+        first = int(freq.split("*")[1].split("+")[0].strip("[]()0")) if freq and "*" in freq else 0
+        return cls(
+            name=name, num_layers=val("--num-layers", default=1), hidden_size=val("--hidden-size", default=1),
+            num_attention_heads=heads, num_query_groups=val("--num-query-groups", default=heads),
+            ffn_hidden_size=val("--ffn-hidden-size", default=1),
+            moe_ffn_hidden_size=val("--moe-ffn-hidden-size", default=val("--ffn-hidden-size", default=1)),
+            num_experts=val("--num-experts", default=2), moe_router_topk=val("--moe-router-topk", default=2),
+            vocab_size=val("--vocab-size", default=32000), seq_length=val("--seq-length", default=4096),
+            kv_channels=val("--kv-channels"),
+            moe_shared_expert_intermediate_size=val("--moe-shared-expert-intermediate-size"),
+            first_dense_layers=first, qk_layernorm="--qk-layernorm" in argv,
+            multi_latent_attention="--multi-latent-attention" in argv)
+
     @property
     def moe_layers(self) -> int:
         return self.num_layers - self.first_dense_layers

@@ -1,0 +1,58 @@
+"""`moetune check [--gpus N --gpu-type T] [--experiment NAME] -- <Megatron arguments>`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipeline.config import TrainingConfig
+from pipeline.constraints import check
+from pipeline.experiment import ConfigError, load_experiment
+from pipeline.model import ModelArch
+
+
+def main(argv: list[str]) -> int:
+    if "--" in argv:
+        i = argv.index("--")
+        own, megatron = argv[:i], argv[i + 1:]
+    else:
+        own, megatron = [], argv
+    p = argparse.ArgumentParser(prog="moetune check",
+                                description="Check a Megatron command line against the combinations "
+                                            "Megatron and the MoE guidance forbid. Prints ok, or one "
+                                            "line per violation (exit 1).")
+    p.add_argument("--gpus", type=int, help="world size (default: the experiment's, else 8)")
+    p.add_argument("--gpu-type", choices=("H100", "H200", "B200", "GB200", "GB300"))
+    p.add_argument("--experiment", help="take the model and cluster from experiments/NAME.yaml")
+    p.add_argument("--no-te", action="store_true", help="the image has no Transformer Engine")
+    p.add_argument("--deep-ep", action="store_true", help="the image has deep_ep")
+    args = p.parse_args(own)
+    if not megatron:
+        p.error("give the Megatron arguments after --")
+    try:
+        exp = load_experiment(args.experiment) if args.experiment else None
+    except ConfigError as e:
+        print(f"moetune check: {e}", file=sys.stderr)
+        return 2
+    model = exp.model if exp else ModelArch.from_args(megatron)
+    cluster = dict(exp.cluster.model_dump()) if exp else {"nodes": 1, "gpus_per_node": 8,
+                                                         "gpu_type": "H100", "has_deep_ep": False}
+    if args.gpus:
+        cluster.update(nodes=1, gpus_per_node=args.gpus)
+    if args.gpu_type:
+        cluster["gpu_type"] = args.gpu_type
+    if args.no_te:
+        cluster["has_transformer_engine"] = False
+    if args.deep_ep:
+        cluster["has_deep_ep"] = True
+    try:
+        config = TrainingConfig.from_args(megatron)
+    except (TypeError, ValueError) as e:
+        print(f"moetune check: cannot read the arguments: {e}", file=sys.stderr)
+        return 2
+    violations = check(config, model, cluster)
+    if not violations:
+        print("ok")
+        return 0
+    for v in violations:
+        print(v)
+    return 1

@@ -1,0 +1,198 @@
+"""Combinations that Megatron or the MoE guidance forbid, as one table of rules.
+
+`check(config, model, cluster)` returns a Violation for every row whose predicate holds. Each row
+names the document it comes from and its message says what to change.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from pipeline.config import CUDA_GRAPH_MODULES, DISPATCHERS, FLEX_BACKENDS, RECOMPUTE_MODULES, TrainingConfig
+
+WORKFLOW = "moe-optimization-workflow.md"
+OVERLAP = "moe-comm-overlap.txt"
+DISPATCH = "moe-dispatcher-selection.txt"
+README = "megatron-core-moe-readme.md"
+MEGATRON = "Megatron-LM argument validation (megatron/training/arguments.py, TransformerConfig)"
+DEVICE = "../shared/device-notes.md (seen on the GPU machine)"
+DROPLESS_GRAPH_MODULES = ("attn", "moe_router", "moe_preprocess")
+
+
+@dataclass(frozen=True)
+class Violation:
+    code: str
+    message: str
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message} [{self.source}]"
+
+
+@dataclass(frozen=True)
+class Env:
+    """What the predicates see besides the config: model sizes and the cluster."""
+
+    m: object  # ModelArch
+    gpus: int
+    generation: str  # hopper | blackwell
+    has_te: bool
+    has_deep_ep: bool
+    nvlink_domain: int
+
+    def dp(self, c: TrainingConfig) -> int:
+        return self.gpus // max(1, c.tp * c.pp * c.cp)
+
+    def pp_layers(self, c: TrainingConfig) -> int:
+        """Layers split evenly over the middle pipeline stages."""
+        return self.m.num_layers - (c.first_pp_layers or 0) - (c.last_pp_layers or 0)
+
+    def even_stages(self, c: TrainingConfig) -> int:
+        return c.pp - (1 if c.first_pp_layers else 0) - (1 if c.last_pp_layers else 0)
+
+
+def _te(c: TrainingConfig, e: Env) -> bool:
+    return e.has_te and c.transformer_impl == "transformer_engine"
+
+
+Rule = tuple[str, str, Callable[[TrainingConfig, Env], bool], str]
+
+# (code, source, predicate: True when violated, message with the fix)
+RULES: tuple[Rule, ...] = (
+    ("gpus_not_divisible", MEGATRON, lambda c, e: e.gpus % (c.tp * c.pp * c.cp) != 0,
+     "TP×PP×CP must divide the GPU count; pick sizes whose product divides it"),
+    ("expert_folding", WORKFLOW, lambda c, e: e.gpus % ((c.etp or c.tp) * c.ep * c.pp) != 0,
+     "parallel folding needs ETP×EP×EDP×PP = world size: ETP×EP×PP must divide the GPU count"),
+    ("layers_not_divisible_by_pp", MEGATRON,
+     lambda c, e: e.even_stages(c) > 0 and e.pp_layers(c) % (e.even_stages(c) * (c.vpp or 1)) != 0,
+     "the layers must split evenly over PP×VPP stages; change PP/VPP or set first/last stage layers"),
+    ("uneven_pp_without_pp", MEGATRON, lambda c, e: (c.first_pp_layers or c.last_pp_layers) and c.pp == 1,
+     "first/last pipeline stage layers need PP > 1"),
+    ("experts_not_divisible_by_ep", MEGATRON, lambda c, e: e.m.num_experts % c.ep != 0,
+     "the number of experts must be divisible by EP"),
+    ("heads_not_divisible_by_tp", MEGATRON, lambda c, e: e.m.num_attention_heads % c.tp != 0,
+     "attention heads must be divisible by TP"),
+    ("query_groups_not_divisible_by_tp", MEGATRON, lambda c, e: e.m.num_query_groups % c.tp != 0,
+     "query groups must be divisible by TP; lower TP"),
+    ("global_batch_not_divisible", MEGATRON,
+     lambda c, e: e.dp(c) > 0 and c.global_batch % (c.micro_batch * e.dp(c)) != 0,
+     "global batch must be a multiple of micro batch × DP"),
+    ("sp_without_tp", MEGATRON, lambda c, e: c.sequence_parallel and c.tp == 1,
+     "sequence parallel needs TP ≥ 2; turn it off or raise TP"),
+    ("moe_tp_without_sp", MEGATRON, lambda c, e: c.tp > 1 and not c.sequence_parallel,
+     "MoE with TP > 1 needs --sequence-parallel"),
+    ("cp_seq_not_divisible", MEGATRON,
+     lambda c, e: c.cp > 1 and (c.seq_length or e.m.seq_length) % (2 * c.cp) != 0,
+     "context parallel needs the sequence length divisible by 2×CP"),
+    ("vpp_without_pp", MEGATRON, lambda c, e: c.vpp is not None and c.pp == 1,
+     "virtual pipeline stages need PP > 1"),
+    ("ep_overlap_needs_ep", OVERLAP, lambda c, e: c.overlap_ep_a2a and c.ep == 1,
+     "EP all-to-all overlap needs EP > 1"),
+    ("ep_overlap_dispatcher", OVERLAP,
+     lambda c, e: c.overlap_ep_a2a and c.dispatcher not in ("alltoall", "flex"),
+     "EP all-to-all overlap needs the alltoall or flex dispatcher"),
+    ("ep_overlap_needs_vpp", OVERLAP, lambda c, e: c.overlap_ep_a2a and c.pp > 1 and c.vpp is None,
+     "EP all-to-all overlap with PP > 1 needs VPP (--num-virtual-stages-per-pipeline-rank)"),
+    ("ep_overlap_shared_expert_overlap", OVERLAP, lambda c, e: c.overlap_ep_a2a and c.shared_expert_overlap,
+     "turn off --moe-shared-expert-overlap when EP all-to-all overlap is on"),
+    ("ep_overlap_full_recompute", OVERLAP,
+     lambda c, e: c.overlap_ep_a2a and c.recompute_granularity == "full",
+     "full recompute does not go with EP all-to-all overlap; use selective recompute"),
+    ("delay_wgrad_needs_te", MEGATRON, lambda c, e: c.delay_wgrad and not _te(c, e),
+     "--delay-wgrad-compute needs Transformer Engine (--transformer-impl transformer_engine)"),
+    ("delay_wgrad_needs_overlap", OVERLAP, lambda c, e: c.delay_wgrad and not c.overlap_ep_a2a,
+     "delayed wgrad is a companion of EP all-to-all overlap; turn the overlap on first"),
+    ("flex_backend_without_flex", OVERLAP, lambda c, e: c.flex_backend and c.dispatcher != "flex",
+     "a flex backend does nothing unless --moe-token-dispatcher-type flex"),
+    ("flex_needs_deep_ep", DISPATCH, lambda c, e: c.dispatcher == "flex" and not e.has_deep_ep,
+     "DeepEP/HybridEP need deep_ep in the job's image; use alltoall or an image with deep_ep"),
+    ("hybridep_nvlink_domain", DISPATCH,
+     lambda c, e: c.dispatcher == "flex" and c.flex_backend == "hybridep" and e.nvlink_domain < 2,
+     "HybridEP needs the NVLink domain size (cluster.nvlink_domain, "
+     "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN)"),
+    ("tp_comm_overlap_needs_sp", MEGATRON,
+     lambda c, e: c.tp_comm_overlap and (c.tp < 2 or not c.sequence_parallel),
+     "TP comm overlap needs TP ≥ 2 and --sequence-parallel"),
+    ("te_graphs_need_te", MEGATRON, lambda c, e: c.cuda_graph_impl == "transformer_engine" and not _te(c, e),
+     "--cuda-graph-impl transformer_engine needs Transformer Engine"),
+    ("dropless_graph_scope", WORKFLOW,
+     lambda c, e: c.cuda_graph_impl in ("local", "transformer_engine") and c.capacity_factor is None
+     and (not c.cuda_graph_modules or set(c.cuda_graph_modules) - set(DROPLESS_GRAPH_MODULES)),
+     "dropless MoE allows only partial CUDA graph modules: attn, moe_router, moe_preprocess"),
+    ("full_iteration_needs_drop_pad", WORKFLOW,
+     lambda c, e: c.cuda_graph_impl == "full_iteration" and not (c.capacity_factor and c.pad_to_capacity),
+     "full-iteration CUDA graphs need drop-and-pad (--moe-expert-capacity-factor and "
+     "--moe-pad-expert-input-to-capacity)"),
+    ("full_iteration_with_modules", MEGATRON,
+     lambda c, e: c.cuda_graph_impl == "full_iteration" and bool(c.cuda_graph_modules),
+     "--cuda-graph-modules must be empty with --cuda-graph-impl full_iteration"),
+    ("moe_preprocess_without_router", MEGATRON,
+     lambda c, e: "moe_preprocess" in c.cuda_graph_modules and "moe_router" not in c.cuda_graph_modules,
+     "the moe_preprocess graph module needs moe_router too"),
+    ("graph_modules_without_impl", MEGATRON, lambda c, e: bool(c.cuda_graph_modules) and c.cuda_graph_impl == "none",
+     "CUDA graph modules do nothing without --cuda-graph-impl"),
+    ("full_recompute_with_te_graphs", WORKFLOW,
+     lambda c, e: c.recompute_granularity == "full" and c.cuda_graph_impl == "transformer_engine",
+     "TE-scoped CUDA graphs pair with selective recompute, not full recompute"),
+    ("fp8_needs_te", MEGATRON, lambda c, e: bool(c.fp8_format or c.fp8_recipe) and not _te(c, e),
+     "FP8 needs Transformer Engine"),
+    ("fp8_recipe_without_format", MEGATRON, lambda c, e: bool(c.fp8_recipe) and not c.fp8_format,
+     "--fp8-recipe needs --fp8-format (e4m3 or hybrid)"),
+    ("fp8_blockwise_not_on_blackwell", WORKFLOW,
+     lambda c, e: c.fp8_recipe == "blockwise" and e.generation == "blackwell",
+     "on Blackwell use the mxfp8 recipe, not blockwise"),
+    ("mxfp8_needs_blackwell", WORKFLOW, lambda c, e: c.fp8_recipe == "mxfp8" and e.generation != "blackwell",
+     "MXFP8 needs Blackwell; on Hopper use the blockwise recipe"),
+    ("grouped_gemm_needs_te", DEVICE, lambda c, e: c.grouped_gemm and not _te(c, e),
+     "--moe-grouped-gemm needs Transformer Engine in this stack"),
+    ("moe_act_recompute_needs_grouped_gemm", DEVICE,
+     lambda c, e: "moe_act" in c.recompute_modules and not c.grouped_gemm,
+     "recompute of moe_act needs --moe-grouped-gemm"),
+    ("recompute_modules_need_selective", MEGATRON,
+     lambda c, e: bool(c.recompute_modules) and c.recompute_granularity != "selective",
+     "--recompute-modules needs --recompute-granularity selective"),
+    ("full_recompute_needs_layers", MEGATRON,
+     lambda c, e: c.recompute_granularity == "full" and not c.recompute_num_layers,
+     "full recompute needs --recompute-num-layers"),
+    ("mla_up_proj_without_mla", MEGATRON,
+     lambda c, e: "mla_up_proj" in c.recompute_modules and not e.m.multi_latent_attention,
+     "mla_up_proj recompute needs a model with multi-latent attention"),
+    ("shared_experts_recompute_without_shared", MEGATRON,
+     lambda c, e: "shared_experts" in c.recompute_modules and not e.m.moe_shared_expert_intermediate_size,
+     "shared_experts recompute needs a model with shared experts"),
+    ("precision_aware_needs_distopt", MEGATRON,
+     lambda c, e: c.precision_aware_optimizer and not c.distributed_optimizer,
+     "--use-precision-aware-optimizer needs --use-distributed-optimizer"),
+    ("param_gather_overlap_needs_distopt", MEGATRON,
+     lambda c, e: c.overlap_param_gather and not (c.distributed_optimizer and c.overlap_grad_reduce),
+     "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce"),
+    ("pad_without_capacity", MEGATRON, lambda c, e: c.pad_to_capacity and not c.capacity_factor,
+     "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor"),
+    ("unknown_dispatcher", README, lambda c, e: c.dispatcher not in DISPATCHERS,
+     f"dispatcher must be one of {', '.join(DISPATCHERS)}"),
+    ("unknown_flex_backend", README, lambda c, e: c.flex_backend is not None and c.flex_backend not in FLEX_BACKENDS,
+     f"flex backend must be one of {', '.join(FLEX_BACKENDS)}"),
+    ("unknown_recompute_module", README,
+     lambda c, e: bool(set(c.recompute_modules) - set(RECOMPUTE_MODULES)),
+     f"recompute modules must be among {', '.join(RECOMPUTE_MODULES)}"),
+    ("unknown_graph_module", README,
+     lambda c, e: bool(set(c.cuda_graph_modules) - set(CUDA_GRAPH_MODULES)),
+     f"CUDA graph modules must be among {', '.join(CUDA_GRAPH_MODULES)}"),
+    ("local_spec_sequence_parallel", DEVICE,
+     lambda c, e: c.sequence_parallel and c.transformer_impl == "local",
+     "sequence parallel is refused by torch LayerNorm under the local spec; use Transformer Engine"),
+)
+
+
+def env_of(model, cluster) -> Env:
+    g = lambda k, d=None: (cluster.get(k, d) if isinstance(cluster, dict) else getattr(cluster, k, d))
+    from pipeline.experiment import GPU_GENERATION
+    gpus = int(g("nodes", 1) or 1) * int(g("gpus_per_node", 8) or 8)
+    return Env(m=model, gpus=gpus, generation=GPU_GENERATION.get(g("gpu_type", "H100"), "hopper"),
+               has_te=bool(g("has_transformer_engine", True)), has_deep_ep=bool(g("has_deep_ep", False)),
+               nvlink_domain=int(g("nvlink_domain", 8) or 1))
+
+
+def check(config: TrainingConfig, model, cluster) -> list[Violation]:
+    e = env_of(model, cluster)
+    return [Violation(code, msg, src) for code, src, bad, msg in RULES if bad(config, e)]

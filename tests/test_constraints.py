@@ -1,0 +1,127 @@
+"""Forbidden combinations, each refused with its own code and a message that names the fix."""
+import pytest
+
+from pipeline.config import TrainingConfig
+from pipeline.constraints import RULES, check
+from pipeline.experiment import load_experiment
+from pipeline.model import ModelArch
+
+MODEL = ModelArch("t", num_layers=8, hidden_size=1024, num_attention_heads=16, num_query_groups=4,
+                  ffn_hidden_size=4096, moe_ffn_hidden_size=1024, num_experts=16, moe_router_topk=2,
+                  vocab_size=32000, seq_length=4096)
+MLA = ModelArch("mla", num_layers=8, hidden_size=1024, num_attention_heads=16, num_query_groups=16,
+                ffn_hidden_size=4096, moe_ffn_hidden_size=1024, num_experts=16, moe_router_topk=2,
+                vocab_size=32000, seq_length=4096, multi_latent_attention=True, q_lora_rank=256,
+                kv_lora_rank=128, qk_head_dim=64, qk_pos_emb_head_dim=32, v_head_dim=64)
+H100 = {"nodes": 2, "gpus_per_node": 8, "gpu_type": "H100", "has_transformer_engine": True,
+        "has_deep_ep": True, "nvlink_domain": 8}
+OK = TrainingConfig(tp=2, sequence_parallel=True, ep=8, etp=1, micro_batch=1, global_batch=64)
+
+CASES = [
+    # (changes, cluster changes, expected code)
+    ({"tp": 3, "sequence_parallel": True}, {}, "gpus_not_divisible"),
+    ({"ep": 16, "etp": 2, "pp": 2}, {}, "expert_folding"),
+    ({"pp": 3}, {"gpus_per_node": 12, "nodes": 1}, "layers_not_divisible_by_pp"),
+    ({"first_pp_layers": 2}, {}, "uneven_pp_without_pp"),
+    ({"ep": 3}, {"gpus_per_node": 6, "nodes": 1}, "experts_not_divisible_by_ep"),
+    ({"tp": 8, "ep": 2}, {"gpus_per_node": 8, "nodes": 1}, "query_groups_not_divisible_by_tp"),
+    ({"global_batch": 60}, {}, "global_batch_not_divisible"),
+    ({"tp": 1, "sequence_parallel": True}, {}, "sp_without_tp"),
+    ({"sequence_parallel": False}, {}, "moe_tp_without_sp"),
+    ({"cp": 2, "seq_length": 4094}, {}, "cp_seq_not_divisible"),
+    ({"vpp": 2}, {}, "vpp_without_pp"),
+    ({"ep": 1, "overlap_ep_a2a": True}, {}, "ep_overlap_needs_ep"),
+    ({"overlap_ep_a2a": True, "dispatcher": "allgather"}, {}, "ep_overlap_dispatcher"),
+    ({"overlap_ep_a2a": True, "pp": 2}, {}, "ep_overlap_needs_vpp"),
+    ({"overlap_ep_a2a": True, "shared_expert_overlap": True}, {}, "ep_overlap_shared_expert_overlap"),
+    ({"overlap_ep_a2a": True, "recompute_granularity": "full", "recompute_num_layers": 1}, {},
+     "ep_overlap_full_recompute"),
+    ({"overlap_ep_a2a": True, "delay_wgrad": True, "transformer_impl": "local"}, {}, "delay_wgrad_needs_te"),
+    ({"delay_wgrad": True}, {}, "delay_wgrad_needs_overlap"),
+    ({"flex_backend": "deepep"}, {}, "flex_backend_without_flex"),
+    ({"dispatcher": "flex", "flex_backend": "deepep"}, {"has_deep_ep": False}, "flex_needs_deep_ep"),
+    ({"dispatcher": "flex", "flex_backend": "hybridep"}, {"nvlink_domain": 1}, "hybridep_nvlink_domain"),
+    ({"tp": 1, "sequence_parallel": False, "tp_comm_overlap": True}, {}, "tp_comm_overlap_needs_sp"),
+    ({"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["attn"]},
+     {"has_transformer_engine": False}, "te_graphs_need_te"),
+    ({"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["moe"]}, {}, "dropless_graph_scope"),
+    ({"cuda_graph_impl": "local"}, {}, "dropless_graph_scope"),
+    ({"cuda_graph_impl": "full_iteration"}, {}, "full_iteration_needs_drop_pad"),
+    ({"cuda_graph_impl": "full_iteration", "cuda_graph_modules": ["attn"], "capacity_factor": 1.0,
+      "pad_to_capacity": True}, {}, "full_iteration_with_modules"),
+    ({"cuda_graph_impl": "local", "cuda_graph_modules": ["moe_preprocess"]}, {}, "moe_preprocess_without_router"),
+    ({"cuda_graph_modules": ["attn"]}, {}, "graph_modules_without_impl"),
+    ({"recompute_granularity": "full", "recompute_num_layers": 1, "cuda_graph_impl": "transformer_engine",
+      "cuda_graph_modules": ["attn"]}, {}, "full_recompute_with_te_graphs"),
+    ({"fp8_format": "e4m3", "fp8_recipe": "blockwise"}, {"has_transformer_engine": False}, "fp8_needs_te"),
+    ({"fp8_recipe": "blockwise"}, {}, "fp8_recipe_without_format"),
+    ({"fp8_format": "e4m3", "fp8_recipe": "blockwise"}, {"gpu_type": "B200"}, "fp8_blockwise_not_on_blackwell"),
+    ({"fp8_format": "e4m3", "fp8_recipe": "mxfp8"}, {"gpu_type": "H100"}, "mxfp8_needs_blackwell"),
+    ({"grouped_gemm": True, "transformer_impl": "local", "tp": 1, "sequence_parallel": False}, {},
+     "grouped_gemm_needs_te"),
+    ({"recompute_granularity": "selective", "recompute_modules": ["moe_act"]}, {},
+     "moe_act_recompute_needs_grouped_gemm"),
+    ({"recompute_modules": ["core_attn"]}, {}, "recompute_modules_need_selective"),
+    ({"recompute_granularity": "full"}, {}, "full_recompute_needs_layers"),
+    ({"recompute_granularity": "selective", "recompute_modules": ["mla_up_proj"]}, {}, "mla_up_proj_without_mla"),
+    ({"recompute_granularity": "selective", "recompute_modules": ["shared_experts"]}, {},
+     "shared_experts_recompute_without_shared"),
+    ({"precision_aware_optimizer": True}, {}, "precision_aware_needs_distopt"),
+    ({"overlap_param_gather": True, "distributed_optimizer": True}, {}, "param_gather_overlap_needs_distopt"),
+    ({"pad_to_capacity": True}, {}, "pad_without_capacity"),
+    ({"dispatcher": "ring"}, {}, "unknown_dispatcher"),
+    ({"dispatcher": "flex", "flex_backend": "nvshmem"}, {}, "unknown_flex_backend"),
+    ({"recompute_granularity": "selective", "recompute_modules": ["everything"]}, {}, "unknown_recompute_module"),
+    ({"cuda_graph_impl": "local", "cuda_graph_modules": ["attn", "optimizer"]}, {}, "unknown_graph_module"),
+    ({"transformer_impl": "local"}, {}, "local_spec_sequence_parallel"),
+]
+
+
+def test_ok_config_passes():
+    assert check(OK, MODEL, H100) == []
+
+
+@pytest.mark.parametrize("changes, cluster, code", CASES, ids=[c[2] for c in CASES])
+def test_forbidden_combination_is_refused(changes, cluster, code):
+    violations = check(OK.replace(**changes), MODEL, {**H100, **cluster})
+    codes = [v.code for v in violations]
+    assert code in codes, codes
+    v = next(v for v in violations if v.code == code)
+    assert v.source and len(v.message) > 20
+
+
+def test_enough_distinct_refusals_covered():
+    assert len({c[2] for c in CASES}) >= 25
+    assert {c[2] for c in CASES} <= {r[0] for r in RULES}
+
+
+def test_mla_model_allows_mla_recompute():
+    cfg = OK.replace(recompute_granularity="selective", recompute_modules=["mla_up_proj"])
+    assert "mla_up_proj_without_mla" not in [v.code for v in check(cfg, MLA, H100)]
+
+
+def test_allowed_overlap_and_graphs():
+    cfg = OK.replace(overlap_ep_a2a=True, delay_wgrad=True, cuda_graph_impl="transformer_engine",
+                     cuda_graph_modules=["attn", "moe_router", "moe_preprocess"],
+                     recompute_granularity="selective", recompute_modules=["layernorm"])
+    assert check(cfg, MODEL, H100) == []
+
+
+@pytest.mark.parametrize("name", ["qwen3_235b", "qwen3_30b_a3b", "deepseek_v3", "mixtral_8x7b",
+                                  "mixtral_8x22b", "moe_proxy"])
+def test_shipped_baselines_pass(name):
+    e = load_experiment(name)
+    assert check(e.baseline, e.model, e.cluster) == []
+
+
+def test_check_cli(capsys):
+    from pipeline.cli import main
+    assert main(["check", "--gpus", "8", "--", "--num-layers", "8", "--num-attention-heads", "16",
+                 "--num-experts", "16", "--expert-model-parallel-size", "8", "--micro-batch-size", "1",
+                 "--global-batch-size", "64"]) == 0
+    assert capsys.readouterr().out.strip() == "ok"
+    assert main(["check", "--gpus", "8", "--", "--num-layers", "8", "--num-attention-heads", "16",
+                 "--num-experts", "16", "--expert-model-parallel-size", "1", "--micro-batch-size", "1",
+                 "--global-batch-size", "64", "--overlap-moe-expert-parallel-comm"]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["ep_overlap_needs_ep: EP all-to-all overlap needs EP > 1 [moe-comm-overlap.txt]"]

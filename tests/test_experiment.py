@@ -1,0 +1,61 @@
+"""Experiment YAMLs: the shipped ones load; a wrong field names the file, the key and what is allowed."""
+import pytest
+
+from pipeline.config import TrainingConfig
+from pipeline.experiment import ConfigError, list_experiments, load_experiment
+
+PRODUCTION = ["qwen3_235b", "qwen3_30b_a3b", "deepseek_v3", "mixtral_8x7b", "mixtral_8x22b"]
+
+
+def test_all_models_ship():
+    assert set(PRODUCTION + ["moe_proxy"]) <= set(list_experiments())
+
+
+@pytest.mark.parametrize("name", PRODUCTION + ["moe_proxy"])
+def test_loads_and_renders(name):
+    e = load_experiment(name)
+    argv = e.baseline.to_args(e.model)
+    assert argv[argv.index("--num-experts") + 1] == str(e.model.num_experts)
+    assert TrainingConfig.from_args(argv, e.model) == e.baseline
+
+
+def test_published_sizes():
+    ds = load_experiment("deepseek_v3").model
+    assert (ds.num_layers, ds.hidden_size, ds.num_experts, ds.moe_router_topk) == (61, 7168, 256, 8)
+    assert ds.multi_latent_attention and ds.first_dense_layers == 3
+    q = load_experiment("qwen3_235b").model
+    assert (q.num_layers, q.num_experts, q.moe_ffn_hidden_size, q.num_query_groups) == (94, 128, 1536, 4)
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    return p
+
+
+BASE = """name: x
+model: {name: x, num_layers: 2, hidden_size: 64, num_attention_heads: 4, num_query_groups: 4,
+        ffn_hidden_size: 128, moe_ffn_hidden_size: 64, num_experts: 4, moe_router_topk: 2,
+        vocab_size: 100, seq_length: 128}
+cluster: {gpu_type: H100}
+"""
+
+
+@pytest.mark.parametrize("text, fragment", [
+    (BASE.replace("gpu_type: H100", "gpu_type: A100"), "cluster.gpu_type"),
+    (BASE.replace("gpu_type: H100", "gpu_type: H100, gpus_per_nod: 8"), "allowed keys"),
+    (BASE.replace("num_experts: 4", "num_experts: many"), "model.num_experts"),
+    (BASE + "baseline: {tp: 2, pipeline: 3}\n", "baseline: unknown training config keys ['pipeline']"),
+    ("name: [unclosed", "not valid YAML"),
+    ("- a list", "expected a mapping"),
+])
+def test_bad_experiment_one_line(tmp_path, text, fragment):
+    with pytest.raises(ConfigError) as err:
+        load_experiment(_write(tmp_path, text))
+    msg = str(err.value)
+    assert "bad.yaml" in msg and fragment in msg and "\n" not in msg
+
+
+def test_unknown_experiment_lists_known():
+    with pytest.raises(ConfigError, match="known: .*qwen3_235b"):
+        load_experiment("no_such_model")
