@@ -5,7 +5,8 @@ writes one decision back, so a tuner killed at any point and started again conti
 was, runs no config twice (one trial per config hash) and ends with the same best config.
 
 Decisions (store.decisions, each with its evidence):
-  keep         the trial becomes the incumbent (the baseline, or a change that beat the noise)
+  keep         the trial becomes the incumbent (the baseline, or a change that beat the noise;
+               judged by `judged_step`: the log's median step and its spread, or the trace's)
   apply        a rule was chosen for a new trial
   revert       the change was slower, within noise, out of memory, failed or hung
   not_applied  the trace does not show the fix; the rule is blocked on this cluster + image
@@ -86,6 +87,26 @@ def noise_ms(parent: dict, new: dict, rel: float) -> float:
         std, n = m.get("step_time_std_ms") or 0.0, max(int(m.get("steps") or 1), 1)
         return (std ** 2) / n
     return max(rel * parent["step_time_ms"], 2.0 * math.sqrt(se(parent) + se(new)))
+
+
+MIN_LOG_STEPS = 6  # steady log iterations needed to judge by the log
+
+
+def judged_step(analysis: dict | None) -> dict:
+    """The step time a keep/revert judges by, robust to the stalls short runs show: the median
+    of the log's steady iterations (the first fifth, at least 3, are warm-up) with its spread
+    from the median absolute deviation; with too few iterations, the trace's NVTX steps."""
+    import numpy as np
+    its = ((analysis or {}).get("log") or {}).get("iteration_ms") or []
+    skip = max(3, len(its) // 5)
+    steady = np.array(its[skip:], dtype=float)
+    if steady.size >= MIN_LOG_STEPS:
+        med = float(np.median(steady))
+        return {"step_time_ms": round(med, 3), "steps": int(steady.size), "source": "log median",
+                "step_time_std_ms": round(float(np.median(np.abs(steady - med))) * 1.4826, 3)}
+    c = _combined(analysis)
+    return {"step_time_ms": c.get("step_time_ms"), "step_time_std_ms": c.get("step_time_std_ms"),
+            "steps": c.get("steps"), "source": "trace steps"}
 
 
 def _combined(analysis: dict | None) -> dict:
@@ -229,6 +250,8 @@ class Tuner:
         self.store.update_trial(trial.id, **values)
         scalars = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         scalars["gpu_hours"] = _gpu_hours(out.analysis, self.gpus)
+        if judged_step(out.analysis).get("step_time_ms") is not None:
+            scalars["judged_step_time_ms"] = judged_step(out.analysis)["step_time_ms"]
         self.store.set_metrics(trial.id, scalars)
         parent = self.store.trial(trial.parent_id) if trial.parent_id else None
         ev = {"parent": parent.config_hash if parent else None, "state": out.state}
@@ -262,12 +285,13 @@ class Tuner:
                         image=runner.image_of(self.exp.cluster), **ev)
             self.say(f"trial {trial.number}: {rid} not applied ({verdict.reason})")
             return
-        pm = _combined(parent_an)
-        new_ms, old_ms = m["step_time_ms"], pm["step_time_ms"]
-        thr = noise_ms(pm, m, self.rel_noise)
+        pj, nj = judged_step(parent_an), judged_step(out.analysis)
+        new_ms, old_ms = nj["step_time_ms"], pj["step_time_ms"]
+        thr = noise_ms(pj, nj, self.rel_noise)
         gain = old_ms - new_ms
         ev.update(parent_step_time_ms=old_ms, step_time_ms=new_ms, gain_ms=round(gain, 4),
-                  noise_ms=round(thr, 4), gain_share=round(gain / old_ms, 4))
+                  noise_ms=round(thr, 4), gain_share=round(gain / old_ms, 4),
+                  judged_by=nj["source"], spread_ms=[pj["step_time_std_ms"], nj["step_time_std_ms"]])
         if gain > thr:
             self.decide("keep", f"{gain / old_ms:+.1%} faster ({old_ms:.1f} -> {new_ms:.1f} ms, "
                                 f"noise {thr:.1f} ms)", trial, rid, **ev)
