@@ -53,6 +53,7 @@ class TrialView:
     verdict: object | None  # keep / revert / skip / not_applied
     command: str | None
     folder: Path | None
+    judged_ms: float | None = None  # the step time the tuner judged by (log median or trace)
 
     @property
     def combined(self) -> dict:
@@ -72,7 +73,8 @@ def gather(store, study_name: str) -> tuple[object, list[TrialView], list]:
             cmd = (folder / "command.txt").read_text().strip()
         mine = [d for d in decisions if d.trial_id == t.id]
         views.append(TrialView(t, an, next((d for d in mine if d.kind == "apply"), None),
-                               next((d for d in mine if d.kind in tuner_mod.JUDGED), None), cmd, folder))
+                               next((d for d in mine if d.kind in tuner_mod.JUDGED), None), cmd, folder,
+                               store.metrics(t.id).get("judged_step_time_ms")))
     return study, views, decisions
 
 
@@ -214,8 +216,8 @@ def svg_breakdown(views: list[TrialView], width: int = 900) -> str:
 
 
 def svg_step_times(views: list[TrialView], width: int = 900, height: int = 220) -> str:
-    pts = [(v.trial.number, v.trial.step_time_ms, v.verdict.kind if v.verdict else "") for v in views
-           if v.trial.step_time_ms]
+    pts = [(v.trial.number, v.judged_ms or v.trial.step_time_ms, v.verdict.kind if v.verdict else "")
+           for v in views if v.judged_ms or v.trial.step_time_ms]
     if not pts:
         return ""
     left, bottom, top = 60, 30, 15
@@ -333,15 +335,18 @@ def study_markdown(store, study_name: str) -> str:
            f"stopped: {md(s.get('stop_reason'))}.", "",
            f"Baseline {fmt(s.get('baseline_step_time_ms'))} ms/step → best "
            f"{fmt(s.get('best_step_time_ms'))} ms/step (trial {fmt(s.get('best_trial'))}, "
-           f"speed-up {fmt(s.get('speedup'), 3)}x); kept fixes: "
+           f"speed-up {fmt(s.get('speedup'), 3)}x; judged: {fmt(s.get('baseline_judged_step_time_ms'))} → "
+           f"{fmt(s.get('best_judged_step_time_ms'))} ms, {fmt(s.get('judged_speedup'), 3)}x); kept fixes: "
            f"{md(', '.join(s.get('kept_fixes') or []) or 'none')}.", "",
-           "## Trials", "", "| trial | fix | state | decision | step ms | TFLOP/s/GPU | wall |",
-           "|---|---|---|---|---|---|---|"]
+           "## Trials", "", "Step ms: mean of the profiled steps in the trace; judged ms: what keep or "
+           "revert compared (the median of the log's steady iterations where there are enough).", "",
+           "| trial | fix | state | decision | step ms | judged ms | TFLOP/s/GPU | wall |",
+           "|---|---|---|---|---|---|---|---|"]
     for depth, v in tree_lines(views):
         t = v.trial
         out.append(f"| {'  ' * depth}{'└ ' if depth else ''}{t.number} | {md(t.fix or 'baseline')} | "
                    f"{md(t.state)} | {md(v.verdict.kind if v.verdict else '')} | "
-                   f"{fmt(t.step_time_ms)} | {fmt(t.tflops_per_gpu)} | {md(t.wall)} |")
+                   f"{fmt(t.step_time_ms)} | {fmt(v.judged_ms)} | {fmt(t.tflops_per_gpu)} | {md(t.wall)} |")
     out += ["", "## Best config", ""]
     if best:
         out += ["Changes from the baseline: " + (", ".join(
@@ -430,7 +435,7 @@ def study_html(store, study_name: str) -> str:
     number = {v.trial.id: v.trial.number for v in views}
     rows = [["\u00a0\u00a0" * d + ("└ " if d else "") + str(v.trial.number), v.trial.fix or "baseline",
              v.trial.state, v.verdict.kind if v.verdict else "", fmt(v.trial.step_time_ms),
-             fmt(v.trial.tflops_per_gpu), v.trial.wall or ""] for d, v in tree_lines(views)]
+             fmt(v.judged_ms), fmt(v.trial.tflops_per_gpu), v.trial.wall or ""] for d, v in tree_lines(views)]
     parts = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
              f"<title>moetune study {esc(study.name)}</title><style>{CSS}</style></head><body>",
              f"<h1>moetune study {esc(study.name)}</h1>",
@@ -438,11 +443,15 @@ def study_html(store, study_name: str) -> str:
              f"stopped: {esc(s.get('stop_reason'))}.</p>",
              f"<p>Baseline {esc(fmt(s.get('baseline_step_time_ms')))} ms/step → best "
              f"<b>{esc(fmt(s.get('best_step_time_ms')))} ms/step</b> (trial {esc(s.get('best_trial'))}, "
-             f"speed-up {esc(fmt(s.get('speedup'), 3))}x). Kept fixes: "
+             f"speed-up {esc(fmt(s.get('speedup'), 3))}x; judged: "
+             f"{esc(fmt(s.get('baseline_judged_step_time_ms')))} → {esc(fmt(s.get('best_judged_step_time_ms')))} ms, "
+             f"{esc(fmt(s.get('judged_speedup'), 3))}x). Kept fixes: "
              f"{esc(', '.join(s.get('kept_fixes') or []) or 'none')}.</p>",
              "<h2>Step time across trials</h2>", svg_step_times(views),
-             "<h2>Trials</h2>", _table(["trial", "fix", "state", "decision", "step ms", "TFLOP/s/GPU",
-                                        "wall"], rows),
+             "<h2>Trials</h2>", "<p>Step ms: mean of the profiled steps in the trace; judged ms: what "
+             "keep or revert compared (the median of the log's steady iterations where there are "
+             "enough). The plot shows judged ms.</p>",
+             _table(["trial", "fix", "state", "decision", "step ms", "judged ms", "TFLOP/s/GPU", "wall"], rows),
              "<h2>Time breakdown</h2>", svg_breakdown(views)]
     if best:
         changes = ", ".join(f"<code>{esc(k)}</code> {esc(a)} → {esc(b)}"

@@ -333,8 +333,14 @@ def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
            "best_config": best.config if best else None,
            "kept_fixes": [by_id[i].fix for i in kept if i in by_id and by_id[i].fix],
            "stop_reason": stop}
+    judged = lambda t: store.metrics(t.id).get("judged_step_time_ms") if t else None
+    out["baseline_judged_step_time_ms"] = judged(base)
+    out["best_judged_step_time_ms"] = judged(best)
     if best and base and base.step_time_ms and best.step_time_ms:
         out["speedup"] = round(base.step_time_ms / best.step_time_ms, 4)
+    if out["baseline_judged_step_time_ms"] and out["best_judged_step_time_ms"]:
+        out["judged_speedup"] = round(out["baseline_judged_step_time_ms"]
+                                      / out["best_judged_step_time_ms"], 4)
     if best and runs_root is not None:
         cmd = runner.trial_folder(runs_root, study_name, store.trial(best.id)) / "command.txt"
         out["best_command"] = cmd.read_text().strip() if cmd.exists() else None
