@@ -1,0 +1,67 @@
+"""Megatron's own argument checks on a rendered argv, run on the CPU in the megatron venv.
+
+`validate(argvs, world_size)` runs, in one subprocess of `.venv-megatron/bin/python` (Python 3.12,
+megatron-core 0.19.2): `parse_args` + `validate_args`, then builds the TransformerConfig from the args
+(`core_transformer_config_from_args`), whose `__post_init__` holds checks validate_args misses.
+Each argv gets `None` (accepted) or the first line of Megatron's refusal.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_PYTHON = Path(os.environ.get("MEGATRON_VENV", REPO / ".venv-megatron")) / "bin" / "python"
+
+
+class MegatronUnavailable(Exception):
+    """The megatron venv is missing; build it with scripts/megatron-venv."""
+
+
+_PROBE = r'''
+import contextlib, io, json, os, sys
+jobs = json.loads(sys.stdin.read())
+from megatron.training.arguments import parse_args, validate_args
+from megatron.training.argument_utils import core_transformer_config_from_args
+out = []
+for argv, world in jobs:
+    os.environ.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0")
+    sys.argv = ["pretrain_gpt.py", *argv]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            args = parse_args()
+            validate_args(args, {"tokenizer_type": "NullTokenizer"})
+            core_transformer_config_from_args(args)
+        out.append(None)
+    except SystemExit as e:
+        out.append(f"argparse refused the arguments (exit {e.code})")
+    except BaseException as e:
+        msg = (str(e).strip().splitlines() or [""])[0]
+        out.append(f"{type(e).__name__}: {msg}"[:400])
+print("@@" + json.dumps(out))
+'''
+
+
+def available() -> bool:
+    return VENV_PYTHON.exists()
+
+
+def validate(argvs: list[list[str]], world_size: int | list[int]) -> list[str | None]:
+    if not available():
+        raise MegatronUnavailable(f"{VENV_PYTHON} missing; run scripts/megatron-venv")
+    worlds = world_size if isinstance(world_size, list) else [world_size] * len(argvs)
+    proc = subprocess.run([str(VENV_PYTHON), "-c", _PROBE], input=json.dumps(list(zip(argvs, worlds))),
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
+    if proc.returncode != 0 or not marker:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise MegatronUnavailable(f"megatron validation did not run: {tail}")
+    return json.loads(marker[-1][2:])
+
+
+if __name__ == "__main__":
+    print(validate([sys.argv[2:]], int(sys.argv[1]))[0] or "ok")

@@ -1,0 +1,109 @@
+"""The store on SQLite and on a real PostgreSQL server (Debian's, started here), and migrations."""
+import glob
+import os
+import shutil
+import socket
+import sqlite3
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from pipeline.store import SCHEMA_VERSION, DuplicateTrial, Store, StoreError
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def postgres_url(tmp_path_factory):
+    """A throwaway PostgreSQL cluster on a free local port, run as the postgres user."""
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not bins or shutil.which("runuser") is None or os.geteuid() != 0:
+        pytest.skip("needs Debian's postgresql package and root (make deps installs it)")
+    bindir = os.path.dirname(bins[-1])
+    data = Path(tempfile.mkdtemp(prefix="moetune-pg-"))  # pytest's tmp is root-only
+    shutil.chown(data, "postgres", "postgres")
+    os.chmod(data, 0o700)
+    port = _free_port()
+    run = lambda *cmd: subprocess.run(["runuser", "-u", "postgres", "--", *cmd], check=True,
+                                      capture_output=True, text=True)
+    run(f"{bindir}/initdb", "-D", str(data / "db"), "-A", "trust", "-U", "postgres")
+    run(f"{bindir}/pg_ctl", "-D", str(data / "db"), "-o", f"-p {port} -k {data} -c listen_addresses=127.0.0.1",
+        "-l", str(data / "log"), "-w", "start")
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(["runuser", "-u", "postgres", "--", f"{bindir}/pg_ctl", "-D", str(data / "db"),
+                        "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _exercise(store: Store) -> None:
+    study = store.create_study("s", "moe_proxy", {"k": [1, 2]})
+    assert store.create_study("s", "moe_proxy").id == study.id  # idempotent
+    t1 = store.add_trial(study.id, {"ep": 2}, "h1")
+    t2 = store.add_trial(study.id, {"ep": 4}, "h2", parent_id=t1.id, fix="raise_ep")
+    assert (t1.number, t2.number) == (1, 2)
+    with pytest.raises(DuplicateTrial):
+        store.add_trial(study.id, {"ep": 2}, "h1")
+    store.update_trial(t1.id, state="completed", step_time_ms=812.5, slurm_job_id="42")
+    assert store.trial(t1.id).step_time_ms == 812.5
+    assert store.trial_by_hash(study.id, "h2").id == t2.id
+    store.record_stage(t1.id, "render", "abc", ["job.sh"])
+    store.record_stage(t1.id, "render", "def", ["job.sh"], status="failed", error="boom")
+    assert store.last_stage(t1.id, "render").inputs_hash == "abc"
+    store.set_metrics(t1.id, {"gpu_idle_share": 0.4, "wall": "x", "steps": 3})
+    store.set_metrics(t1.id, {"gpu_idle_share": 0.5})
+    assert store.metrics(t1.id) == {"gpu_idle_share": 0.5}
+    store.add_decision(study.id, "keep", "faster by 12%", t2.id, "raise_ep", {"delta": 0.12})
+    d = store.decisions(study.id)
+    assert d[0].evidence == {"delta": 0.12} and d[0].rule == "raise_ep"
+    with pytest.raises(StoreError, match="no trial 999"):
+        store.trial(999)
+
+
+def test_sqlite_store(tmp_path):
+    store = Store(str(tmp_path / "m.db"))
+    _exercise(store)
+    mode = sqlite3.connect(tmp_path / "m.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+@pytest.mark.postgres
+def test_postgres_store(postgres_url):
+    _exercise(Store(postgres_url))
+
+
+def test_env_url(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOETUNE_DB", str(tmp_path / "env.db"))
+    assert Store().url.endswith("env.db")
+
+
+def test_old_database_stays_readable(tmp_path):
+    """A database without the meta table (version 0) is brought up to date, data kept."""
+    path = tmp_path / "old.db"
+    store = Store(str(path))
+    study = store.create_study("kept", "m")
+    con = sqlite3.connect(path)
+    con.execute("DROP TABLE moetune_meta")
+    con.commit()
+    con.close()
+    again = Store(str(path))
+    assert again.schema_version() == SCHEMA_VERSION
+    assert again.study("kept").id == study.id
+
+
+def test_newer_database_refused(tmp_path):
+    path = tmp_path / "new.db"
+    Store(str(path))
+    con = sqlite3.connect(path)
+    con.execute("UPDATE moetune_meta SET value='99' WHERE key='schema_version'")
+    con.commit()
+    con.close()
+    with pytest.raises(StoreError, match="newer than this moetune"):
+        Store(str(path))
