@@ -40,10 +40,11 @@ def entry_step_ms(e: dict) -> float | None:
     return m.get("step_time_ms")
 
 
-def log_median_ms(bank_dir: Path, e: dict) -> float | None:
-    """The entry's step time as the tuner judges it: median of the log's steady iterations."""
+def log_median_ms(bank_dir: Path, e: dict, spread: bool = False):
+    """The entry's step time as the tuner judges it: median of the log's steady iterations
+    (with spread=True: (median, MAD-based spread))."""
     if e.get("state") != "COMPLETED" or not e.get("log"):
-        return None
+        return (None, None) if spread else None
     import lzma
     import tempfile
     from analysis.logs import parse_log
@@ -53,7 +54,9 @@ def log_median_ms(bank_dir: Path, e: dict) -> float | None:
         f.write(text)
         f.flush()
         j = tuner.judged_step({"log": parse_log(f.name)})
-    return j["step_time_ms"] if j["source"] == "log median" else None
+    if j["source"] != "log median":
+        return (None, None) if spread else None
+    return (j["step_time_ms"], j["step_time_std_ms"]) if spread else j["step_time_ms"]
 
 
 def run(bank_dir: Path, work: Path, experiment: str = "moe_proxy") -> dict:
@@ -78,6 +81,7 @@ def run(bank_dir: Path, work: Path, experiment: str = "moe_proxy") -> dict:
         h = entry_hash(e)
         sweep.append({"name": e.get("name"), "state": e.get("state"), "gpus": e.get("gpus"),
                       "step_time_ms": entry_step_ms(e), "log_median_ms": log_median_ms(bank_dir, e),
+                      "log_spread_ms": log_median_ms(bank_dir, e, spread=True)[1],
                       "same_workload": same,
                       "run_by_tuner": by_hash.get(h) is e and h in tried and tried[h].state != "skipped"})
     comparable = [r for r in sweep if r["same_workload"] and r["step_time_ms"]]
@@ -131,15 +135,25 @@ def section(r: dict) -> str:
              f"{100 * (r['gap_to_bank_best_by_log_median'] or 0):.1f}%: "
              f"**{'met' if r['passes_by_log_median'] else 'not met'}**.",
              f"- Path: baseline → {' → '.join(t['kept_fixes']) or '(nothing kept)'}; stopped: "
-             f"{t['stop_reason']}.", "",
+             f"{t['stop_reason']}."]
+    si = r.get("stand_in_run")
+    if si:
+        lines.append(f"- On the CPU stand-in bank (tests/standin_bank.py, made-up step times) the same "
+                     f"loop ran {si['tuner']['trials_run']} of {si['bank_trials']} trials and reached "
+                     f"`{si['tuner']['best_entry']}`, {100 * (si['gap_to_bank_best'] or 0):.1f}% from the "
+                     f"stand-in's best (`{si['bank_best']['name']}`).")
+    lines += ["",
              "Full sweep (every bank entry; only those with the baseline's sequence length, global "
              "batch and GPU count compete). `step ms`: the bank's figure (mean of the profiled NVTX "
-             "steps); `log median`: median of the log's steady iterations:", "",
-             "| entry | state | GPUs | step ms | log median ms | same workload | run by the tuner |",
-             "|---|---|---|---|---|---|---|"]
+             "steps); `log median`: median of the log's steady iterations, `spread`: their median "
+             "absolute deviation x 1.4826. Where the fastest entries differ by less than their "
+             "spread, which one is \"the best\" is noise.", "",
+             "| entry | state | GPUs | step ms | log median ms | spread ms | same workload | run by the tuner |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in sorted(r["sweep"], key=lambda x: (x["step_time_ms"] is None, x["step_time_ms"] or 0)):
         lines.append(f"| {row['name']} | {row['state']} | {row.get('gpus') or '–'} | "
                      f"{row['step_time_ms'] or '–'} | {row['log_median_ms'] or '–'} | "
+                     f"{row.get('log_spread_ms') or '–'} | "
                      f"{'yes' if row['same_workload'] else 'no'} | {'yes' if row['run_by_tuner'] else ''} |")
     return "\n".join(lines) + "\n"
 
@@ -158,17 +172,20 @@ def main(argv=None) -> int:
     p.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
     args = p.parse_args(argv)
     bank = Path(args.bank)
+    sys.path.insert(0, str(REPO / "tests"))
+    import standin_bank
     with tempfile.TemporaryDirectory(prefix="moetune-tuning-") as tmp:
         work = Path(tmp)
-        if not (bank / "bank.jsonl").exists():
-            print(f"{bank}/bank.jsonl not found: using the CPU stand-in bank", file=sys.stderr)
-            sys.path.insert(0, str(REPO / "tests"))
-            import standin_bank
-            bank = work / "standin_bank"
-            standin_bank.build(bank)
-        r = run(bank, work / "study")
-    if r["stand_in"]:
-        r["bank"] = "CPU stand-in (tests/standin_bank.py)"
+        standin_bank.build(work / "standin_bank")
+        stand_in = run(work / "standin_bank", work / "standin_study")
+        stand_in["bank"] = "CPU stand-in (tests/standin_bank.py)"
+        if (bank / "bank.jsonl").exists():
+            r = run(bank, work / "study")
+            r["bank"] = str(bank.relative_to(REPO)) if bank.is_relative_to(REPO) else str(bank)
+            r["stand_in_run"] = {k: v for k, v in stand_in.items() if k != "sweep"}
+        else:
+            print(f"{bank}/bank.jsonl not found: the CPU stand-in bank only", file=sys.stderr)
+            r = stand_in
     out = REPO / "benchmarks" / "results" / "tuning.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(r, indent=1) + "\n")
