@@ -1,0 +1,48 @@
+"""Megatron's own argument validation (megatron-core 0.19.2, on the CPU in .venv-megatron) agrees
+with moetune's renderings and constraint table."""
+import pytest
+
+from pipeline import megatron_validate as mv
+from pipeline.config import run_args
+from pipeline.constraints import check
+from pipeline.experiment import load_experiment
+from tests.test_constraints import CASES, H100, MODEL, OK
+
+pytestmark = [pytest.mark.megatron,
+              pytest.mark.skipif(not mv.available(), reason="no .venv-megatron (scripts/megatron-venv)")]
+
+# The exact H100 layouts the production experiments render (world = TP×PP×DP = ETP×EP×EDP×PP).
+LAYOUTS = {
+    "qwen3_235b": (256, dict(tp=2, pp=2, ep=32, etp=1)),
+    "qwen3_30b_a3b": (16, dict(tp=1, pp=1, ep=16, etp=1)),
+    "deepseek_v3": (1024, dict(tp=2, pp=16, ep=64, etp=1, first_pp_layers=3, last_pp_layers=2)),
+    "mixtral_8x7b": (64, dict(tp=1, pp=4, ep=8, etp=1)),
+    "mixtral_8x22b": (128, dict(tp=2, pp=8, ep=8, etp=1)),
+}
+
+
+def test_production_models_accepted_by_megatron():
+    exps = {n: load_experiment(n) for n in LAYOUTS}
+    for name, (gpus, layout) in LAYOUTS.items():
+        e = exps[name]
+        assert e.cluster.gpus == gpus and e.cluster.gpu_type == "H100"
+        assert {k: getattr(e.baseline, k) for k in layout} == layout
+    argvs = [exps[n].baseline.to_args(exps[n].model) + run_args() for n in LAYOUTS]
+    results = mv.validate(argvs, [g for g, _ in LAYOUTS.values()])
+    assert dict(zip(LAYOUTS, results)) == {n: None for n in LAYOUTS}
+
+
+def test_what_megatron_refuses_moetune_refuses():
+    """Every forbidden case of the constraint table through Megatron: where Megatron refuses,
+    moetune's checker must refuse too (a disagreement fails, naming the case)."""
+    gpus = H100["nodes"] * H100["gpus_per_node"]
+    cases = [(code, OK.replace(**changes), {**H100, **cl}) for changes, cl, code in CASES]
+    argvs = [cfg.to_args(MODEL) + run_args() for _, cfg, _ in cases]
+    worlds = [cl["nodes"] * cl["gpus_per_node"] for _, _, cl in cases]
+    results = mv.validate(argvs, worlds)
+    refused_by_megatron = [(code, r) for (code, _, _), r in zip(cases, results) if r]
+    assert len(refused_by_megatron) >= 10, refused_by_megatron
+    disagreements = [(code, r) for (code, cfg, cl), r in zip(cases, results)
+                     if r and not check(cfg, MODEL, cl)]
+    assert disagreements == []
+    assert mv.validate([OK.to_args(MODEL) + run_args()], gpus) == [None]
