@@ -76,6 +76,15 @@ class Cluster(_Strict):
     has_deep_ep: bool = False
     gpu_memory_gb: float | None = None
     mem_per_node: str | None = None
+    # job-script knobs read by pipeline/render.py
+    workload: Literal["megatron", "cpu_stand_in"] = "megatron"
+    stand_in: dict = {}
+    profile_ranks: list[int] = [0]
+    nsys: str = "nsys"
+    env: dict[str, str] = {}
+    cpus_per_task: int | None = None
+    ntasks_per_node: int | None = None
+    python: str | None = None
 
     @property
     def gpus(self) -> int:
