@@ -137,7 +137,14 @@ def watch(ref, log: Path, hang_timeout_s: float, poll_s: float = 0.5) -> tuple[s
     for `hang_timeout_s` or an NCCL watchdog timeout. ('ended'|'hung', why)."""
     from pipeline import jobs
     last_count, last_change = 0, time.monotonic()
-    while not jobs.job_state(ref).terminal:
+    while True:
+        st = jobs.job_state(ref)
+        if st.terminal:
+            break
+        if st.state != "RUNNING":  # queued time is not hang time
+            last_change = time.monotonic()
+            time.sleep(poll_s)
+            continue
         text = log.read_text(errors="replace") if log.exists() else ""
         count = len(ITERATION_LINE.findall(text))
         if WATCHDOG.search(text):
