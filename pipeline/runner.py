@@ -138,7 +138,11 @@ def watch(ref, log: Path, hang_timeout_s: float, poll_s: float = 0.5) -> tuple[s
     from pipeline import jobs
     last_count, last_change = 0, time.monotonic()
     while True:
-        st = jobs.job_state(ref)
+        try:
+            st = jobs.job_state(ref)
+        except jobs.JobError:  # the scheduler did not answer this time; ask again
+            time.sleep(poll_s)
+            continue
         if st.terminal:
             break
         if st.state != "RUNNING":  # queued time is not hang time
