@@ -1,0 +1,54 @@
+"""The tuner with submitit's local executor and real jobs: the CPU stand-in for training
+(pipeline/cpu_workload.py, no GPU here) runs each trial; every stage is the real one."""
+import sys
+from pathlib import Path
+
+import yaml
+
+from pipeline import tuner
+from pipeline.store import Store
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def experiment(tmp_path, **tuning) -> str:
+    exp = yaml.safe_load((REPO / "experiments" / "moe_proxy.yaml").read_text())
+    exp["name"] = "local_stand_in"
+    exp["cluster"] = {"name": "cpu-1node", "template": "venv", "workload": "cpu_stand_in",
+                      "nodes": 1, "gpus_per_node": 2, "ntasks_per_node": 1, "cpus_per_task": 1,
+                      "gpu_type": "H100", "time_limit": "00:05:00", "nsys": "off",
+                      "python": sys.executable, "has_transformer_engine": False,
+                      "stand_in": {"ms_per_iter": 30}}
+    exp["tuning"] = {"budget_trials": 3, "patience": 2, **tuning}
+    exp["baseline"] = dict(exp["baseline"], train_iters=10, profile_step_start=4, profile_step_end=7)
+    path = tmp_path / "local_stand_in.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    return str(path)
+
+
+def test_local_executor_runs_the_baseline_for_real(tmp_path):
+    store = Store(str(tmp_path / "db.sqlite"))
+    s = tuner.tune(experiment(tmp_path), store, executor="local", runs_root=tmp_path / "runs",
+                   progress=False)
+    study = store.study(s["study"])
+    base = store.trials(study.id)[0]
+    assert base.state == "completed" and s["trials"] >= 1
+    # the stand-in printed Megatron iteration lines at about its 30 ms per iteration
+    assert 20 < s["baseline_judged_step_time_ms"] < 200
+    stages = [r.stage for r in store.stage_runs(base.id)]
+    assert stages[:5] == ["render", "submit", "collect", "export", "analyze"]
+    assert (Path(base.folder) / "log.txt").exists() and s["stop_reason"]
+
+
+def test_local_change_without_gain_is_reverted_within_noise(tmp_path):
+    # the stand-in's step time does not depend on the config: any change is within noise
+    store = Store(str(tmp_path / "db.sqlite"))
+    s = tuner.tune(experiment(tmp_path), store, executor="local", runs_root=tmp_path / "runs",
+                   progress=False)
+    study = store.study(s["study"])
+    changed = [t for t in store.trials(study.id) if t.fix]
+    assert changed, "a rule should have been tried"
+    verdicts = {d.trial_id: d for d in store.decisions(study.id) if d.kind in tuner.JUDGED}
+    assert all(verdicts[t.id].kind == "revert" and "within noise" in verdicts[t.id].reason
+               for t in changed if t.state == "completed")
+    assert s["best_trial"] == 1
