@@ -3,6 +3,7 @@
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pipeline import tuner
@@ -52,3 +53,16 @@ def test_local_change_without_gain_is_reverted_within_noise(tmp_path):
     assert all(verdicts[t.id].kind == "revert" and "within noise" in verdicts[t.id].reason
                for t in changed if t.state == "completed")
     assert s["best_trial"] == 1
+
+
+@pytest.mark.slurm
+def test_tuner_on_real_slurm(slurm, tmp_path):
+    # the same study through sbatch on the one-node Slurm of scripts/slurm-up
+    store = Store(str(tmp_path / "db.sqlite"))
+    s = tuner.tune(experiment(tmp_path, budget_trials=2), store, executor="slurm",
+                   runs_root=tmp_path / "runs", progress=False)
+    study = store.study(s["study"])
+    trials = store.trials(study.id)
+    assert trials[0].state == "completed" and trials[0].slurm_job_id.isdigit()
+    assert s["trials"] == 2 and "budget" in s["stop_reason"]
+    assert 20 < s["baseline_judged_step_time_ms"] < 200
