@@ -23,7 +23,7 @@ class MegatronUnavailable(Exception):
 
 _PROBE = r'''
 import contextlib, io, json, os, sys
-jobs = json.loads(sys.stdin.read())
+jobs, MEMORY = json.loads(sys.stdin.read())
 import types
 import torch
 # No GPU and no Transformer Engine here. Answer validate_args' device queries with the cluster's
@@ -49,6 +49,14 @@ for argv, world, CAPABILITY, has_te in jobs:
             args = parse_args()
             validate_args(args, {"tokenizer_type": "NullTokenizer"})
             core_transformer_config_from_args(args)
+            if MEMORY:
+                from megatron.training.theoretical_memory_usage import report_theoretical_memory
+                step = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
+                args.padded_vocab_size = -(-args.vocab_size // step) * step  # what the tokenizer sets
+                dp = args.data_parallel_size
+                mbs = max(1, args.global_batch_size // (args.micro_batch_size * dp))
+                out.append(list(report_theoretical_memory(args, num_microbatches=mbs)))
+                continue
         out.append(None)
     except SystemExit as e:
         out.append(f"argparse refused the arguments (exit {e.code})")
@@ -67,13 +75,13 @@ CAPABILITY = {"hopper": (9, 0), "blackwell": (10, 0)}
 
 
 def validate(argvs: list[list[str]], world_size: int | list[int],
-             generation: str = "hopper", has_te: bool = True) -> list[str | None]:
+             generation: str = "hopper", has_te: bool = True, memory: bool = False) -> list:
     if not available():
         raise MegatronUnavailable(f"{VENV_PYTHON} missing; run scripts/megatron-venv")
     worlds = world_size if isinstance(world_size, list) else [world_size] * len(argvs)
     caps = [CAPABILITY[generation]] * len(argvs)
     jobs = [(a, w, c, has_te) for a, w, c in zip(argvs, worlds, caps)]
-    proc = subprocess.run([str(VENV_PYTHON), "-c", _PROBE], input=json.dumps(jobs),
+    proc = subprocess.run([str(VENV_PYTHON), "-c", _PROBE], input=json.dumps([jobs, memory]),
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
@@ -81,6 +89,12 @@ def validate(argvs: list[list[str]], world_size: int | list[int],
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise MegatronUnavailable(f"megatron validation did not run: {tail}")
     return json.loads(marker[-1][2:])
+
+
+def theoretical_memory(argvs: list[list[str]], world_size: int | list[int]) -> list:
+    """Megatron's own figure (megatron.training.theoretical_memory_usage), per argv:
+    [weight_and_optimizer_mb, activation_mb, total_mb], or the refusal's text."""
+    return validate(argvs, world_size, memory=True)
 
 
 if __name__ == "__main__":

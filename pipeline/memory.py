@@ -1,0 +1,240 @@
+"""The first wall: will a layout fit? A per-GPU memory estimate, and the feasible layouts.
+
+Weights, gradients and optimizer states follow mixed-precision Adam: bf16 weights (2 B), fp32
+gradients (4 B), fp32 master weights and two moments (12 B); the distributed optimizer splits the
+12 B over the data-parallel group (expert parameters over the expert-data-parallel group); the
+precision-aware optimizer keeps the moments in bf16 (8 B). Activations are counted per layer for
+one micro batch and multiplied by the micro batches a pipeline stage holds in flight. Sources:
+moe-optimization-workflow.md (fit first, least model parallelism first; recompute and offload),
+megatron-core-moe-readme.md (parallel folding, recompute modules).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from pipeline.config import TrainingConfig, run_args
+from pipeline.model import ModelArch
+
+GB = 2**30
+FIXED_GB = 3.0  # CUDA context, NCCL buffers, allocator slack: not in the model's figure
+
+
+@dataclass(frozen=True)
+class Params:
+    """Parameter counts of one model, split by how they are sharded."""
+
+    dense: float  # attention + dense MLP + shared experts: split by TP (and PP)
+    experts: float  # routed experts: split by ETP x EP (and PP)
+    replicated: float  # norms, routers: split only by PP
+    embedding: float  # one embedding matrix (input or output), split by TP
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.experts + self.replicated + 2 * self.embedding
+
+
+def padded_vocab(m: ModelArch, tp: int, multiple: int = 128) -> int:
+    step = multiple * tp
+    return int(math.ceil(m.vocab_size / step) * step)
+
+
+def attention_params(m: ModelArch) -> float:
+    h = m.hidden_size
+    if m.multi_latent_attention:
+        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
+        q = m.q_lora_rank * (h + m.num_attention_heads * qk) if m.q_lora_rank else h * m.num_attention_heads * qk
+        kv = m.kv_lora_rank * (h + m.num_attention_heads * (m.qk_head_dim + m.v_head_dim)) + h * m.qk_pos_emb_head_dim
+        return q + kv + m.num_attention_heads * m.v_head_dim * h
+    d = m.kv_channels or h // m.num_attention_heads
+    return h * d * (2 * m.num_attention_heads + 2 * m.num_query_groups)
+
+
+def count_params(m: ModelArch, tp: int = 1) -> Params:
+    h = m.hidden_size
+    glu = 3  # SwiGLU: gate, up, down
+    layers = m.num_layers
+    moe_layers = m.moe_layers
+    attn = attention_params(m) * layers
+    dense_mlp = glu * h * m.ffn_hidden_size * m.first_dense_layers
+    shared = glu * h * (m.moe_shared_expert_intermediate_size or 0) * moe_layers
+    experts = glu * h * m.moe_ffn_hidden_size * m.num_experts * moe_layers
+    norms = 2 * h * layers + h
+    router = h * m.num_experts * moe_layers
+    if m.first_dense_layers == 0 and m.num_experts <= 1:
+        dense_mlp = glu * h * m.ffn_hidden_size * layers
+    return Params(dense=attn + dense_mlp + shared, experts=experts, replicated=norms + router,
+                  embedding=h * padded_vocab(m, tp))
+
+
+def mtp_params(m: ModelArch) -> Params:
+    """The multi-token-prediction layers (a MoE layer each where the model's last layer is)."""
+    if not m.mtp_num_layers:
+        return Params(0, 0, 0, 0)
+    h, n = m.hidden_size, m.mtp_num_layers
+    shared = 3 * h * (m.moe_shared_expert_intermediate_size or 0)
+    return Params(dense=n * (attention_params(m) + shared), experts=n * 3 * h * m.moe_ffn_hidden_size * m.num_experts,
+                  replicated=n * (2 * h + h * m.num_experts), embedding=0)
+
+
+def bytes_per_param(shards: int, c: TrainingConfig) -> float:
+    optimizer = 8.0 if c.precision_aware_optimizer else 12.0
+    if c.distributed_optimizer:
+        optimizer /= shards
+    return 2 + 4 + optimizer
+
+
+def activation_bytes_per_layer(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
+    """One layer, one micro batch, on one GPU (bf16 activations saved for backward)."""
+    s = (c.seq_length or m.seq_length) / c.cp
+    b, h = c.micro_batch, m.hidden_size
+    tp = c.tp
+    sp = tp if c.sequence_parallel else 1
+    d = m.kv_channels or h // m.num_attention_heads
+    q = m.num_attention_heads * d
+    kv = 2 * m.num_query_groups * d
+    mods = set(c.recompute_modules) | set(c.offload_modules)
+    layernorm = 0 if ({"layernorm", "attn_norm", "mlp_norm"} & mods) else 2 * 2 * s * b * h / sp
+    qkv_in = 2 * s * b * h / sp * (1 if tp == 1 else 1)
+    core = 0 if "core_attn" in mods else 2 * s * b * (q + kv + q) / tp + 4 * s * b * m.num_attention_heads / tp
+    proj_in = 2 * s * b * q / tp
+    residual = 2 * s * b * h / sp
+    attn = layernorm + qkv_in + core + proj_in + residual
+    if not moe:
+        mlp = 0 if "mlp" in mods else 2 * s * b * (h / sp + 3 * m.ffn_hidden_size / tp)
+        return attn + mlp
+    if "moe" in mods:
+        return attn + 2 * s * b * h / sp
+    tokens = s * b * m.moe_router_topk / sp  # tokens an EP rank holds after dispatch (balanced)
+    f = m.moe_ffn_hidden_size / (c.etp or c.tp)
+    act = 0 if ({"moe_act", "expert_fc1"} & mods) else 2 * tokens * f
+    experts = 2 * tokens * h * 2 + 2 * tokens * 2 * f + act  # dispatched in, permuted, fc1 out, act
+    router = 4 * s * b * m.num_experts / sp
+    shared = 0
+    if m.moe_shared_expert_intermediate_size and "shared_experts" not in mods:
+        shared = 2 * s * b * 3 * m.moe_shared_expert_intermediate_size / tp
+    return attn + experts + router + shared
+
+
+def in_flight(c: TrainingConfig, microbatches: int) -> float:
+    """Micro batches whose activations the first pipeline stage holds at its peak, in units of
+    a full stage (1F1B: PP; interleaved: PP x (1 + (PP-1)/(PP x VPP)))."""
+    if c.pp == 1:
+        return 1.0
+    if c.vpp:
+        return c.pp * (1 + (c.pp - 1) / (c.pp * c.vpp))
+    return min(microbatches, c.pp)
+
+
+@dataclass
+class Estimate:
+    weights_gb: float
+    grads_gb: float
+    optimizer_gb: float
+    activations_gb: float
+    fixed_gb: float = FIXED_GB
+    parameters_b: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def model_state_gb(self) -> float:
+        return self.weights_gb + self.grads_gb + self.optimizer_gb
+
+    @property
+    def total_gb(self) -> float:
+        return self.model_state_gb + self.activations_gb + self.fixed_gb
+
+    def to_dict(self) -> dict:
+        return {"weights_gb": round(self.weights_gb, 3), "grads_gb": round(self.grads_gb, 3),
+                "optimizer_gb": round(self.optimizer_gb, 3), "activations_gb": round(self.activations_gb, 3),
+                "fixed_gb": self.fixed_gb, "total_gb": round(self.total_gb, 3)}
+
+
+def estimate(m: ModelArch, c: TrainingConfig, gpus: int) -> Estimate:
+    """Peak memory of the most loaded GPU (the first pipeline stage, which holds the embedding)."""
+    p = count_params(m, c.tp)
+    dp = gpus // (c.tp * c.pp * c.cp)
+    etp = c.etp or c.tp
+    edp = gpus // (etp * c.ep * c.pp)
+    mtp = mtp_params(m)
+    # the most loaded stage: a 1/PP share of the layers, the embedding, and (as Megatron's own
+    # figure counts it) the MTP layers, which sit on the last stage beside the output layer
+    dense = (p.dense / c.pp + mtp.dense + p.embedding) / c.tp + p.replicated / c.pp + mtp.replicated
+    if c.pp == 1:
+        dense += p.embedding / c.tp  # the output layer sits on the same stage
+    experts = (p.experts / c.pp + mtp.experts) / (etp * c.ep)
+    shard_dense = dp * c.cp
+    weights = 2 * (dense + experts)
+    grads = 4 * (dense + experts)
+    opt = (bytes_per_param(shard_dense, c) - 6) * dense + (bytes_per_param(edp, c) - 6) * experts
+    microbatches = max(1, c.global_batch // (c.micro_batch * max(dp, 1)))
+    layers_per_stage = m.num_layers / c.pp
+    dense_share = m.first_dense_layers / m.num_layers
+    if c.recompute_granularity == "full":
+        s = (c.seq_length or m.seq_length) / c.cp
+        per_layer = 2 * s * c.micro_batch * m.hidden_size / (c.tp if c.sequence_parallel else 1)
+    else:
+        per_layer = (dense_share * activation_bytes_per_layer(m, c, moe=False)
+                     + (1 - dense_share) * activation_bytes_per_layer(m, c, moe=True))
+    act = per_layer * layers_per_stage * in_flight(c, microbatches)
+    if c.pp == 1:  # logits in fp32 on the only stage
+        s = (c.seq_length or m.seq_length) / c.cp
+        act += 4 * s * c.micro_batch * padded_vocab(m, c.tp) / c.tp
+    notes = []
+    if c.recompute_granularity == "full":
+        notes.append("full recompute: one checkpoint per layer")
+    return Estimate(weights / GB, grads / GB, opt / GB, act / GB, parameters_b=(p.total + mtp.total) / 1e9,
+                    notes=notes)
+
+
+# -- layouts --------------------------------------------------------------------------------
+@dataclass
+class Layout:
+    config: TrainingConfig
+    args: list[str]
+    memory_gb: float
+    breakdown: dict
+    model_parallel: int
+
+    def to_dict(self) -> dict:
+        return {"args": self.args, "memory_gb": round(self.memory_gb, 2), "breakdown": self.breakdown,
+                "model_parallel": self.model_parallel, "config": self.config.to_dict()}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int = 20,
+         headroom: float = 0.9) -> list[Layout]:
+    """Feasible layouts for the experiment's model, least model parallelism first (TP×PP, then
+    expert parallelism within NVLink before across it). A layout is feasible when it passes the
+    constraint table and its estimate is below `headroom` of the GPU's memory."""
+    from pipeline.constraints import check
+    from pipeline.experiment import GPU_MEMORY_GB
+    cluster = exp.cluster.model_copy(update={k: v for k, v in (("gpu_type", gpu_type),) if v})
+    if gpus:
+        per_node = min(gpus, cluster.gpus_per_node)
+        cluster = cluster.model_copy(update={"nodes": max(1, gpus // per_node), "gpus_per_node": per_node})
+    world = cluster.nodes * cluster.gpus_per_node
+    capacity = cluster.gpu_memory_gb or GPU_MEMORY_GB[cluster.gpu_type]
+    m, base = exp.model, exp.baseline
+    out: list[Layout] = []
+    for tp in [t for t in (1, 2, 4, 8) if world % t == 0]:
+        for pp in [p for p in _divisors(world) if p <= 32 and world % (tp * p) == 0]:
+            for ep in [e for e in _divisors(m.num_experts) if e <= 128 and world % (e * pp) == 0]:
+                for recompute in ((), ("moe_act", "layernorm") if base.grouped_gemm else ("layernorm",)):
+                    cfg = base.replace(tp=tp, pp=pp, ep=ep, etp=1, sequence_parallel=tp > 1, vpp=None,
+                                       first_pp_layers=None, last_pp_layers=None,
+                                       distributed_optimizer=True,
+                                       recompute_granularity="selective" if recompute else None,
+                                       recompute_modules=recompute)
+                    if check(cfg, m, cluster):
+                        continue
+                    est = estimate(m, cfg, world)
+                    if est.total_gb > headroom * capacity:
+                        continue
+                    out.append(Layout(cfg, cfg.to_args(m) + run_args(), est.total_gb, est.to_dict(), tp * pp))
+    out.sort(key=lambda l: (l.model_parallel, l.config.pp, l.config.ep > cluster.nvlink_domain,
+                            bool(l.config.recompute_modules), l.memory_gb))
+    return out[:limit]
