@@ -5,14 +5,17 @@ A table that is absent (no CUDA, no NVTX, no memory events) gives an empty frame
 """
 from __future__ import annotations
 
+import itertools
 import lzma
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from analysis.errors import TraceError
@@ -96,6 +99,27 @@ def _read(con, sql: str) -> pd.DataFrame:
     return pd.read_sql_query(sql, con)
 
 
+def _ints(con, table: str, cols: tuple[str, ...], where: str = "") -> pd.DataFrame:
+    """Integer columns of a big table, read straight into numpy (NULL reads as -1)."""
+    n = con.execute(f"SELECT count(*) FROM {table} {where}").fetchone()[0]
+    sel = ", ".join(f'COALESCE("{c}", -1)' for c in cols)
+    rows = con.execute(f"SELECT {sel} FROM {table} {where}")
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=n * len(cols))
+    return pd.DataFrame(flat.reshape(n, len(cols)), columns=list(cols))
+
+
+def _names(con, ids: pd.Series) -> pd.Categorical:
+    """StringIds values for an id column, as a categorical (one string per distinct id)."""
+    codes, uniques = pd.factorize(ids)
+    if len(uniques) == 0:
+        return pd.Categorical([])
+    q = ",".join(str(int(u)) for u in uniques)
+    found = dict(con.execute(f"SELECT id, value FROM StringIds WHERE id IN ({q})").fetchall())
+    cats = [found.get(int(u), "?") for u in uniques]
+    return pd.Categorical.from_codes(codes, categories=pd.Index(cats).unique()) if len(set(cats)) == len(cats) \
+        else pd.Categorical(np.asarray(cats, dtype=object)[codes])
+
+
 def open_trace(path: str | Path) -> Trace:
     path = Path(path)
     _check_file(path) if not path.name.endswith((".xz", ".nsys-rep")) else None
@@ -116,10 +140,11 @@ def _load(con, path: Path) -> Trace:
     if "StringIds" not in tables:
         raise TraceError(f"{path}: not an Nsight Systems export (no StringIds table)")
     version = ""
-    if "META_DATA_EXPORT" in tables:
-        rows = con.execute("SELECT name, value FROM META_DATA_EXPORT").fetchall()
-        meta = dict(rows)
-        version = str(meta.get("EXPORT_PROGRAM_VERSION") or meta.get("EXPORT_SCHEMA_VERSION") or "")
+    for t in ("META_DATA_EXPORT", "EXPORT_META_DATA"):  # 2025.x, 2022.4
+        if t in tables and {"name", "value"} <= tables[t]:
+            meta = dict(con.execute(f"SELECT name, value FROM {t}").fetchall())
+            version = str(meta.get("EXPORT_PROGRAM_VERSION") or meta.get("EXPORT_PRODUCT_VERSION")
+                          or meta.get("EXPORT_SCHEMA_VERSION") or "")
     return Trace(path=path, version=version, kernels=_kernels(con, tables),
                  copies=_copies(con, tables), runtime=_runtime(con, tables),
                  nvtx=_nvtx(con, tables), memory=_memory(con, tables), gpus=_gpus(con, tables),
@@ -131,10 +156,8 @@ def _kernels(con, tables) -> pd.DataFrame:
     if t not in tables:
         return pd.DataFrame(columns=[*KERNEL_COLS, "name"])
     name_col = "shortName" if "shortName" in tables[t] else "demangledName"
-    df = _read(con, f'SELECT k.start, k."end", k.deviceId, k.streamId, k.correlationId, '
-                    f'k.globalPid, s.value AS name FROM {t} k '
-                    f'LEFT JOIN StringIds s ON s.id = k.{name_col}')
-    df["name"] = df["name"].fillna("?")
+    df = _ints(con, t, (*KERNEL_COLS, name_col))
+    df["name"] = _names(con, df.pop(name_col))
     return df
 
 
@@ -154,10 +177,12 @@ def _runtime(con, tables) -> pd.DataFrame:
     t = "CUPTI_ACTIVITY_KIND_RUNTIME"
     if t not in tables:
         return pd.DataFrame(columns=["start", "end", "globalPid", "correlationId", "name"])
-    df = _read(con, f'SELECT r.start, r."end", r.globalTid, r.correlationId, s.value AS name '
-                    f'FROM {t} r LEFT JOIN StringIds s ON s.id = r.nameId')
-    df["globalPid"] = df.pop("globalTid").astype("int64") & PID_MASK
-    df["name"] = df["name"].fillna("").str.replace(r"_v\d+$", "", regex=True)
+    df = _ints(con, t, ("start", "end", "globalTid", "correlationId", "nameId"))
+    df["globalPid"] = df.pop("globalTid") & PID_MASK
+    names = _names(con, df.pop("nameId"))
+    df["name"] = names.rename_categories(lambda c: re.sub(r"_v\d+$", "", str(c))) \
+        if len(set(re.sub(r"_v\d+$", "", str(c)) for c in names.categories)) == len(names.categories) \
+        else pd.Categorical(np.asarray(names).astype(str)).map(lambda c: re.sub(r"_v\d+$", "", c))
     return df
 
 

@@ -184,7 +184,12 @@ def combine(per_rank: dict[int, dict]) -> dict:
     """
     ranks = [m for m in per_rank.values() if m.get("window_ms", 0) > 0]
     out: dict = {"ranks": len(per_rank)}
-    if not ranks:
+    if not ranks:  # no GPU activity (a CPU-only trace): keep the host-side step times
+        host = [m for m in per_rank.values() if m.get("step_time_ms") is not None]
+        if host:
+            out["step_time_ms"] = max(m["step_time_ms"] for m in host)
+            out["step_time_std_ms"] = round(float(np.mean([m["step_time_std_ms"] for m in host])), 4)
+            out["steps"] = min(m["steps"] for m in host)
         return out
     keys = set().union(*(m.keys() for m in ranks))
     for key in sorted(keys):
