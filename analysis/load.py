@@ -23,7 +23,7 @@ from analysis.errors import TraceError
 SQLITE_MAGIC = b"SQLite format 3\x00"
 PID_MASK = ~0xFFFFFF  # globalTid = globalPid | tid (low 24 bits)
 
-KERNEL_COLS = ("start", "end", "deviceId", "streamId", "correlationId", "globalPid")
+KERNEL_COLS = ("start", "end", "deviceId", "correlationId", "globalPid")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
                 "cudaGraphLaunch", "cuGraphLaunch", "cudaLaunchCooperativeKernel")
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
@@ -108,16 +108,16 @@ def _ints(con, table: str, cols: tuple[str, ...], where: str = "") -> pd.DataFra
     return pd.DataFrame(flat.reshape(n, len(cols)), columns=list(cols))
 
 
-def _names(con, ids: pd.Series) -> pd.Categorical:
-    """StringIds values for an id column, as a categorical (one string per distinct id)."""
+def _names(con, ids: pd.Series, clean=None) -> pd.Categorical:
+    """StringIds values for an id column, as a categorical (one lookup per distinct id)."""
     codes, uniques = pd.factorize(ids)
-    if len(uniques) == 0:
-        return pd.Categorical([])
-    q = ",".join(str(int(u)) for u in uniques)
+    q = ",".join(str(int(u)) for u in uniques) or "NULL"
     found = dict(con.execute(f"SELECT id, value FROM StringIds WHERE id IN ({q})").fetchall())
-    cats = [found.get(int(u), "?") for u in uniques]
-    return pd.Categorical.from_codes(codes, categories=pd.Index(cats).unique()) if len(set(cats)) == len(cats) \
-        else pd.Categorical(np.asarray(cats, dtype=object)[codes])
+    names = [found.get(int(u), "?") for u in uniques]
+    if clean:
+        names = [clean(n) for n in names]
+    cats = pd.Index(names).unique()
+    return pd.Categorical.from_codes(cats.get_indexer(names)[codes] if len(codes) else codes, categories=cats)
 
 
 def open_trace(path: str | Path) -> Trace:
@@ -179,10 +179,7 @@ def _runtime(con, tables) -> pd.DataFrame:
         return pd.DataFrame(columns=["start", "end", "globalPid", "correlationId", "name"])
     df = _ints(con, t, ("start", "end", "globalTid", "correlationId", "nameId"))
     df["globalPid"] = df.pop("globalTid") & PID_MASK
-    names = _names(con, df.pop("nameId"))
-    df["name"] = names.rename_categories(lambda c: re.sub(r"_v\d+$", "", str(c))) \
-        if len(set(re.sub(r"_v\d+$", "", str(c)) for c in names.categories)) == len(names.categories) \
-        else pd.Categorical(np.asarray(names).astype(str)).map(lambda c: re.sub(r"_v\d+$", "", c))
+    df["name"] = _names(con, df.pop("nameId"), clean=lambda n: re.sub(r"_v\d+$", "", n))
     return df
 
 

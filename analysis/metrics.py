@@ -81,33 +81,45 @@ def gap_histogram(gs: np.ndarray, ge: np.ndarray) -> dict:
     return out
 
 
+def _coverage(u, t: np.ndarray) -> np.ndarray:
+    """Length of the disjoint sorted set `u` that lies before each time in `t`."""
+    us, ue = u
+    if us.size == 0:
+        return np.zeros(t.size)
+    before = np.concatenate([[0], np.cumsum(ue - us)])
+    i = np.searchsorted(us, t, side="right") - 1
+    j = np.maximum(i, 0)
+    part = np.clip(t - us[j], 0, ue[j] - us[j])
+    return np.where(i >= 0, before[j] + part, 0)
+
+
 def idle_causes(gs, ge, k: pd.DataFrame, runtime: pd.DataFrame) -> dict:
     """Split idle time by what the GPU waited for (needs the CUDA runtime table)."""
     out = {"launch_starved_ms": 0.0, "sync_blocked_ms": 0.0, "other_wait_ms": 0.0}
     if gs.size == 0 or k.empty:
         return out
-    ks = k.sort_values("start")
-    nxt = np.searchsorted(ks["start"].to_numpy(), ge, side="left")
-    launch_end = pd.Series(np.nan, index=range(gs.size))
+    dur = (ge - gs).astype(np.float64)
+    starts = np.sort(k["start"].to_numpy())
+    order = np.argsort(k["start"].to_numpy(), kind="stable")
+    nxt = np.minimum(np.searchsorted(starts, ge, side="left"), len(starts) - 1)
+    launch_end = np.full(gs.size, -1, dtype=np.int64)
+    sync_u = (np.array([], np.int64), np.array([], np.int64))
     if not runtime.empty:
         launches = runtime[runtime["name"].isin(LAUNCH_CALLS)]
-        by_corr = launches.set_index("correlationId")["end"]
-        by_corr = by_corr[~by_corr.index.duplicated()]
-        valid = nxt < len(ks)
-        corr = np.where(valid, ks["correlationId"].to_numpy()[np.minimum(nxt, len(ks) - 1)], -1)
-        launch_end = pd.Series(by_corr.reindex(corr).to_numpy())
-    syncs = runtime[runtime["name"].isin(SYNC_CALLS)] if not runtime.empty else runtime
-    sync_u = _u(syncs) if not syncs.empty else (np.array([], np.int64), np.array([], np.int64))
-    for i, (s, e) in enumerate(zip(gs, ge)):
-        dur = (e - s) / NS_PER_MS
-        le = launch_end.iloc[i]
-        if not np.isnan(le) and le >= s:
-            out["launch_starved_ms"] += dur
-        elif iv.intersection_length((np.array([s]), np.array([e])), sync_u) > 0.5 * (e - s):
-            out["sync_blocked_ms"] += dur
-        else:
-            out["other_wait_ms"] += dur
-    return {key: round(v, 4) for key, v in out.items()}
+        corr = k["correlationId"].to_numpy()[order][nxt]
+        lc, le = launches["correlationId"].to_numpy(), launches["end"].to_numpy()
+        srt = np.argsort(lc, kind="stable")
+        pos = np.searchsorted(lc[srt], corr)
+        hit = (pos < lc.size) & (lc[srt][np.minimum(pos, lc.size - 1)] == corr) if lc.size else np.zeros(corr.size, bool)
+        launch_end = np.where(hit, le[srt][np.minimum(pos, max(lc.size - 1, 0))] if lc.size else -1, -1)
+        syncs = runtime[runtime["name"].isin(SYNC_CALLS)]
+        if not syncs.empty:
+            sync_u = _u(syncs)
+    starved = launch_end >= gs
+    synced = ~starved & ((_coverage(sync_u, ge) - _coverage(sync_u, gs)) > 0.5 * dur)
+    other = ~starved & ~synced
+    to_ms = lambda sel: round(float(dur[sel].sum()) / NS_PER_MS, 4)
+    return {"launch_starved_ms": to_ms(starved), "sync_blocked_ms": to_ms(synced), "other_wait_ms": to_ms(other)}
 
 
 def peak_memory_gb(memory: pd.DataFrame) -> float | None:
