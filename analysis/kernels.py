@@ -14,6 +14,10 @@ Classes and what they mean:
   te           other Transformer Engine kernels
   memcpy       copies (from the memcpy table) ; memset: memsets
   other        everything else (elementwise, norms, optimizer, ...)
+
+These names are stable: the tuning loop reads `kernel_class_count` to check that a fix took effect
+(`deepep` > 0 after switching the dispatcher, `a2a` == 0 once NCCL SendRecv is gone, `fp8_cast` > 0
+with FP8). Every name in `CLASSES` is a key of `kernel_class_ms` / `kernel_class_count`, 0 when absent.
 """
 from __future__ import annotations
 
@@ -40,6 +44,8 @@ KERNEL_PATTERNS: tuple[tuple[str, str], ...] = (
     ("moe_router", r"topk|TopK|router|aux_loss|sigmoid|bitonicSort"),
     ("te", r"transformer_engine|^te_|::te::|rmsnorm|layernorm|rope"),
 )
+# Every class name, stable: kernel_class_ms / kernel_class_count carry each of them (0 when absent).
+CLASSES: tuple[str, ...] = tuple(c for c, _ in KERNEL_PATTERNS) + ("memcpy", "memset", "other")
 _COMPILED = tuple((cls, re.compile(p)) for cls, p in KERNEL_PATTERNS)
 
 

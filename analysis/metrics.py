@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import intervals as iv
-from analysis.kernels import A2A_CLASSES, COMM_CLASSES, NON_COMPUTE
+from analysis.kernels import A2A_CLASSES, CLASSES, COMM_CLASSES, NON_COMPUTE
 from analysis.load import LAUNCH_CALLS, SYNC_CALLS
 from analysis.window import Window
 
@@ -42,13 +42,15 @@ def in_window(df: pd.DataFrame, w: Window) -> pd.DataFrame:
 
 
 def class_times(k: pd.DataFrame) -> tuple[dict, dict]:
-    """Raw kernel time (ms) and count by class."""
+    """Raw kernel time (ms) and count by class; every class of `kernels.CLASSES` is a key."""
+    ms = dict.fromkeys(CLASSES, 0.0)
+    count = dict.fromkeys(CLASSES, 0)
     if k.empty:
-        return {}, {}
+        return ms, count
     dur = (k["end"] - k["start"]) / NS_PER_MS
-    ms = dur.groupby(k["cls"]).sum().round(4).to_dict()
-    count = k["cls"].value_counts().to_dict()
-    return ms, {c: int(n) for c, n in count.items()}
+    ms.update(dur.groupby(k["cls"], observed=True).sum().round(4).to_dict())
+    count.update({c: int(n) for c, n in k["cls"].value_counts().items() if n})
+    return ms, count
 
 
 def comm_exposure(k: pd.DataFrame) -> dict:
