@@ -9,15 +9,30 @@ from analysis import TraceError, analyze
 from analysis.render import render_markdown, render_text
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr and exit 2 (argparse would print the whole usage)."""
+
+    def error(self, message):
+        print(f"moetune analyze: {message} (see moetune analyze --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="moetune analyze",
+    p = _Parser(prog="moetune analyze",
                                 description="Classify the wall of Nsight Systems traces (SQLite, "
                                             ".nsys-rep, or folders of them) and/or a training log.")
     p.add_argument("paths", nargs="*", help="trace files or folders (one file per rank or node)")
     p.add_argument("--log", help="the Megatron training log of the same job")
     p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     p.add_argument("--gpu-memory-gb", type=float, help="GPU memory (default: from the trace)")
-    args = p.parse_args(argv)
+    try:
+        args = p.parse_args(argv)
+        if not args.paths and not args.log:
+            p.error("give trace files or folders, and/or --log FILE")
+        if args.gpu_memory_gb is not None and args.gpu_memory_gb <= 0:
+            p.error(f"--gpu-memory-gb must be positive, got {args.gpu_memory_gb}")
+    except SystemExit as e:  # usage error (one line already printed) or --help
+        return int(e.code or 0)
     try:
         result = analyze(args.paths, log=args.log, gpu_memory_gb=args.gpu_memory_gb)
     except TraceError as e:

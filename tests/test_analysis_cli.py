@@ -1,0 +1,100 @@
+"""`moetune analyze` as a function (analysis.cli_main): formats, folders of rank files, log-only
+runs, --gpu-memory-gb, and one-line errors with exit 2."""
+import json
+
+import pytest
+
+import analysis
+from tests.nsys_fixture import PID, TraceBuilder
+
+GEMM = "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT"
+SENDRECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def _rank(path, a2a_us):
+    """One rank of 2 steps of 1000 us: a 400 us GEMM, then an all-to-all of `a2a_us` alone."""
+    b = TraceBuilder(gpu_memory_gb=80)
+    for i in range(2):
+        t = i * 1000
+        b.range(f"iteration {i}", t, t + 1000)
+        b.kernel(GEMM, t, t + 400, launch_us=(t - 5, t - 1))
+        b.kernel(SENDRECV, t + 400, t + 400 + a2a_us, stream=9, launch_us=(t + 390, t + 395))
+    return b.write(path)
+
+
+def _one_line_error(capsys, argv, *must_contain):
+    assert analysis.cli_main(argv) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert cap.out == ""
+    for s in must_contain:
+        assert s in err
+    return err
+
+
+def test_folder_is_one_rank_per_file_and_formats(tmp_path, capsys):
+    d = tmp_path / "job"
+    d.mkdir()
+    _rank(d / "trace_0.sqlite", a2a_us=500)
+    _rank(d / "trace_1.sqlite", a2a_us=300)
+    assert analysis.cli_main([str(d), "--format", "json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert set(r["metrics"]["per_rank"]) == {"0", "1"}
+    c = r["metrics"]["combined"]
+    assert c["ranks"] == 2 and c["steps"] == 2
+    # rank 0: 500 us of a2a per step, rank 1: 300 us; the fastest rank's 300 us is the transfer
+    assert c["a2a_transfer_ms"] == pytest.approx(0.3, abs=1e-3)
+    assert c["a2a_wait_ms"] == pytest.approx((0.5 + 0.3) / 2 - 0.3, abs=1e-3)
+    assert r["wall"] == "communication"
+    assert analysis.cli_main([str(d), "--format", "markdown"]) == 0
+    md = capsys.readouterr().out
+    assert md.startswith("**Wall: communication**") and "| exposed_comm_share |" in md
+    assert analysis.cli_main([str(d)]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].startswith("wall: communication")
+
+
+def test_gpu_memory_gb_option_sets_capacity(tmp_path, capsys):
+    b = TraceBuilder(gpu_memory_gb=80).kernel(GEMM, 0, 1000).alloc(0, 9 * 2**30)
+    p = b.write(tmp_path / "m.sqlite")
+    assert analysis.cli_main([str(p), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["wall"] != "memory"  # 9 of 80 GB
+    assert analysis.cli_main([str(p), "--format", "json", "--gpu-memory-gb", "9.5"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["wall"] == "memory"
+    assert any(e["metric"] == "memory_used_share" for e in r["evidence"])
+
+
+def test_log_only_run(tmp_path, capsys):
+    log = tmp_path / "log.txt"
+    log.write_text("[2026-11-22 10:00:00] iteration        1/      20 | consumed samples:            8 |"
+                   " elapsed time per iteration (ms): 900.0 | throughput per GPU (TFLOP/s/GPU): 35.1 |\n"
+                   "slurmstepd: error: *** JOB 12 ON node1 CANCELLED AT 2026-11-22T10:05:00 DUE TO TIME LIMIT ***\n")
+    assert analysis.cli_main(["--log", str(log), "--format", "json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["log"]["failure"] == "time_limit" and r["log"]["tflops_per_gpu"] == pytest.approx(35.1)
+    assert r["wall"] == "unknown"
+
+
+def test_usage_errors_are_one_line(tmp_path, capsys):
+    _one_line_error(capsys, [], "--log")
+    _one_line_error(capsys, ["x.sqlite", "--format", "yaml"], "--format")
+    _one_line_error(capsys, ["x.sqlite", "--gpu-memory-gb", "-1"], "--gpu-memory-gb")
+    _one_line_error(capsys, [str(tmp_path / "missing.sqlite")], "missing.sqlite", "no such file")
+    _one_line_error(capsys, [str(tmp_path)], str(tmp_path), "no trace files")
+    (tmp_path / "t.sqlite.xz").write_bytes(b"\xfd7zXZ\x00broken")
+    _one_line_error(capsys, [str(tmp_path / "t.sqlite.xz")], "t.sqlite.xz")
+
+
+def test_two_gpus_in_one_file_are_two_ranks(tmp_path):
+    """One report of a whole node: ranks are told apart by (globalPid, deviceId)."""
+    b = TraceBuilder()
+    for dev, pid in ((0, PID), (1, PID + (1 << 24))):
+        b.kernel(GEMM, 0, 1000, device=dev, pid=pid)
+        b.kernel(SENDRECV, 1000, 1000 + 200 * (dev + 1), device=dev, pid=pid, stream=9)
+    r = analysis.analyze([b.write(tmp_path / "node.sqlite")])
+    per = r["metrics"]["per_rank"]
+    assert len(per) == 2
+    assert sorted(m["kernel_class_count"]["a2a"] for m in per.values()) == [1, 1]
+    assert sorted(round(m["window_ms"], 3) for m in per.values()) == [1.2, 1.4]
