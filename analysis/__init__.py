@@ -39,16 +39,32 @@ def rank_frames(paths):
         t = open_trace(path)
         k = t.kernels
         k = k.assign(cls=classify(k["name"])) if not k.empty else k.assign(cls=[])
-        keys = sorted(set(zip(k["globalPid"], k["deviceId"]))) if not k.empty else []
-        if not keys:
+        if k.empty:
             yield rank, k, t.copies, t.runtime, t.nvtx, t.memory, t.gpus
             rank += 1
             continue
-        for pid, dev in keys:
-            sel = lambda df: df[(df["globalPid"] == pid) & (df["deviceId"] == dev)] if not df.empty else df
-            by_pid = lambda df: df[df["globalPid"] == pid] if not df.empty else df
-            yield rank, sel(k), sel(t.copies), by_pid(t.runtime), by_pid(t.nvtx), sel(t.memory), t.gpus
+        # split every frame once by its rank key (process, and GPU where the frame has one)
+        groups = {name: _split(df, ("globalPid", "deviceId"))
+                  for name, df in (("k", k), ("copies", t.copies), ("memory", t.memory))}
+        by_pid = {name: _split(df, ("globalPid",)) for name, df in (("rt", t.runtime), ("nvtx", t.nvtx))}
+        for key in sorted(groups["k"]):
+            pid = key[0]
+            get = lambda g, kk, df: g.get(kk, df.iloc[0:0])
+            yield (rank, groups["k"][key], get(groups["copies"], key, t.copies),
+                   get(by_pid["rt"], (pid,), t.runtime), get(by_pid["nvtx"], (pid,), t.nvtx),
+                   get(groups["memory"], key, t.memory), t.gpus)
             rank += 1
+
+
+def _split(df, cols: tuple[str, ...]) -> dict:
+    """{key tuple: the frame's rows with that key}, one pass over the frame."""
+    if df.empty:
+        return {}
+    by = list(cols) if len(cols) > 1 else cols[0]
+    out = {}
+    for key, idx in df.groupby(by, sort=False).indices.items():
+        out[key if isinstance(key, tuple) else (key,)] = df.iloc[idx]
+    return {tuple(int(x) for x in k): v for k, v in out.items()}
 
 
 def analyze(paths=(), log=None, gpu_memory_gb: float | None = None) -> dict:
