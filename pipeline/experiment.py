@@ -74,6 +74,7 @@ class Cluster(_Strict):
     modules: list[str] = []
     has_transformer_engine: bool = True
     has_deep_ep: bool = False
+    has_hybrid_ep: bool = False  # deep_ep built with HybridEP
     gpu_memory_gb: float | None = None
     mem_per_node: str | None = None
     # job-script knobs read by pipeline/render.py
@@ -106,6 +107,7 @@ class Tuning(_Strict):
     noise_threshold: float = Field(default=0.02, ge=0, lt=1)
     patience: int = Field(default=3, gt=0)
     hang_timeout_s: float = Field(default=900.0, gt=0)
+    allow_token_drop: bool = False  # token drop changes the model's quality: opt in
 
 
 class ExperimentFile(_Strict):
