@@ -1,6 +1,7 @@
 """Parse a Megatron training log (and what Slurm and torch print into it)."""
 from __future__ import annotations
 
+import lzma
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")
 TOKENS = re.compile(r"tokens per (?:sec|second)[^:]*:\s*([\d.]+)", re.IGNORECASE)
 MAX_ALLOC = re.compile(r"max allocated:\s*([\d.]+)")
 GLOBAL_BATCH = re.compile(r"global batch size:\s*(\d+)")
+SEQ_LENGTH = re.compile(r"^\s*seq_length\s*\.+\s*(\d+)\s*$", re.MULTILINE)  # Megatron's argument dump
 
 # (failure, pattern). First match in file order of this table wins.
 FAILURES: tuple[tuple[str, re.Pattern], ...] = (
@@ -27,18 +29,28 @@ FAILURES: tuple[tuple[str, re.Pattern], ...] = (
 )
 
 
+def read_log_text(path: Path) -> str:
+    """The log's text; `.xz` logs (as the trial bank and tests/data keep them) are decompressed."""
+    try:
+        if path.name.endswith(".xz"):
+            with lzma.open(path, "rt", errors="replace") as f:
+                return f.read()
+        return path.read_text(errors="replace")
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read log ({e.strerror or e})") from None
+    except (lzma.LZMAError, EOFError) as e:
+        raise TraceError(f"{path}: broken xz log ({e})") from None
+
+
 def parse_log(path: str | Path, steady_skip: int = 2) -> dict:
     """Iteration times, throughput, memory and the failure (if any) of one training log.
 
     The first `steady_skip` iterations (warm-up, compilation) are left out of the mean.
     """
     path = Path(path)
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as e:
-        raise TraceError(f"{path}: cannot read log ({e.strerror})") from None
+    text = read_log_text(path)
     iters, tflops, tokens = [], [], []
-    seq_len = None
+    gbs = None
     for line in text.splitlines():
         m = ITER.search(line)
         if m:
@@ -46,6 +58,9 @@ def parse_log(path: str | Path, steady_skip: int = 2) -> dict:
             t = TFLOPS.search(line)
             if t:
                 tflops.append(float(t.group(1)))
+            g = GLOBAL_BATCH.search(line)
+            if g:
+                gbs = int(g.group(1))
         t = TOKENS.search(line)
         if t:
             tokens.append(float(t.group(1)))
@@ -56,6 +71,9 @@ def parse_log(path: str | Path, steady_skip: int = 2) -> dict:
             failure = name
             break
     steady = [ms for it, ms in iters if it > steady_skip] or [ms for _, ms in iters]
+    seq = SEQ_LENGTH.search(text)
+    if not tokens and steady and gbs and seq:  # tokens per step / step time
+        tokens = [gbs * int(seq.group(1)) / (float(np.mean(steady)) / 1e3)]
     out = {
         "iterations": len(iters),
         "iteration_ms": [ms for _, ms in iters],

@@ -1,0 +1,57 @@
+"""Megatron logs: compressed logs as the trial bank and tests/data keep them, tokens/s from the
+argument dump, and the real Megatron log recorded on the GPU machine."""
+import lzma
+from pathlib import Path
+
+import pytest
+
+from analysis import TraceError
+from analysis.logs import parse_log
+
+GPU_DATA = Path(__file__).parent / "data" / "gpu"
+ARGS = ("------------------------ arguments ------------------------\n"
+        "  global_batch_size ............................... 8\n"
+        "  seq_length ...................................... 4096\n")
+
+
+def _iter_line(i, ms):
+    return (f" [2026-11-22 10:00:0{i}] iteration {i:>8}/      20 | consumed samples: {8 * i:>12} | "
+            f"elapsed time per iteration (ms): {ms} | throughput per GPU (TFLOP/s/GPU): {30 + i}.0 | "
+            "learning rate: 1.0E-04 | global batch size:     8 | lm loss: 1.0E+01 |\n")
+
+
+def test_tokens_per_s_from_global_batch_and_seq_length(tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text(ARGS + "".join(_iter_line(i, ms) for i, ms in ((1, 5000.0), (2, 900.0), (3, 500.0),
+                                                                   (4, 700.0))))
+    r = parse_log(log)
+    assert r["step_time_ms"] == pytest.approx(600.0)  # iterations 3 and 4 (first two are warm-up)
+    assert r["tokens_per_s"] == pytest.approx(8 * 4096 / 0.6, rel=1e-3)
+    assert r["tflops_per_gpu"] == pytest.approx(33.5)
+
+
+def test_xz_log_reads_like_plain(tmp_path):
+    text = ARGS + "".join(_iter_line(i, 600.0) for i in range(1, 5)) + \
+        "[Rank 0] (after 4 iterations) memory (MB) | allocated: 1000.0 | max allocated: 2048.0 | " \
+        "reserved: 3000.0 | max reserved: 3000.0\n"
+    (tmp_path / "log.txt").write_text(text)
+    with lzma.open(tmp_path / "log.txt.xz", "wt") as f:
+        f.write(text)
+    plain, packed = parse_log(tmp_path / "log.txt"), parse_log(tmp_path / "log.txt.xz")
+    assert packed == plain and packed["iterations"] == 4 and packed["max_allocated_gb"] == 2.0
+
+
+def test_broken_xz_log_is_one_line_error(tmp_path):
+    bad = tmp_path / "log.txt.xz"
+    bad.write_bytes(b"\xfd7zXZ\x00not really")
+    with pytest.raises(TraceError) as e:
+        parse_log(bad)
+    assert "log.txt.xz" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_real_megatron_log():
+    r = parse_log(GPU_DATA / "megatron_moe_proxy_ep2.log.xz")
+    assert r["iterations"] == 16 and r["failure"] is None
+    assert r["tflops_per_gpu"] > 1 and r["max_allocated_gb"] > 1
+    # 16 sequences of 2048 tokens a step (its argument dump)
+    assert r["tokens_per_s"] == pytest.approx(16 * 2048 / (r["step_time_ms"] / 1e3), rel=1e-3)
