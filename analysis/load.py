@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import itertools
 import lzma
+import multiprocessing as mp
 import os
 import re
 import shutil
 import sqlite3
 import subprocess
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -145,10 +147,43 @@ def _load(con, path: Path) -> Trace:
             meta = dict(con.execute(f"SELECT name, value FROM {t}").fetchall())
             version = str(meta.get("EXPORT_PROGRAM_VERSION") or meta.get("EXPORT_PRODUCT_VERSION")
                           or meta.get("EXPORT_SCHEMA_VERSION") or "")
-    return Trace(path=path, version=version, kernels=_kernels(con, tables),
-                 copies=_copies(con, tables), runtime=_runtime(con, tables),
+    runtime = _runtime_async(con, tables)
+    kernels = _kernels(con, tables)
+    return Trace(path=path, version=version, kernels=kernels,
+                 copies=_copies(con, tables), runtime=runtime(),
                  nvtx=_nvtx(con, tables), memory=_memory(con, tables), gpus=_gpus(con, tables),
                  tables=frozenset(tables))
+
+
+BIG_TABLE_ROWS = 200_000
+
+
+def _read_runtime(uri: str, tables) -> pd.DataFrame:
+    con = sqlite3.connect(uri, uri=True)
+    try:
+        return _runtime(con, tables)
+    finally:
+        con.close()
+
+
+def _runtime_async(con, tables):
+    """Start reading the CUDA runtime table; returns a function that gives the frame. A big table
+    is read in a forked process while this one reads the kernels (the reads are CPU-bound)."""
+    t = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    big = t in tables and con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] > BIG_TABLE_ROWS
+    uri = con.execute("PRAGMA database_list").fetchone()[2]
+    if not big or "fork" not in mp.get_all_start_methods() or not uri:
+        frame = _runtime(con, tables)
+        return lambda: frame
+    pool = ProcessPoolExecutor(1, mp_context=mp.get_context("fork"))
+    future = pool.submit(_read_runtime, f"file:{uri}?mode=ro&immutable=1", tables)
+
+    def result() -> pd.DataFrame:
+        try:
+            return future.result()
+        finally:
+            pool.shutdown()
+    return result
 
 
 def _kernels(con, tables) -> pd.DataFrame:

@@ -11,7 +11,6 @@ Writes benchmarks/results/analysis.json and the `## Trace analysis speed` sectio
 import argparse
 import json
 import os
-import resource
 import shutil
 import sqlite3
 import subprocess
@@ -71,18 +70,11 @@ def build(path: Path, kernels: int, ranks: int, seed: int = 0) -> None:
     con.close()
 
 
-def timed(cmd: list[str]) -> tuple[float, int, str]:
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB, max over children so far
-    return wall, p.returncode, (p.stderr or p.stdout)[-300:]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernels", type=int, default=2_000_000)
     ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     work = Path(os.environ.get("TMPDIR", "/tmp")) / "moetune-bench"
     work.mkdir(exist_ok=True)
@@ -94,27 +86,36 @@ def main():
                 "import sys, json, resource, analysis;"
                 "r = analysis.analyze([sys.argv[1]]);"
                 "print(json.dumps({'wall': r['wall'], 'ranks': r['metrics']['combined']['ranks'],"
-                "'rss_kib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))", str(trace)]
+                "'rss_kib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss"
+                " + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))", str(trace)]
     env_py = dict(os.environ, PYTHONPATH=str(REPO))
-    t0 = time.perf_counter()
-    p = subprocess.run(ours_cmd, capture_output=True, text=True, env=env_py)
-    ours_s = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise SystemExit(f"analysis failed: {p.stderr[-500:]}")
-    ours = json.loads(p.stdout.strip().splitlines()[-1])
     nsys = shutil.which("nsys")
-    stats_s, stats_rc, stats_report = None, None, None
-    if nsys:
+    stats_report = None
+    if nsys:  # the report's name changed between Nsight versions
         for report in ("cuda_gpu_kern_sum", "gpukernsum"):
-            t0 = time.perf_counter()
             q = subprocess.run([nsys, "stats", "--report", report, "--format", "csv", "--force-export", "false",
                                 str(trace)], capture_output=True, text=True)
             if q.returncode == 0 and "Time" in q.stdout:
-                stats_s, stats_rc, stats_report = time.perf_counter() - t0, 0, report
+                stats_report = report
                 break
-            stats_rc = q.returncode
+    ours_runs, stats_runs = [], []
+    for _ in range(args.repeat):  # alternate the two tools; report medians
+        t0 = time.perf_counter()
+        p = subprocess.run(ours_cmd, capture_output=True, text=True, env=env_py)
+        ours_runs.append(time.perf_counter() - t0)
+        if p.returncode != 0:
+            raise SystemExit(f"analysis failed: {p.stderr[-500:]}")
+        ours = json.loads(p.stdout.strip().splitlines()[-1])
+        if stats_report:
+            t0 = time.perf_counter()
+            subprocess.run([nsys, "stats", "--report", stats_report, "--format", "csv", "--force-export",
+                            "false", str(trace)], capture_output=True, text=True, check=True)
+            stats_runs.append(time.perf_counter() - t0)
+    ours_s = float(np.median(ours_runs))
+    stats_s = float(np.median(stats_runs)) if stats_runs else None
     result = {"kernels": args.kernels, "ranks": args.ranks, "build_s": round(build_s, 1),
-              "moetune_s": round(ours_s, 2), "moetune_peak_rss_gb": round(ours["rss_kib"] / 2**20, 3),
+              "moetune_s": round(ours_s, 2), "moetune_runs_s": [round(x, 2) for x in ours_runs],
+              "nsys_stats_runs_s": [round(x, 2) for x in stats_runs], "moetune_peak_rss_gb": round(ours["rss_kib"] / 2**20, 3),
               "moetune_wall": ours["wall"], "nsys_stats_s": round(stats_s, 2) if stats_s else None,
               "nsys_stats_report": stats_report, "nsys": subprocess.run([nsys, "--version"], capture_output=True,
                                                                          text=True).stdout.strip() if nsys else None}
@@ -125,6 +126,7 @@ def main():
         f"`benchmarks/analysis.py`: a synthetic {args.ranks}-rank trace of {args.kernels:,} kernels in the real export\n"
         "schema (kernels, launches, NVTX steps). moetune's whole analysis (load, per-rank windows, every metric,\n"
         "the wall) against `nsys stats` on the same file, same run, on this 2-core CI-class machine:\n\n"
+        f"Median of {args.repeat} alternating runs each (all runs in benchmarks/results/analysis.json).\n\n"
         "| what | seconds | peak memory |\n|---|---|---|\n"
         f"| moetune analyze (all metrics + wall) | {result['moetune_s']} | {result['moetune_peak_rss_gb']} GB |\n"
         f"| `nsys stats --report {stats_report}` ({result['nsys']}) | {result['nsys_stats_s']} | - |\n\n"
