@@ -155,8 +155,17 @@ class Tuner:
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> dict:
+        bar = _progress_bar(self.max_trials, self.progress)
+        try:
+            return self._run(bar)
+        finally:
+            bar.close()
+
+    def _run(self, bar) -> dict:
         while True:
             st = study_state(self.store, self.study, self.exp.cluster)
+            bar.n = min(st.runs, bar.total or st.runs)
+            bar.refresh()
             if st.stopped:
                 break
             if st.pending is not None:
@@ -366,3 +375,10 @@ def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs
         t = Tuner(exp, store, executor=executor, runs_root=Path(runs_root), study_name=name,
                   max_trials=max_trials, bank_dir=bank_dir, progress=progress)
         return t.run()
+
+
+def _progress_bar(total: int, enabled: bool):
+    """A progress bar over the trial budget (stderr; off with progress=False or no terminal)."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc="trials", unit="trial", disable=not enabled or not sys.stderr.isatty(),
+                leave=False)
