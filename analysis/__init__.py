@@ -14,6 +14,7 @@ compute | unknown (walls.THRESHOLDS is the rule table). `metrics` = {"combined":
     gpu_busy_share gpu_idle_share sm_util_estimate comm_share exposed_comm_share
     exposed_a2a_share exposed_other_comm_share a2a_ms exposed_a2a_ms exposed_comm_ms (per step)
     kernels_per_step median_kernel_us launch_rate_per_ms cuda_graph_launches peak_memory_gb
+    sm_active_share (only with GPU metrics sampling: mean "SMs Active" in the window, 0..1)
     gaps_over_{10,100,1000}us and gaps_over_{..}us_ms     idle-gap histogram: count, total ms
     launch_starved_ms sync_blocked_ms other_wait_ms        idle time by cause
     kernel_class_ms kernel_class_count                     {class: ms | count}, every class of
@@ -54,6 +55,13 @@ def trace_files(paths) -> list[Path]:
 
 def rank_frames(paths):
     """Yield (rank, kernels, copies, runtime, nvtx, memory, gpus) for every rank of every file."""
+    for frames in _ranks(paths):
+        yield frames[:7]
+
+
+def _ranks(paths):
+    """rank_frames, plus the rank's GPU's SM-activity samples (gpu_metrics) as an eighth item."""
+    from analysis.gpu_metrics import for_device
     from analysis.kernels import classify
     from analysis.load import open_trace
     rank = 0
@@ -62,7 +70,7 @@ def rank_frames(paths):
         k = t.kernels
         k = k.assign(cls=classify(k["name"])) if not k.empty else k.assign(cls=[])
         if k.empty:
-            yield rank, k, t.copies, t.runtime, t.nvtx, t.memory, t.gpus
+            yield rank, k, t.copies, t.runtime, t.nvtx, t.memory, t.gpus, t.sm_active
             rank += 1
             continue
         # split every frame once by its rank key (process, and GPU where the frame has one)
@@ -74,7 +82,7 @@ def rank_frames(paths):
             get = lambda g, kk, df: g.get(kk, df.iloc[0:0])
             yield (rank, groups["k"][key], get(groups["copies"], key, t.copies),
                    get(by_pid["rt"], (pid,), t.runtime), get(by_pid["nvtx"], (pid,), t.nvtx),
-                   get(groups["memory"], key, t.memory), t.gpus)
+                   get(groups["memory"], key, t.memory), t.gpus, for_device(t.sm_active, key[1]))
             rank += 1
 
 
@@ -90,6 +98,7 @@ def _split(df, cols: tuple[str, ...]) -> dict:
 
 
 def analyze(paths=(), log=None, gpu_memory_gb: float | None = None) -> dict:
+    from analysis.gpu_metrics import sm_active_share
     from analysis.logs import parse_log
     from analysis.metrics import combine, rank_metrics
     from analysis.walls import classify as classify_wall
@@ -98,9 +107,12 @@ def analyze(paths=(), log=None, gpu_memory_gb: float | None = None) -> dict:
         raise TraceError("nothing to analyze: give trace files and/or --log")
     parsed_log = parse_log(log) if log else None
     per_rank: dict[int, dict] = {}
-    for rank, k, copies, rt, nvtx, mem, gpus in rank_frames(paths):
+    for rank, k, copies, rt, nvtx, mem, gpus, sm in _ranks(paths):
         w = find_window(k, rt, nvtx)
         per_rank[rank] = rank_metrics(k, copies, rt, mem, w)
+        sampled = sm_active_share(sm, w.start, w.end)
+        if sampled is not None:  # measured by the GPU, beside the timeline's sm_util_estimate
+            per_rank[rank]["sm_active_share"] = sampled
         if gpu_memory_gb is None and not gpus.empty and "totalMemory" in gpus:
             gpu_memory_gb = float(gpus["totalMemory"].max()) / 2**30
     combined = combine(per_rank) if per_rank else {}

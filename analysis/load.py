@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.errors import TraceError
+from analysis.gpu_metrics import read_sm_active
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 PID_MASK = ~0xFFFFFF  # globalTid = globalPid | tid (low 24 bits)
@@ -46,6 +47,7 @@ class Trace:
     memory: pd.DataFrame  # start deviceId globalPid bytes op (0 alloc, 1 free)
     gpus: pd.DataFrame = field(default_factory=pd.DataFrame)  # id name totalMemory
     tables: frozenset = frozenset()
+    sm_active: pd.DataFrame = field(default_factory=pd.DataFrame)  # timestamp deviceId value (0..1)
 
 
 def _check_file(path: Path) -> None:
@@ -152,7 +154,7 @@ def _load(con, path: Path) -> Trace:
     return Trace(path=path, version=version, kernels=kernels,
                  copies=_copies(con, tables), runtime=runtime(),
                  nvtx=_nvtx(con, tables), memory=_memory(con, tables), gpus=_gpus(con, tables),
-                 tables=frozenset(tables))
+                 tables=frozenset(tables), sm_active=read_sm_active(con, tables))
 
 
 BIG_TABLE_ROWS = 200_000
