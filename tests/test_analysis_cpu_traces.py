@@ -61,10 +61,15 @@ def test_record_fresh_trace_with_nsys(tmp_path):
     subprocess.run(["gcc", "-O1", f"-I{NVTX_INCLUDE}", "-o", str(exe), str(DATA / "steps.c"), "-ldl"],
                    check=True)
     rep = tmp_path / "run"
-    proc = subprocess.run(["nsys", "profile", "-t", "osrt,nvtx", "-s", "none", "--cpuctxsw", "none",
-                           "-o", str(rep), "-f", "true", str(exe), "3"],
-                          capture_output=True, text=True, timeout=300)
     report = tmp_path / "run.nsys-rep"
+    # nsys 2022.4 has failed here without writing a report ("Local Endpoint is not available"
+    # seen once by hand) while other nsys sessions ran on the machine; try once more before failing
+    for _ in range(2):
+        proc = subprocess.run(["nsys", "profile", "-t", "osrt,nvtx", "-s", "none", "--cpuctxsw", "none",
+                               "-o", str(rep), "-f", "true", str(exe), "3"],
+                              capture_output=True, text=True, timeout=300)
+        if report.exists():
+            break
     assert report.exists(), f"nsys profile wrote no report (run scripts/nsys-up): {proc.stderr[-500:]}"
     _check_cpu_trace(report, steps=3, min_step_ms=5.0)
     assert (tmp_path / "run.sqlite").exists()
