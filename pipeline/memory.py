@@ -99,7 +99,7 @@ def activation_bytes_per_layer(m: ModelArch, c: TrainingConfig, moe: bool) -> fl
     core = 0 if "core_attn" in mods else 2 * s * b * (q + kv + q) / tp + 4 * s * b * m.num_attention_heads / tp
     proj_in = 2 * s * b * q / tp
     residual = 2 * s * b * h / sp
-    attn = layernorm + qkv_in + core + proj_in + residual
+    attn = layernorm + qkv_in + core + proj_in + residual + attention_scores_bytes(m, c, mods)
     if not moe:
         mlp = 0 if "mlp" in mods else 2 * s * b * (h / sp + 3 * m.ffn_hidden_size / tp)
         return attn + mlp
@@ -114,6 +114,16 @@ def activation_bytes_per_layer(m: ModelArch, c: TrainingConfig, moe: bool) -> fl
     if m.moe_shared_expert_intermediate_size and "shared_experts" not in mods:
         shared = 2 * s * b * 3 * m.moe_shared_expert_intermediate_size / tp
     return attn + experts + router + shared
+
+
+def attention_scores_bytes(m: ModelArch, c: TrainingConfig, mods: set) -> float:
+    """Unfused (local) attention keeps the score matrix for backward: softmax output (2 B), dropout
+    mask (1 B) and dropout output (2 B) per head and query-key pair, 5·a·s²·b (Korthikanti et al.
+    2022, Table 2). Flash/fused attention (Transformer Engine) keeps none of it."""
+    if c.transformer_impl != "local" or "core_attn" in mods:
+        return 0.0
+    s = (c.seq_length or m.seq_length) / c.cp
+    return 5 * (m.num_attention_heads / c.tp) * s * s * c.micro_batch
 
 
 def in_flight(c: TrainingConfig, microbatches: int) -> float:
@@ -150,8 +160,10 @@ class Estimate:
                 "fixed_gb": self.fixed_gb, "total_gb": round(self.total_gb, 3)}
 
 
-def estimate(m: ModelArch, c: TrainingConfig, gpus: int) -> Estimate:
-    """Peak memory of the most loaded GPU (the first pipeline stage, which holds the embedding)."""
+def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True) -> Estimate:
+    """Peak memory of the most loaded GPU (the first pipeline stage, which holds the embedding).
+    `routing=False` prices every layer as a dense layer of `ffn_hidden_size`, the scope of
+    Megatron's own theoretical figure (for comparing like with like, not for planning)."""
     p = count_params(m, c.tp)
     dp = gpus // (c.tp * c.pp * c.cp)
     etp = c.etp or c.tp
@@ -169,7 +181,7 @@ def estimate(m: ModelArch, c: TrainingConfig, gpus: int) -> Estimate:
     opt = (bytes_per_param(shard_dense, c) - 6) * dense + (bytes_per_param(edp, c) - 6) * experts
     microbatches = max(1, c.global_batch // (c.micro_batch * max(dp, 1)))
     layers_per_stage = m.num_layers / c.pp
-    dense_share = m.first_dense_layers / m.num_layers
+    dense_share = m.first_dense_layers / m.num_layers if routing else 1.0
     if c.recompute_granularity == "full":
         s = (c.seq_length or m.seq_length) / c.cp
         per_layer = 2 * s * c.micro_batch * m.hidden_size / (c.tp if c.sequence_parallel else 1)
