@@ -25,6 +25,19 @@ from analysis.logs import parse_log  # noqa: E402
 
 BANK = REPO / "benchmarks" / "trial_bank"
 
+# Traces analysed but not kept (the bank stays under 20 MB): each repeats what a kept trace shows.
+# Their analysis stays in bank.jsonl; `trace` is null.
+TRACE_DROPPED = {
+    "mbs1": "same timeline as baseline with half the tokens per step",
+    "distopt": "baseline's timeline; only the optimizer shards differ",
+    "force_balance": "baseline's timeline with even routing",
+    "manual_gc": "baseline's timeline; manual_gc_mbs4 keeps the GC case",
+    "recompute_mlp": "recompute_moe_1gpu keeps the recompute case",
+    "mbs4_1gpu": "mbs4 and mbs8_1gpu bracket it",
+    "seq4096_1gpu": "seq4096 keeps the long-sequence case",
+    "seq1024_1gpu": "seq1024 keeps the short-sequence case",
+}
+
 
 def state_of(rc: int | None, log: dict, train_iters: int) -> str:
     if log.get("failure") == "oom":
@@ -66,13 +79,13 @@ def build(dirs: list[Path]) -> list[dict]:
             f.write(text)
         trace = d / f"{name}.sqlite.xz"
         trace_rel = None
-        if trace.exists():
+        if trace.exists() and name not in TRACE_DROPPED:
             trace_rel = f"traces/{name}.sqlite.xz"
             shutil.copyfile(trace, BANK / trace_rel)
         work = Path("/tmp/moetune-bank") / name
         work.mkdir(parents=True, exist_ok=True)
         paths = []
-        if trace_rel:
+        if trace.exists():
             shutil.copyfile(trace, work / trace.name)
             paths = [work / trace.name]
         result = analysis.analyze(paths, log=d / f"{name}.log")
@@ -89,6 +102,10 @@ def build(dirs: list[Path]) -> list[dict]:
             "peak_memory_gb": log["max_allocated_gb"], "wall_s": meta.get("wall_s"),
             "log": f"logs/{name}.log.xz", "trace": trace_rel, "analysis": result,
         })
+    kept = {e["trace"] for e in entries if e["trace"]} | {e["log"] for e in entries}
+    for old in list((BANK / "traces").glob("*")) + list((BANK / "logs").glob("*")):
+        if f"{old.parent.name}/{old.name}" not in kept:
+            old.unlink()  # from an earlier build: dropped or no longer a config
     with open(BANK / "bank.jsonl", "w") as f:
         for e in entries:
             f.write(json.dumps(e, default=str) + "\n")

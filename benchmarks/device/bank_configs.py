@@ -41,6 +41,7 @@ CONFIGS = [
     ("allgather_mbs4", {"dispatcher": "allgather", "micro_batch": 4}),
     ("mbs16_oom", {"micro_batch": 16, "seq_length": 8192}),
     ("seq16384_oom", {"seq_length": 16384, "micro_batch": 4}),
+    ("mbs32_seq4096_oom", {"micro_batch": 32, "seq_length": 4096, "global_batch": 64}),
     ("manual_gc_mbs4", {"manual_gc": True, "micro_batch": 4}),
     ("cuda_graph_attn", {"cuda_graph_impl": "local", "cuda_graph_modules": ["attn"]}),
     ("overlap_gc_mbs4", {"overlap_ep_a2a": True, "manual_gc": True, "micro_batch": 4}),
@@ -50,6 +51,7 @@ CONFIGS = [
     ("manual_gc_1gpu", {"ep": 1, "global_batch": 8, "manual_gc": True}),
     ("recompute_moe_1gpu", {"ep": 1, "global_batch": 8, "recompute_granularity": "selective",
                             "recompute_modules": ["moe"]}),
+    ("seq1024_1gpu", {"ep": 1, "global_batch": 8, "seq_length": 1024}),
     ("seq4096_1gpu", {"ep": 1, "global_batch": 8, "seq_length": 4096}),
     ("mbs8_1gpu", {"ep": 1, "global_batch": 8, "micro_batch": 8}),
 ]
