@@ -220,8 +220,10 @@ def _divisors(n: int) -> list[int]:
 def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int = 20,
          headroom: float = 0.9) -> list[Layout]:
     """Feasible layouts for the experiment's model, least model parallelism first (TP×PP, then
-    expert parallelism within NVLink before across it). A layout is feasible when it passes the
-    constraint table and its estimate is below `headroom` of the GPU's memory."""
+    expert parallelism within NVLink before across it, then the smaller EP), selective recompute
+    only where a layout does not fit without it (moe-optimization-workflow.md, Phase 1). A layout
+    is feasible when it passes the constraint table and its estimate, fixed overhead included,
+    is below `headroom` of the GPU's memory."""
     from pipeline.constraints import check
     from pipeline.experiment import GPU_MEMORY_GB
     cluster = exp.cluster.model_copy(update={k: v for k, v in (("gpu_type", gpu_type),) if v})
@@ -247,6 +249,7 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
                     if est.total_gb > headroom * capacity:
                         continue
                     out.append(Layout(cfg, cfg.to_args(m) + run_args(), est.total_gb, est.to_dict(), tp * pp))
+                    break  # selective recompute only where the layout does not fit without it
     out.sort(key=lambda l: (l.model_parallel, l.config.pp, l.config.ep > cluster.nvlink_domain,
-                            bool(l.config.recompute_modules), l.memory_gb))
+                            bool(l.config.recompute_modules), l.config.ep, l.memory_gb))
     return out[:limit]

@@ -43,6 +43,13 @@ def test_plan_least_model_parallel_first(capsys):
     mp = [l.model_parallel for l in layouts]
     assert mp == sorted(mp)
     assert all(l.memory_gb < 0.9 * 80 for l in layouts)
+    shapes = [(l.config.tp, l.config.pp, l.config.ep) for l in layouts]
+    assert len(shapes) == len(set(shapes))  # one entry a layout
+    with_recompute = [l for l in layouts if l.config.recompute_modules]
+    assert with_recompute  # some layouts fit only with selective recompute ...
+    for l in with_recompute:  # ... and only those get it
+        bare = l.config.replace(recompute_granularity=None, recompute_modules=())
+        assert estimate(e.model, bare, 64).total_gb > 0.9 * 80
     from pipeline.cli import main
     assert main(["plan", "mixtral_8x7b", "--gpus", "64", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
