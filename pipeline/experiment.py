@@ -168,9 +168,10 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
             section = err["loc"][0] if len(err["loc"]) > 1 else None
             model = {"model": ModelSection, "cluster": Cluster, "tuning": Tuning}.get(section, ExperimentFile)
             allowed = f"; allowed keys: {', '.join(model.model_fields)}"
-        elif err["type"] == "literal_error":
-            allowed = f"; allowed: {err['ctx']['expected']}"
-        raise ConfigError(f"{path}: {_where(err)}: {err['msg']}{allowed}") from None
+        msg = err["msg"]
+        if err["type"] == "literal_error":  # pydantic's message already lists what is allowed
+            msg = f"{err.get('input')!r} is not allowed; use one of {err['ctx']['expected']}"
+        raise ConfigError(f"{path}: {_where(err)}: {msg}{allowed}") from None
     try:
         baseline = TrainingConfig.from_dict(data.baseline)
     except (TypeError, ValueError) as e:

@@ -42,7 +42,7 @@ cluster: {gpu_type: H100}
 
 
 @pytest.mark.parametrize("text, fragment", [
-    (BASE.replace("gpu_type: H100", "gpu_type: A100"), "cluster.gpu_type"),
+    (BASE.replace("gpu_type: H100", "gpu_type: A100"), "cluster.gpu_type: 'A100' is not allowed; use one of 'H100'"),
     (BASE.replace("gpu_type: H100", "gpu_type: H100, gpus_per_nod: 8"), "allowed keys"),
     (BASE.replace("num_experts: 4", "num_experts: many"), "model.num_experts"),
     (BASE + "baseline: {tp: 2, pipeline: 3}\n", "baseline: unknown training config keys ['pipeline']"),
