@@ -97,5 +97,34 @@ def theoretical_memory(argvs: list[list[str]], world_size: int | list[int]) -> l
     return validate(argvs, world_size, memory=True)
 
 
+_FLAGS_PROBE = r'''
+import argparse, json, sys
+import megatron.training.arguments as arguments
+class Caught(Exception):
+    pass
+def grab(self, *a, **k):
+    raise Caught(sorted(self._option_string_actions))
+argparse.ArgumentParser.parse_args = grab
+sys.argv = ["pretrain_gpt.py"]
+try:
+    arguments.parse_args()
+except Caught as c:
+    print("@@" + json.dumps(c.args[0]))
+'''
+
+
+def known_flags() -> set[str]:
+    """Every option string Megatron's own argument parser accepts."""
+    if not available():
+        raise MegatronUnavailable(f"{VENV_PYTHON} missing; run scripts/megatron-venv")
+    proc = subprocess.run([str(VENV_PYTHON), "-c", _FLAGS_PROBE], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
+    if not marker:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise MegatronUnavailable(f"megatron parser did not run: {tail}")
+    return set(json.loads(marker[-1][2:]))
+
+
 if __name__ == "__main__":
     print(validate([sys.argv[2:]], int(sys.argv[1]))[0] or "ok")

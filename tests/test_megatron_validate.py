@@ -46,3 +46,15 @@ def test_what_megatron_refuses_moetune_refuses():
                      if r and not check(cfg, MODEL, cl)]
     assert disagreements == []
     assert mv.validate([OK.to_args(MODEL) + run_args()], gpus) == [None]
+
+
+def test_every_rendered_flag_is_megatrons():
+    """Each flag of the TrainingConfig table, the model architecture and the fixed run arguments is
+    one Megatron 0.19.2's parser knows (a renamed or misspelt flag fails here)."""
+    from pipeline.config import FLAGS
+    ours = {f.flag for f in FLAGS}
+    for name in LAYOUTS:
+        e = load_experiment(name)
+        ours |= {a for a in e.baseline.to_args(e.model) + run_args() if a.startswith("--")}
+    assert len(ours) > 60
+    assert sorted(ours - mv.known_flags()) == []
