@@ -23,8 +23,14 @@ def _free_port() -> int:
 def postgres_url(tmp_path_factory):
     """A throwaway PostgreSQL cluster on a free local port, run as the postgres user."""
     bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if not bins or shutil.which("runuser") is None or os.geteuid() != 0:
-        pytest.skip("needs Debian's postgresql package and root (make deps installs it)")
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("a throwaway PostgreSQL cluster needs root (to run it as the postgres user)")
+    if not bins and shutil.which("apt-get"):  # Debian's server package, installed once
+        subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=900", "install", "-y", "-q", "postgresql"],
+                       capture_output=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not bins:
+        pytest.skip("Debian's postgresql package is not installed and apt-get could not install it")
     bindir = os.path.dirname(bins[-1])
     data = Path(tempfile.mkdtemp(prefix="moetune-pg-"))  # pytest's tmp is root-only
     shutil.chown(data, "postgres", "postgres")
@@ -107,3 +113,25 @@ def test_newer_database_refused(tmp_path):
     con.close()
     with pytest.raises(StoreError, match="newer than this moetune"):
         Store(str(path))
+
+
+def test_frozen_v1_database_stays_readable(tmp_path):
+    """tests/data/store_v1.sql: a store written at schema version 1, frozen. Today's Store opens it,
+    reads every table and writes to it (a schema change without a migration fails here)."""
+    path = tmp_path / "v1.db"
+    con = sqlite3.connect(path)
+    con.executescript((Path(__file__).parent / "data" / "store_v1.sql").read_text())
+    con.close()
+    store = Store(str(path))
+    assert store.schema_version() == SCHEMA_VERSION
+    study = store.study("qwen3_30b_a3b-h100")
+    assert study.experiment == {"tuning": {"budget_trials": 8}}
+    t1, t2 = store.trials(study.id)
+    assert (t1.state, t1.slurm_job_id, t1.step_time_ms, t1.wall) == ("completed", "4242", 1234.5, "communication")
+    assert (t2.parent_id, t2.fix, t2.config) == (t1.id, "lower_ep_within_nvlink", {"tp": 1, "ep": 8})
+    assert store.metrics(t1.id) == {"exposed_a2a_share": 0.31, "gpu_idle_share": 0.12}
+    assert store.last_stage(t1.id, "analyze").outputs == ["analysis.json"]
+    (d,) = store.decisions(study.id)
+    assert (d.kind, d.trial_id, d.evidence) == ("apply", t2.id, {"exposed_a2a_share": 0.31})
+    t3 = store.add_trial(study.id, {"tp": 2, "ep": 8}, "new-hash", parent_id=t2.id)
+    assert t3.number == 3
