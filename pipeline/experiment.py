@@ -55,6 +55,10 @@ class ModelSection(_Strict):
     moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"
     mtp_num_layers: int = Field(default=0, ge=0)
     untie_embeddings: bool = True
+    moe_router_num_groups: int | None = Field(default=None, gt=0)
+    moe_router_group_topk: int | None = Field(default=None, gt=0)
+    moe_router_topk_scaling_factor: float | None = Field(default=None, gt=0)
+    moe_router_enable_expert_bias: bool = False
 
 
 class Cluster(_Strict):

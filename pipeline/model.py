@@ -33,6 +33,11 @@ class ModelArch:
     moe_router_score_function: str = "softmax"  # DeepSeek-V3: sigmoid
     mtp_num_layers: int = 0
     untie_embeddings: bool = True
+    # DeepSeek-V3's router: node-limited (grouped) top-k, scaled weights, aux-loss-free bias
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
+    moe_router_topk_scaling_factor: float | None = None
+    moe_router_enable_expert_bias: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -44,7 +49,7 @@ class ModelArch:
 
     @classmethod
     def from_args(cls, argv: list[str], name: str = "from-args") -> "ModelArch":
-        """The architecture named by a Megatron argv (the flags `to_args` writes)."""
+        """The architecture named by a Megatron argv (the flags `to_args` writes); inverse of it."""
         def val(flag, cast=int, default=None):
             if flag in argv:
                 i = argv.index(flag)
@@ -54,17 +59,27 @@ class ModelArch:
         heads = val("--num-attention-heads", default=1)
         freq = val("--moe-layer-freq", str)
         first = int(freq.split("*")[1].split("+")[0].strip("[]()0")) if freq and "*" in freq else 0
+        ffn = val("--ffn-hidden-size", default=1)
         return cls(
             name=name, num_layers=val("--num-layers", default=1), hidden_size=val("--hidden-size", default=1),
             num_attention_heads=heads, num_query_groups=val("--num-query-groups", default=heads),
-            ffn_hidden_size=val("--ffn-hidden-size", default=1),
-            moe_ffn_hidden_size=val("--moe-ffn-hidden-size", default=val("--ffn-hidden-size", default=1)),
+            ffn_hidden_size=ffn, moe_ffn_hidden_size=val("--moe-ffn-hidden-size", default=ffn),
             num_experts=val("--num-experts", default=2), moe_router_topk=val("--moe-router-topk", default=2),
             vocab_size=val("--vocab-size", default=32000), seq_length=val("--seq-length", default=4096),
             kv_channels=val("--kv-channels"),
             moe_shared_expert_intermediate_size=val("--moe-shared-expert-intermediate-size"),
             first_dense_layers=first, qk_layernorm="--qk-layernorm" in argv,
-            multi_latent_attention="--multi-latent-attention" in argv)
+            multi_latent_attention="--multi-latent-attention" in argv,
+            q_lora_rank=val("--q-lora-rank"), kv_lora_rank=val("--kv-lora-rank"),
+            qk_head_dim=val("--qk-head-dim"), qk_pos_emb_head_dim=val("--qk-pos-emb-head-dim"),
+            v_head_dim=val("--v-head-dim"), rotary_base=val("--rotary-base", default=10000),
+            moe_router_score_function=val("--moe-router-score-function", str, "softmax"),
+            mtp_num_layers=val("--mtp-num-layers", default=0),
+            untie_embeddings="--untie-embeddings-and-output-weights" in argv,
+            moe_router_num_groups=val("--moe-router-num-groups"),
+            moe_router_group_topk=val("--moe-router-group-topk"),
+            moe_router_topk_scaling_factor=val("--moe-router-topk-scaling-factor", float),
+            moe_router_enable_expert_bias="--moe-router-enable-expert-bias" in argv)
 
     @property
     def moe_layers(self) -> int:
@@ -119,4 +134,11 @@ class ModelArch:
             a += ["--mtp-num-layers", str(self.mtp_num_layers)]
         if self.untie_embeddings:
             a += ["--untie-embeddings-and-output-weights"]
+        if self.moe_router_num_groups:
+            a += ["--moe-router-num-groups", str(self.moe_router_num_groups),
+                  "--moe-router-group-topk", str(self.moe_router_group_topk)]
+        if self.moe_router_topk_scaling_factor:
+            a += ["--moe-router-topk-scaling-factor", str(self.moe_router_topk_scaling_factor)]
+        if self.moe_router_enable_expert_bias:
+            a += ["--moe-router-enable-expert-bias"]
         return a

@@ -37,3 +37,12 @@ def test_model_arch_flags():
 def test_unknown_key_is_refused():
     with pytest.raises(ValueError, match="unknown training config keys"):
         TrainingConfig.from_dict({"tensor_parallel": 2})
+
+
+@pytest.mark.parametrize("name", ["qwen3_235b", "qwen3_30b_a3b", "deepseek_v3", "mixtral_8x7b",
+                                  "mixtral_8x22b", "moe_proxy"])
+def test_model_arch_round_trips(name):
+    """Every architecture field survives argv and back (the trial bank stores only the argv)."""
+    from pipeline.experiment import load_experiment
+    m = load_experiment(name).model
+    assert ModelArch.from_args(m.to_args(), name=m.name) == m
