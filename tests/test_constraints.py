@@ -77,6 +77,30 @@ CASES = [
 ]
 
 
+# Forbidden in the model section (the router), checked with the OK training config.
+MODEL_CASES = [
+    ({"moe_router_enable_expert_bias": True}, "expert_bias_needs_sigmoid"),
+    ({"moe_router_score_function": "sigmoid", "moe_router_num_groups": 3, "moe_router_group_topk": 1},
+     "router_groups_not_dividing_experts"),
+    ({"moe_router_score_function": "sigmoid", "moe_router_num_groups": 4, "moe_router_group_topk": 8},
+     "router_group_topk_too_large"),
+]
+
+
+@pytest.mark.parametrize("changes, code", MODEL_CASES, ids=[c[1] for c in MODEL_CASES])
+def test_forbidden_router_is_refused(changes, code):
+    from dataclasses import replace
+    codes = [v.code for v in check(OK, replace(MODEL, **changes), H100)]
+    assert code in codes, codes
+
+
+def test_grouped_sigmoid_router_with_bias_passes():
+    from dataclasses import replace
+    m = replace(MODEL, moe_router_score_function="sigmoid", moe_router_num_groups=4, moe_router_group_topk=2,
+                moe_router_enable_expert_bias=True, moe_router_topk_scaling_factor=2.5)
+    assert check(OK, m, H100) == []
+
+
 def test_ok_config_passes():
     assert check(OK, MODEL, H100) == []
 
@@ -91,8 +115,9 @@ def test_forbidden_combination_is_refused(changes, cluster, code):
 
 
 def test_enough_distinct_refusals_covered():
-    assert len({c[2] for c in CASES}) >= 25
-    assert {c[2] for c in CASES} <= {r[0] for r in RULES}
+    codes = {c[2] for c in CASES} | {c[1] for c in MODEL_CASES}
+    assert len(codes) >= 25
+    assert codes <= {r[0] for r in RULES}
 
 
 def test_mla_model_allows_mla_recompute():

@@ -6,7 +6,7 @@ from pipeline import megatron_validate as mv
 from pipeline.config import run_args
 from pipeline.constraints import check
 from pipeline.experiment import load_experiment
-from tests.test_constraints import CASES, H100, MODEL, OK
+from tests.test_constraints import CASES, H100, MODEL, MODEL_CASES, OK
 
 pytestmark = [pytest.mark.megatron,
               pytest.mark.skipif(not mv.available(), reason="no .venv-megatron (scripts/megatron-venv)")]
@@ -58,3 +58,15 @@ def test_every_rendered_flag_is_megatrons():
         ours |= {a for a in e.baseline.to_args(e.model) + run_args() if a.startswith("--")}
     assert len(ours) > 60
     assert sorted(ours - mv.known_flags()) == []
+
+
+def test_router_refusals_agree_with_megatron():
+    """The router rows of the table: Megatron refuses each one too, and accepts the allowed router."""
+    from dataclasses import replace
+    gpus = H100["nodes"] * H100["gpus_per_node"]
+    models = [replace(MODEL, **changes) for changes, _ in MODEL_CASES]
+    good = replace(MODEL, moe_router_score_function="sigmoid", moe_router_num_groups=4, moe_router_group_topk=2,
+                   moe_router_enable_expert_bias=True, moe_router_topk_scaling_factor=2.5)
+    results = mv.validate([OK.to_args(m) + run_args() for m in models + [good]], gpus)
+    assert all(results[:-1]), list(zip([c for _, c in MODEL_CASES], results))
+    assert results[-1] is None
