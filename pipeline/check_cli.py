@@ -11,11 +11,13 @@ from pipeline.model import ModelArch
 
 
 def main(argv: list[str]) -> int:
-    if "--" in argv:
-        i = argv.index("--")
-        own, megatron = argv[:i], argv[i + 1:]
-    else:
-        own, megatron = [], argv
+    try:
+        return _main(argv)
+    except SystemExit as e:  # argparse's usage errors and --help
+        return e.code if isinstance(e.code, int) else 2
+
+
+def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="moetune check",
                                 description="Check a Megatron command line against the combinations "
                                             "Megatron and the MoE guidance forbid. Prints ok, or one "
@@ -25,7 +27,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--experiment", help="take the model and cluster from experiments/NAME.yaml")
     p.add_argument("--no-te", action="store_true", help="the image has no Transformer Engine")
     p.add_argument("--deep-ep", action="store_true", help="the image has deep_ep")
-    args = p.parse_args(own)
+    if "--" in argv:
+        i = argv.index("--")
+        args, megatron = p.parse_args(argv[:i]), argv[i + 1:]
+    else:  # no separator: moetune's own options where they are given, the rest is Megatron's
+        args, megatron = p.parse_known_args(argv)
     if not megatron:
         p.error("give the Megatron arguments after --")
     try:

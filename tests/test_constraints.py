@@ -150,3 +150,14 @@ def test_check_cli(capsys):
                  "--global-batch-size", "64", "--overlap-moe-expert-parallel-comm"]) == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert out == ["ep_overlap_needs_ep: EP all-to-all overlap needs EP > 1 [moe-comm-overlap.txt]"]
+
+
+def test_check_cli_usage_errors_and_no_separator(capsys):
+    from pipeline.check_cli import main
+    assert main(["--gpus", "x", "--", "--num-experts", "16"]) == 2
+    assert "invalid int value: 'x'" in capsys.readouterr().err
+    assert main(["--gpus", "8", "--"]) == 2  # no Megatron arguments
+    # without `--`, moetune's options are still its own
+    assert main(["--gpus", "6", "--num-layers", "8", "--num-attention-heads", "16", "--num-experts", "16",
+                 "--expert-model-parallel-size", "4", "--micro-batch-size", "1", "--global-batch-size", "6"]) == 1
+    assert "expert_folding" in capsys.readouterr().out
