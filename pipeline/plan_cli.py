@@ -10,6 +10,13 @@ from pipeline.memory import plan
 
 
 def main(argv: list[str]) -> int:
+    try:
+        return _main(argv)
+    except SystemExit as e:  # argparse's usage errors and --help
+        return e.code if isinstance(e.code, int) else 2
+
+
+def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="moetune plan",
                                 description="List the layouts whose estimated per-GPU memory fits, least "
                                             "model parallelism first (fit first: moe-optimization-workflow.md).")
@@ -24,6 +31,10 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"moetune plan: {e}", file=sys.stderr)
         return 2
+    per_node = exp.cluster.gpus_per_node
+    if args.gpus is not None and (args.gpus < 1 or (args.gpus > per_node and args.gpus % per_node)):
+        p.error(f"--gpus {args.gpus}: give 1..{per_node} GPUs of one node or a multiple of "
+                f"{per_node} (the experiment's GPUs per node)")
     layouts = plan(exp, args.gpus, args.gpu_type, limit=args.limit)
     if args.format == "json":
         print(json.dumps([l.to_dict() for l in layouts], indent=1))
@@ -31,6 +42,9 @@ def main(argv: list[str]) -> int:
     if not layouts:
         print(f"no layout of {exp.name} fits; add GPUs, or consider offloading and full recompute")
         return 1
+    gpus = args.gpus or exp.cluster.nodes * per_node
+    print(f"{exp.name} on {gpus}x {args.gpu_type or exp.cluster.gpu_type}: {len(layouts)} feasible layouts shown (--limit {args.limit}), "
+          "least model parallelism first")
     print(f"{'TP':>3} {'PP':>3} {'EP':>4} {'recompute':<18} {'GB/GPU':>7}")
     for l in layouts:
         c = l.config

@@ -121,3 +121,16 @@ def test_dense_scope_total_within_10_percent_of_megatron():
         assert isinstance(t, list), (name, t)
         ours = estimate(e.model, c, e.cluster.gpus, routing=False)
         assert ours.model_state_gb + ours.activations_gb == pytest.approx(t[2] / 1024, rel=0.10), (name, changes)
+
+
+def test_plan_cli_errors(capsys):
+    from pipeline.plan_cli import main
+    assert main(["mixtral_8x7b", "--gpus", "12"]) == 2  # 1.5 nodes of 8
+    assert "multiple of 8" in capsys.readouterr().err
+    assert main(["no_such_model"]) == 2
+    assert "known: " in capsys.readouterr().err
+    assert main(["deepseek_v3", "--gpus", "8"]) == 1
+    assert "no layout of deepseek_v3 fits" in capsys.readouterr().out
+    assert main(["mixtral_8x7b", "--gpus", "16", "--limit", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("mixtral_8x7b on 16x H100") and len(lines) == 4
