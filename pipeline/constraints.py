@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from pipeline.config import CUDA_GRAPH_MODULES, DISPATCHERS, FLEX_BACKENDS, RECOMPUTE_MODULES, TrainingConfig
+from pipeline.config import (CUDA_GRAPH_MODULES, DISPATCHERS, FLEX_BACKENDS, OFFLOAD_MODULES, RECOMPUTE_MODULES,
+                             TrainingConfig)
 
 WORKFLOW = "moe-optimization-workflow.md"
 OVERLAP = "moe-comm-overlap.txt"
@@ -178,6 +179,20 @@ RULES: tuple[Rule, ...] = (
     ("unknown_graph_module", README,
      lambda c, e: bool(set(c.cuda_graph_modules) - set(CUDA_GRAPH_MODULES)),
      f"CUDA graph modules must be among {', '.join(CUDA_GRAPH_MODULES)}"),
+    ("unknown_offload_module", MEGATRON,
+     lambda c, e: bool(set(c.offload_modules) - set(OFFLOAD_MODULES)),
+     f"offload modules must be among {', '.join(OFFLOAD_MODULES)}"),
+    ("attn_proj_offload_without_core_attn", MEGATRON,
+     lambda c, e: "attn_proj" in c.offload_modules and "core_attn" not in c.offload_modules,
+     "offloading attn_proj needs core_attn offloaded too (its input is core_attn's output)"),
+    ("offload_inside_recomputed_moe", MEGATRON,
+     lambda c, e: c.recompute_granularity == "selective" and "moe" in c.recompute_modules
+     and bool({"moe_act", "expert_fc1", "fused_group_mlp"} & set(c.offload_modules)),
+     "do not offload moe_act/expert_fc1 while recomputing the whole MoE layer; drop one of them"),
+    ("fused_group_mlp_offload_needs_op_fuser", MEGATRON,
+     lambda c, e: "fused_group_mlp" in c.offload_modules,
+     "fused_group_mlp offload needs TE's op fuser, which moetune does not enable; offload expert_fc1 "
+     "or moe_act instead"),
     ("expert_bias_needs_sigmoid", MEGATRON,
      lambda c, e: e.m.moe_router_enable_expert_bias and e.m.moe_router_score_function != "sigmoid",
      "aux-loss-free expert bias needs --moe-router-score-function sigmoid; or drop the bias"),

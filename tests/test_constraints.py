@@ -74,6 +74,11 @@ CASES = [
     ({"recompute_granularity": "selective", "recompute_modules": ["everything"]}, {}, "unknown_recompute_module"),
     ({"cuda_graph_impl": "local", "cuda_graph_modules": ["attn", "optimizer"]}, {}, "unknown_graph_module"),
     ({"transformer_impl": "local"}, {}, "local_spec_sequence_parallel"),
+    ({"offload_modules": ["mlp"]}, {}, "unknown_offload_module"),
+    ({"offload_modules": ["attn_proj"]}, {}, "attn_proj_offload_without_core_attn"),
+    ({"grouped_gemm": True, "recompute_granularity": "selective", "recompute_modules": ["moe"],
+      "offload_modules": ["expert_fc1"]}, {}, "offload_inside_recomputed_moe"),
+    ({"offload_modules": ["fused_group_mlp"]}, {}, "fused_group_mlp_offload_needs_op_fuser"),
 ]
 
 
@@ -118,6 +123,11 @@ def test_enough_distinct_refusals_covered():
     codes = {c[2] for c in CASES} | {c[1] for c in MODEL_CASES}
     assert len(codes) >= 25
     assert codes <= {r[0] for r in RULES}
+
+
+def test_allowed_offload_passes():
+    cfg = OK.replace(grouped_gemm=True, offload_modules=["core_attn", "attn_proj", "expert_fc1", "moe_act"])
+    assert check(cfg, MODEL, H100) == []
 
 
 def test_mla_model_allows_mla_recompute():
