@@ -95,9 +95,9 @@ def activation_bytes_per_layer(m: ModelArch, c: TrainingConfig, moe: bool) -> fl
     kv = 2 * m.num_query_groups * d
     mods = set(c.recompute_modules) | set(c.offload_modules)
     layernorm = 0 if ({"layernorm", "attn_norm", "mlp_norm"} & mods) else 2 * 2 * s * b * h / sp
-    qkv_in = 2 * s * b * h / sp * (1 if tp == 1 else 1)
+    qkv_in = 0 if "qkv_linear" in c.offload_modules else 2 * s * b * h / sp
     core = 0 if "core_attn" in mods else 2 * s * b * (q + kv + q) / tp + 4 * s * b * m.num_attention_heads / tp
-    proj_in = 2 * s * b * q / tp
+    proj_in = 0 if "attn_proj" in c.offload_modules else 2 * s * b * q / tp
     residual = 2 * s * b * h / sp
     attn = layernorm + qkv_in + core + proj_in + residual + attention_scores_bytes(m, c, mods)
     if not moe:
@@ -107,8 +107,9 @@ def activation_bytes_per_layer(m: ModelArch, c: TrainingConfig, moe: bool) -> fl
         return attn + 2 * s * b * h / sp
     tokens = s * b * m.moe_router_topk / sp  # tokens an EP rank holds after dispatch (balanced)
     f = m.moe_ffn_hidden_size / (c.etp or c.tp)
-    act = 0 if ({"moe_act", "expert_fc1"} & mods) else 2 * tokens * f
-    experts = 2 * tokens * h * 2 + 2 * tokens * 2 * f + act  # dispatched in, permuted, fc1 out, act
+    act = 0 if "moe_act" in mods else 2 * tokens * f  # SwiGLU output, kept for fc2
+    fc1_in = 0 if "expert_fc1" in mods else 2 * tokens * h  # the permuted tokens, kept for fc1
+    experts = 2 * tokens * h + fc1_in + 2 * tokens * 2 * f + act  # dispatched in, permuted, fc1 out, act
     router = 4 * s * b * m.num_experts / sp
     shared = 0
     if m.moe_shared_expert_intermediate_size and "shared_experts" not in mods:

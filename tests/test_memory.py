@@ -31,6 +31,12 @@ def test_knobs_move_the_estimate_the_right_way():
                                                recompute_modules=["moe_act", "layernorm"]), 16)
     full = estimate(e.model, e.baseline.replace(recompute_granularity="full", recompute_num_layers=1), 16)
     assert full.activations_gb < sel.activations_gb < base.activations_gb
+    offloaded = [base.activations_gb]
+    for mods in (["qkv_linear"], ["qkv_linear", "core_attn", "attn_proj"],
+                 ["qkv_linear", "core_attn", "attn_proj", "expert_fc1"],
+                 ["qkv_linear", "core_attn", "attn_proj", "expert_fc1", "moe_act"]):
+        offloaded.append(estimate(e.model, e.baseline.replace(offload_modules=mods), 16).activations_gb)
+    assert offloaded == sorted(offloaded, reverse=True) and len(set(offloaded)) == 5  # each one saves
     assert estimate(e.model, e.baseline.replace(micro_batch=2, global_batch=1024), 16).activations_gb > \
         1.8 * base.activations_gb
     assert estimate(e.model, e.baseline.replace(ep=8), 16).weights_gb > base.weights_gb
