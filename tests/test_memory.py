@@ -80,19 +80,23 @@ def test_model_state_within_10_percent_of_megatron():
 
 
 def test_estimate_within_10_percent_of_measured_peak():
-    """Real GPU runs (trial bank: moe_proxy on 2x H200, local attention, Megatron's max allocated):
-    the MoE-aware estimate without the fixed overhead lands within 10 % of the measured peak, and
-    the unfused attention's score matrix is what makes longer sequences cost more than linearly."""
+    """Real GPU runs (trial bank: moe_proxy on 1-2x H200, local attention, Megatron's max allocated):
+    the MoE-aware estimate without the fixed overhead lands within 10 % of the measured peak, 15 %
+    where the EP all-to-all overlap adds its buffers (not modelled), and the unfused attention's
+    score matrix is what makes longer sequences cost more than linearly."""
     from pipeline.config import TrainingConfig
     from pipeline.experiment import REPO
     bank = [json.loads(line) for line in (REPO / "benchmarks/trial_bank/bank.jsonl").read_text().splitlines()
             if line.strip()]
     proxy = load_experiment("moe_proxy")
-    picked = {b["name"]: b for b in bank if b["name"] in ("baseline", "mbs1", "mbs4", "seq4096")}
-    assert len(picked) == 4
-    for name, b in picked.items():
-        est = estimate(proxy.model, TrainingConfig.from_dict(b["config"]), proxy.cluster.gpus)
-        assert est.model_state_gb + est.activations_gb == pytest.approx(b["peak_memory_gb"], rel=0.10), name
+    done = [b for b in bank if b["state"] == "COMPLETED" and b["peak_memory_gb"]]
+    assert len(done) >= 10
+    for b in done:
+        c = TrainingConfig.from_dict(b["config"])
+        est = estimate(proxy.model, c, b["gpus"])
+        rel = 0.15 if c.overlap_ep_a2a else 0.10
+        assert est.model_state_gb + est.activations_gb == pytest.approx(b["peak_memory_gb"], rel=rel), b["name"]
+    picked = {b["name"]: b for b in done}
     base = TrainingConfig.from_dict(picked["baseline"]["config"])
     a1 = estimate(proxy.model, base, 2).activations_gb
     a2 = estimate(proxy.model, base.replace(seq_length=4096), 2).activations_gb
