@@ -6,15 +6,13 @@ import sys
 
 from pipeline.config import TrainingConfig
 from pipeline.constraints import check
+from pipeline.cliutil import add_gpu_args, exit_code
 from pipeline.experiment import ConfigError, load_experiment
 from pipeline.model import ModelArch
 
 
 def main(argv: list[str]) -> int:
-    try:
-        return _main(argv)
-    except SystemExit as e:  # argparse's usage errors and --help
-        return e.code if isinstance(e.code, int) else 2
+    return exit_code(_main, argv)
 
 
 def _main(argv: list[str]) -> int:
@@ -22,8 +20,7 @@ def _main(argv: list[str]) -> int:
                                 description="Check a Megatron command line against the combinations "
                                             "Megatron and the MoE guidance forbid. Prints ok, or one "
                                             "line per violation (exit 1).")
-    p.add_argument("--gpus", type=int, help="world size (default: the experiment's, else 8)")
-    p.add_argument("--gpu-type", choices=("H100", "H200", "B200", "GB200", "GB300"))
+    add_gpu_args(p, "world size (default: the experiment's, else 8)")
     p.add_argument("--experiment", help="take the model and cluster from experiments/NAME.yaml")
     p.add_argument("--no-te", action="store_true", help="the image has no Transformer Engine")
     p.add_argument("--deep-ep", action="store_true", help="the image has deep_ep")

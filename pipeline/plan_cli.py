@@ -5,15 +5,13 @@ import argparse
 import json
 import sys
 
+from pipeline.cliutil import add_gpu_args, exit_code
 from pipeline.experiment import ConfigError, load_experiment
 from pipeline.memory import plan
 
 
 def main(argv: list[str]) -> int:
-    try:
-        return _main(argv)
-    except SystemExit as e:  # argparse's usage errors and --help
-        return e.code if isinstance(e.code, int) else 2
+    return exit_code(_main, argv)
 
 
 def _main(argv: list[str]) -> int:
@@ -21,8 +19,7 @@ def _main(argv: list[str]) -> int:
                                 description="List the layouts whose estimated per-GPU memory fits, least "
                                             "model parallelism first (fit first: moe-optimization-workflow.md).")
     p.add_argument("model", help="experiment name (experiments/NAME.yaml) or path")
-    p.add_argument("--gpus", type=int, help="GPU count (default: the experiment's cluster)")
-    p.add_argument("--gpu-type", choices=("H100", "H200", "B200", "GB200", "GB300"))
+    add_gpu_args(p, "GPU count (default: the experiment's cluster)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--limit", type=int, default=10)
     args = p.parse_args(argv)
