@@ -10,6 +10,7 @@ from typing import Callable
 
 from pipeline.config import (CUDA_GRAPH_MODULES, DISPATCHERS, FLEX_BACKENDS, OFFLOAD_MODULES, RECOMPUTE_MODULES,
                              TrainingConfig)
+from pipeline.section import gpu_count
 
 WORKFLOW = "moe-optimization-workflow.md"
 OVERLAP = "moe-comm-overlap.txt"
@@ -212,7 +213,7 @@ RULES: tuple[Rule, ...] = (
 def env_of(model, cluster) -> Env:
     g = lambda k, d=None: (cluster.get(k, d) if isinstance(cluster, dict) else getattr(cluster, k, d))
     from pipeline.experiment import GPU_GENERATION
-    gpus = int(g("nodes", 1) or 1) * int(g("gpus_per_node", 8) or 8)
+    gpus = gpu_count(cluster, per_node=8)
     return Env(m=model, gpus=gpus, generation=GPU_GENERATION.get(g("gpu_type", "H100"), "hopper"),
                has_te=bool(g("has_transformer_engine", True)), has_deep_ep=bool(g("has_deep_ep", False)),
                nvlink_domain=int(g("nvlink_domain", 8) or 1))

@@ -22,6 +22,8 @@ from typing import Any, Mapping
 
 import jinja2
 
+from pipeline.section import get as _get
+
 TEMPLATES = Path(__file__).resolve().parent.parent / "sbatch_templates"
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE_FILES = {"venv": "venv.sh.j2", "container": "container.sh.j2"}
@@ -94,14 +96,6 @@ class JobSpec:
     @property
     def rank_var(self) -> str:
         return "SLURM_PROCID" if self.launcher == "srun" else "RANK"
-
-
-def _get(cluster: Any, key: str, default: Any = None) -> Any:
-    if isinstance(cluster, Mapping):
-        value = cluster.get(key, default)
-    else:
-        value = getattr(cluster, key, default)
-    return default if value is None else value
 
 
 def time_minutes(value: Any) -> int:

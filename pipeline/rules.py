@@ -20,6 +20,7 @@ from typing import Any, Callable
 import yaml
 
 from pipeline.config import TrainingConfig
+from pipeline.section import as_dict, gpu_count
 
 RULES_FILE = Path(__file__).with_name("rules.yaml")
 WALLS = ("memory", "communication", "host_overhead", "compute")
@@ -146,21 +147,9 @@ def load_rules(path: str | Path = RULES_FILE) -> list[Rule]:
 
 
 # -- the context conditions read ------------------------------------------------------------
-def _attrs(obj) -> dict:
-    if obj is None:
-        return {}
-    if isinstance(obj, dict):
-        return dict(obj)
-    if hasattr(obj, "model_dump"):
-        return obj.model_dump()
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    return {k: v for k, v in vars(obj).items() if not k.startswith("_")}
-
-
 def derived(config: TrainingConfig, model: dict, cluster: dict, analysis: dict) -> dict:
     """Quantities the table's preconditions use that no single field holds."""
-    gpus = int(cluster.get("nodes") or 1) * int(cluster.get("gpus_per_node") or 1)
+    gpus = gpu_count(cluster)
     per_node = int(cluster.get("gpus_per_node") or gpus)
     nvl = int(cluster.get("nvlink_domain") or per_node)
     etp = config.etp or config.tp
@@ -214,14 +203,14 @@ def holds(cond, ctx: dict) -> bool:
 
 
 def context(analysis: dict, config: TrainingConfig, model, cluster, tuning=None) -> dict:
-    model_d, cluster_d = _attrs(model), _attrs(cluster)
+    model_d, cluster_d = as_dict(model), as_dict(cluster)
     metrics = dict(((analysis.get("metrics") or {}).get("combined")) or {})
     d = derived(config, model_d, cluster_d, analysis)
     metrics.setdefault("memory_used_share", d["memory_used_share"])
     metrics["log_failure"] = (analysis.get("log") or {}).get("failure")
     cfg = config.to_dict()
     return {"metric": metrics, "config": cfg, "cluster": cluster_d, "model": model_d,
-            "tuning": _attrs(tuning), "derived": d}
+            "tuning": as_dict(tuning), "derived": d}
 
 
 def walls_in_order(analysis: dict) -> list[str]:

@@ -24,6 +24,7 @@ import yaml
 
 from pipeline.config import TrainingConfig
 from pipeline.model import ModelArch
+from pipeline.section import get as attr, gpu_count
 
 REPO = Path(__file__).resolve().parents[1]
 ITERATION_LINE = re.compile(r"iteration\s+\d+\s*/\s*\d+\s*\|")
@@ -67,12 +68,6 @@ def constraint_check(config: TrainingConfig, model, cluster) -> list:
     return check(config, model, cluster)
 
 
-def attr(obj, name: str, default=None):
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
-
 def image_of(cluster) -> str:
     """What identifies the software on a cluster: a rule not applied is retried when it changes."""
     for key in ("image", "container_image", "template"):
@@ -83,7 +78,7 @@ def image_of(cluster) -> str:
 
 
 def gpus_of(config: TrainingConfig, cluster) -> int:
-    return int(attr(cluster, "nodes", 1) or 1) * int(attr(cluster, "gpus_per_node", 1) or 1)
+    return gpu_count(cluster)
 
 
 # -- one trial's stages ------------------------------------------------------------------------

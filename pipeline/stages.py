@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline import jobs, render
+from pipeline.section import as_dict
 from pipeline.store import now
 
 STAGE_ORDER = ("render", "submit", "collect", "export", "analyze", "decide")
@@ -123,17 +124,6 @@ def _render_inputs(t: Trial) -> tuple[list[Path], Any]:
     return [], {"config": t.row.config, "model": model.to_dict(), "cluster": cluster_d,
                 "folder": str(t.folder), "launcher": _launcher(t), "templates": render.template_texts()}
 
-
-def as_dict(obj: Any) -> dict:
-    """A cluster section as a plain dict, whatever class the experiment loader made it."""
-    if isinstance(obj, dict):
-        return obj
-    for method in ("model_dump", "to_dict"):
-        if hasattr(obj, method):
-            return getattr(obj, method)()
-    if hasattr(obj, "__dataclass_fields__"):
-        return asdict(obj)
-    return dict(vars(obj))
 
 
 def _launcher(t: Trial) -> str:

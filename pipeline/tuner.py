@@ -24,6 +24,7 @@ from pathlib import Path
 from pipeline import applied, rules as rules_mod, runner
 from pipeline.config import TrainingConfig
 from pipeline.runner import TunerError, attr
+from pipeline.section import as_dict
 
 JUDGED = ("keep", "revert", "not_applied", "skip")
 DEFAULTS = {"budget_trials": 8, "budget_gpu_hours": 10.0, "noise_threshold": 0.02, "patience": 3,
@@ -140,7 +141,7 @@ class Tuner:
         self.study = store.create_study(study_name, experiment.model.name, {
             "experiment": experiment.name, "executor": "local" if executor == "replay" else executor,
             "replay": executor == "replay", "model": experiment.model.to_dict(),
-            "cluster": rules_mod._attrs(experiment.cluster), "tuning": rules_mod._attrs(experiment.tuning),
+            "cluster": as_dict(experiment.cluster), "tuning": as_dict(experiment.tuning),
             "baseline": experiment.baseline.to_dict()})
         self.gpus = runner.gpus_of(experiment.baseline, experiment.cluster)
 
