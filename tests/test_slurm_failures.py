@@ -38,10 +38,17 @@ def submitted(store, tid) -> str:
     return store.trial(tid).slurm_job_id
 
 
-def jobs_named(name: str) -> list[str]:
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "--name", name, "-S", "now-1days", "-o", "JobID"],
-                         capture_output=True, text=True, check=True).stdout
-    return [x for x in out.split() if x]
+def jobs_named(name: str, wait_s: float = 30) -> list[str]:
+    """Job ids with this name in Slurm's accounting. slurmdbd records jobs asynchronously, so an
+    empty answer is asked again for up to `wait_s` (seen in CI: empty right after a cancel)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "--name", name, "-S", "now-1days", "-o", "JobID"],
+                             capture_output=True, text=True, check=True).stdout
+        ids = [x for x in out.split() if x]
+        if ids or time.monotonic() > deadline:
+            return ids
+        time.sleep(1)
 
 
 @pytest.fixture(scope="module")
