@@ -129,13 +129,32 @@ def resolve_kind(kind: str) -> str:
     return kind
 
 
+def local_gpus(gpus: int, visible: str | None = None) -> dict:
+    """submitit's local executor sets the job's CUDA_VISIBLE_DEVICES to its first `gpus_per_node`
+    GPUs, and to nothing when it is not given: pass the job's GPU count, and the GPUs this process
+    may use where CUDA_VISIBLE_DEVICES already narrows them."""
+    if not gpus:
+        return {"gpus_per_node": 0}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if not visible:
+        return {"gpus_per_node": gpus}
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    if not all(v.isdigit() for v in ids):
+        raise JobError(f"CUDA_VISIBLE_DEVICES={visible!r}: the local executor needs GPU indices, "
+                       "not UUIDs; set indices or unset it")
+    if len(ids) < gpus:
+        raise JobError(f"the job needs {gpus} GPUs but CUDA_VISIBLE_DEVICES={visible!r} shows "
+                       f"{len(ids)}; lower cluster.gpus_per_node or widen CUDA_VISIBLE_DEVICES")
+    return {"gpus_per_node": gpus, "visible_gpus": tuple(int(v) for v in ids)}
+
+
 def make_executor(kind: str, folder: str | Path, spec: JobSpec | None = None):
     """A submitit executor for one trial's job (parameters from the job spec)."""
     kind = resolve_kind(kind)
     if kind == "local":
         ex = submitit.LocalExecutor(folder=str(folder))
         if spec:
-            ex.update_parameters(timeout_min=spec.time_min)
+            ex.update_parameters(timeout_min=spec.time_min, **local_gpus(spec.gpus_per_node))
         return ex
     ex = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=0)
     if spec:

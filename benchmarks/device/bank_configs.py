@@ -45,6 +45,14 @@ CONFIGS = [
     ("manual_gc_mbs4", {"manual_gc": True, "micro_batch": 4}),
     ("cuda_graph_attn", {"cuda_graph_impl": "local", "cuda_graph_modules": ["attn"]}),
     ("overlap_gc_mbs4", {"overlap_ep_a2a": True, "manual_gc": True, "micro_batch": 4}),
+    # the flex dispatcher with DeepEP / HybridEP (deep_ep built by benchmarks/device_setup.sh)
+    ("flex_deepep", {"dispatcher": "flex", "flex_backend": "deepep"}),
+    # HybridEP takes float32 router probabilities only (Megatron warns, then the run crashes)
+    ("flex_hybridep", {"dispatcher": "flex", "flex_backend": "hybridep", "router_dtype": "fp32"}),
+    ("flex_deepep_mbs4", {"dispatcher": "flex", "flex_backend": "deepep", "micro_batch": 4}),
+    ("flex_hybridep_mbs4", {"dispatcher": "flex", "flex_backend": "hybridep", "router_dtype": "fp32",
+                            "micro_batch": 4}),
+    ("flex_deepep_overlap", {"dispatcher": "flex", "flex_backend": "deepep", "overlap_ep_a2a": True}),
     # one GPU each (EP=1, DP=1): run two at a time
     ("baseline_1gpu", {"ep": 1, "global_batch": 8}),
     ("mbs4_1gpu", {"ep": 1, "global_batch": 8, "micro_batch": 4}),

@@ -5,7 +5,7 @@
 # Writes NAME.log, NAME.sqlite.xz and NAME.json (timings) under $OUT; prints a table last.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export CUDA_DEVICE_MAX_CONNECTIONS=1
+export CUDA_DEVICE_MAX_CONNECTIONS=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 B=/opt/nvidia/nsight-compute/2025.3.1/host
 N=$B/target-linux-x64/nsys

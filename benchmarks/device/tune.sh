@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The device tuning run: `moetune tune moe_proxy --executor local` on the GPU machine, every trial
+# a real Megatron training under nsys 2025.3 (submitit's local executor; no Slurm there).
+# From the repo root, with .whl (megatron-core, submitit, pydantic, sqlalchemy) and .devlib carried:
+#   bash benchmarks/device/tune.sh start [EXPERIMENT]   # the tuner in its own session (outlives the call)
+#   bash benchmarks/device/tune.sh wait SECONDS         # until it ends or SECONDS pass
+#   bash benchmarks/device/tune.sh pack                 # store, reports, logs, analyses, 2 traces → $OUT
+# The tuner's files live under /tmp/moetune-tune, so a later call on the same warm machine finds them.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+B=/opt/nvidia/nsight-compute/2025.3.1/host
+W=/tmp/moetune-tune
+mkdir -p "$W"
+
+setup() {
+  if ! python3 -c 'import megatron.core, submitit, pydantic, sqlalchemy' 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl || exit 1
+  fi
+  # nsys stops at a .qdstrm there; the export stage runs the importer, which needs libdw/libelf
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$PWD/.devlib" \
+    "$B/linux-desktop-glibc_2_11_3-x64/QdstrmImporter" > "$W/importer"
+  chmod +x "$W/importer"
+}
+
+export PYTHONPATH="/tmp/site:$PWD" MOETUNE_QDSTRM_IMPORTER="$W/importer" MOETUNE_NSYS="$B/target-linux-x64/nsys"
+
+case "${1:-}" in
+  start)
+    setup
+    exp=${2:-moe_proxy}
+    # the experiment as written, with nsys named by its path on this machine
+    python3 - "$exp" "$MOETUNE_NSYS" "$W/experiment.yaml" <<'EOF' || exit 1
+import sys, yaml
+from pipeline.experiment import experiment_path
+d = yaml.safe_load(experiment_path(sys.argv[1]).read_text())
+d["cluster"]["nsys"] = sys.argv[2]
+open(sys.argv[3], "w").write(yaml.safe_dump(d, sort_keys=False))
+EOF
+    date -u +%FT%TZ > "$W/started"
+    setsid nohup python3 -m pipeline.cli --db "$W/moetune.db" tune "$W/experiment.yaml" \
+      --executor local --runs "$W/runs" --out "$W/reports" --no-progress > "$W/tune.log" 2>&1 &
+    echo $! > "$W/pid"
+    echo "tuner started (pid $(cat "$W/pid"))"
+    ;;
+  wait)
+    limit=${2:-500}; t0=$SECONDS
+    while kill -0 "$(cat "$W/pid")" 2>/dev/null && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 5; done
+    if kill -0 "$(cat "$W/pid")" 2>/dev/null; then echo "tuner still running after ${limit}s"
+    else date -u +%FT%TZ > "$W/ended"; echo "tuner ended"; fi
+    tail -5 "$W/tune.log"
+    python3 -m pipeline.cli --db "$W/moetune.db" status 2>&1 | tail -25
+    ;;
+  pack)
+    d="$OUT/tune"; mkdir -p "$d"
+    cp "$W"/moetune.db "$W"/tune.log "$W"/experiment.yaml "$W"/started "$d"/ 2>/dev/null
+    cp "$W"/ended "$d"/ 2>/dev/null
+    cp -r "$W/reports" "$d"/ 2>/dev/null
+    # every trial's small files; the traces of the first and the best trial, slimmed and xz'd
+    for t in "$W"/runs/*/*/; do
+      n=$(basename "$t"); mkdir -p "$d/runs/$n"
+      find "$t" -maxdepth 1 -type f \( -name '*.json' -o -name '*.txt' -o -name '*.sh' -o -name '*.md' \) \
+        -size -4M -exec cp {} "$d/runs/$n/" \;
+    done
+    python3 - "$W" "$d" <<'EOF'
+import json, pathlib, subprocess, sys
+w, d = map(pathlib.Path, sys.argv[1:])
+trials = sorted((p for p in (w / "runs").glob("*/*") if p.is_dir()), key=lambda p: int(p.name))
+step = {}
+for t in trials:
+    try:
+        step[t] = json.loads((t / "analysis.json").read_text())["metrics"]["combined"]["step_time_ms"]
+    except Exception:
+        pass
+keep = set(trials[:1]) | ({min(step, key=step.get)} if step else set())
+for t in keep:
+    for s in t.glob("trace_*.sqlite"):
+        out = d / "runs" / t.name / s.name
+        subprocess.run([sys.executable, "benchmarks/slim_trace.py", str(s), str(out)], check=False)
+        subprocess.run(["xz", "-9", "-T0", "-f", str(out)], check=False)
+EOF
+    du -sh "$d"; bash benchmarks/device/pack.sh tune
+    ;;
+  *) echo "usage: $0 start [EXPERIMENT] | wait SECONDS | pack"; exit 2 ;;
+esac

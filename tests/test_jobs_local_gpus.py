@@ -1,0 +1,55 @@
+"""submitit's local executor and the GPUs a local trial sees (CUDA_VISIBLE_DEVICES).
+
+Found on the GPU machine: without `gpus_per_node`, submitit sets the job's CUDA_VISIBLE_DEVICES to
+nothing, and Megatron stopped with "Megatron requires CUDA". These jobs run for real through
+submitit's local executor; their script only reports the variable, since no GPU is here."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from pipeline import jobs, render
+
+
+def _spec(tmp_path: Path, gpus: int) -> render.JobSpec:
+    folder = tmp_path / f"job{gpus}"
+    folder.mkdir()
+    (folder / "job.sh").write_text('echo "visible=[${CUDA_VISIBLE_DEVICES-unset}]"\n')
+    spec = render.job_spec(name="gpus", folder=folder, config={}, argv=[], launcher="local",
+                           cluster={"template": "venv", "gpus_per_node": gpus, "nsys": "off",
+                                    "time_limit": "00:02:00"})
+    return dataclasses.replace(spec, gpus_per_node=gpus)
+
+
+def _visible_in_job(tmp_path: Path, gpus: int) -> str:
+    spec = _spec(tmp_path, gpus)
+    ref = jobs.submit(spec, "local")
+    assert jobs.wait(ref, poll_s=0.2, timeout_s=60).state == "COMPLETED"
+    return Path(spec.log).read_text().strip()
+
+
+def test_local_job_sees_as_many_gpus_as_the_cluster_gives_a_node(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert _visible_in_job(tmp_path, 2) == "visible=[0,1]"
+
+
+def test_local_job_keeps_to_the_gpus_this_process_was_given(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
+    assert _visible_in_job(tmp_path, 2) == "visible=[3,5]"
+
+
+def test_cpu_job_sees_no_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert _visible_in_job(tmp_path, 0) == "visible=[]"
+
+
+@pytest.mark.parametrize("visible, needed, words", [
+    ("GPU-8f2c1a", 1, "UUIDs"),
+    ("0", 2, "needs 2 GPUs"),
+])
+def test_gpus_the_local_executor_cannot_give_are_one_clear_line(visible, needed, words):
+    with pytest.raises(jobs.JobError, match=words) as e:
+        jobs.local_gpus(needed, visible)
+    assert "\n" not in str(e.value)
