@@ -100,22 +100,27 @@ def _split(df, cols: tuple[str, ...]) -> dict:
 def analyze(paths=(), log=None, gpu_memory_gb: float | None = None) -> dict:
     from analysis.gpu_metrics import sm_active_share
     from analysis.logs import parse_log
+    from analysis.kernels import A2A_CLASSES
     from analysis.metrics import combine, rank_metrics
+    from analysis.skew import a2a_wait_ns
     from analysis.walls import classify as classify_wall
     from analysis.window import find_window
     if not paths and not log:
         raise TraceError("nothing to analyze: give trace files and/or --log")
     parsed_log = parse_log(log) if log else None
     per_rank: dict[int, dict] = {}
+    a2a_kernels, windows = {}, {}
     for rank, k, copies, rt, nvtx, mem, gpus, sm in _ranks(paths):
         w = find_window(k, rt, nvtx)
         per_rank[rank] = rank_metrics(k, copies, rt, mem, w)
+        if not k.empty and w.ns > 0:
+            a2a_kernels[rank], windows[rank] = k[k["cls"].isin(A2A_CLASSES)], w
         sampled = sm_active_share(sm, w.start, w.end)
         if sampled is not None:  # measured by the GPU, beside the timeline's sm_util_estimate
             per_rank[rank]["sm_active_share"] = sampled
         if gpu_memory_gb is None and not gpus.empty and "totalMemory" in gpus:
             gpu_memory_gb = float(gpus["totalMemory"].max()) / 2**30
-    combined = combine(per_rank) if per_rank else {}
+    combined = combine(per_rank, a2a_wait_ns(a2a_kernels, windows)) if per_rank else {}
     if parsed_log:
         for key in ("step_time_ms", "step_time_std_ms", "tflops_per_gpu", "tokens_per_s"):
             if combined.get(key) is None and parsed_log.get(key) is not None:

@@ -192,10 +192,37 @@ def _kernels(con, tables) -> pd.DataFrame:
     t = "CUPTI_ACTIVITY_KIND_KERNEL"
     if t not in tables:
         return pd.DataFrame(columns=[*KERNEL_COLS, "name"])
-    name_col = "shortName" if "shortName" in tables[t] else "demangledName"
+    cols = tables[t]
+    if "shortName" in cols and "demangledName" in cols:
+        df = _ints(con, t, (*KERNEL_COLS, "shortName", "demangledName"))
+        df["name"] = _qualified_names(con, df.pop("shortName"), df.pop("demangledName"))
+        return df
+    name_col = "shortName" if "shortName" in cols else "demangledName"
     df = _ints(con, t, (*KERNEL_COLS, name_col))
     df["name"] = _names(con, df.pop(name_col))
     return df
+
+
+def qualified_name(short: str, demangled: str) -> str:
+    """A kernel's short name with the namespaces the demangled name puts it in, and without template
+    or parameter lists: `deep_ep::intranode::dispatch`, `at::native::vectorized_elementwise_kernel`.
+    Short names alone lose what library a kernel is from (DeepEP's is plain `dispatch`)."""
+    head = re.split(r"[<(]", demangled, maxsplit=1)[0].rsplit(" ", 1)[-1]
+    return head if head.endswith("::" + short) else short
+
+
+def _qualified_names(con, short: pd.Series, demangled: pd.Series) -> pd.Categorical:
+    """qualified_name of each kernel, one lookup per distinct (short, demangled) pair."""
+    s, d = short.to_numpy(np.int64), demangled.to_numpy(np.int64)  # NULL ids read as -1
+    width = int(d.max(initial=0)) + 2
+    codes, uniques = pd.factorize(s * width + d + 1)
+    pairs = [(int(u) // width, int(u) % width - 1) for u in uniques]
+    ids = {i for pair in pairs for i in pair}
+    q = ",".join(str(i) for i in ids) or "NULL"
+    found = dict(con.execute(f"SELECT id, value FROM StringIds WHERE id IN ({q})").fetchall())
+    names = [qualified_name(found.get(a, "?"), found.get(b, "")) for a, b in pairs]
+    cats = pd.Index(names).unique()
+    return pd.Categorical.from_codes(cats.get_indexer(names)[codes] if len(codes) else codes, categories=cats)
 
 
 def _copies(con, tables) -> pd.DataFrame:

@@ -190,11 +190,13 @@ SHARE_KEYS = ("gpu_busy_share", "gpu_idle_share", "sm_util_estimate", "comm_shar
               "exposed_comm_share", "exposed_a2a_share", "exposed_other_comm_share")
 
 
-def combine(per_rank: dict[int, dict]) -> dict:
+def combine(per_rank: dict[int, dict], a2a_wait_ns: dict[int, float] | None = None) -> dict:
     """Across ranks: means of shares and times, the slowest step, and the all-to-all skew split.
 
-    The transfer cost of the all-to-all is estimated from the rank that spends least time in it
-    (that rank did not wait); what other ranks spend beyond it is waiting for a late peer.
+    With `a2a_wait_ns` (analysis.skew: each rank's wait for its peers' matching kernels) the wait
+    is that, per step, and the transfer is the rest of the all-to-all time. Without it (one rank's
+    trace, or kernels not matched) the transfer is the time of the rank that spends least in the
+    all-to-all (that rank did not wait), and what the others spend beyond it is waiting.
     """
     ranks = [m for m in per_rank.values() if m.get("window_ms", 0) > 0]
     out: dict = {"ranks": len(per_rank)}
@@ -224,8 +226,18 @@ def combine(per_rank: dict[int, dict]) -> dict:
     if "peak_memory_gb" in out:
         out["peak_memory_gb"] = max(m.get("peak_memory_gb", 0) for m in ranks)
     a2a = [m.get("a2a_ms", 0.0) for m in ranks]
-    transfer = min(a2a)
-    wait = float(np.mean(a2a)) - transfer
+    if a2a_wait_ns:
+        waits = []
+        for rank, m in per_rank.items():
+            if m.get("window_ms", 0) > 0:
+                per_step = a2a_wait_ns.get(rank, 0.0) / NS_PER_MS / max(m.get("steps", 0), 1)
+                m["a2a_wait_ms"] = round(min(per_step, m.get("a2a_ms", 0.0)), 4)
+                waits.append(m["a2a_wait_ms"])
+        wait = float(np.mean(waits))
+        transfer = float(np.mean(a2a)) - wait
+    else:
+        transfer = min(a2a)
+        wait = float(np.mean(a2a)) - transfer
     out["a2a_transfer_ms"] = round(transfer, 4)
     out["a2a_wait_ms"] = round(wait, 4)
     step = out.get("step_time_ms") or out["window_ms"] / max(out["steps"], 1)

@@ -21,7 +21,7 @@ THRESHOLDS: tuple[tuple[str, str, str, str, float, str], ...] = (
     ("gpu_idle", "host_overhead", "gpu_idle_share", ">=", 0.25,
      WORKFLOW + ": GPU gaps, launch-bound traces"),
     ("straggler_wait", "host_overhead", "a2a_wait_share", ">=", 0.15,
-     "a late rank makes its peers' NCCL kernels wait: host stall, not communication"),
+     "a late rank makes its peers' all-to-all kernels (NCCL, DeepEP, HybridEP) wait: host stall, not communication"),
     ("short_kernels", "host_overhead", "launch_bound", ">=", 1.0,
      WORKFLOW + ": launch-bound (median kernel under 20 us with idle over 10%)"),
     ("busy_compute", "compute", "sm_util_estimate", ">=", 0.70,

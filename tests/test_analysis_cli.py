@@ -12,13 +12,14 @@ SENDRECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
 
 
 def _rank(path, a2a_us):
-    """One rank of 2 steps of 1000 us: a 400 us GEMM, then an all-to-all of `a2a_us` alone."""
+    """One rank of 2 steps of 1000 us: a GEMM, then an all-to-all of `a2a_us` alone that ends at
+    900 us on every rank (a rank whose GEMM ends sooner starts its all-to-all early and waits)."""
     b = TraceBuilder(gpu_memory_gb=80)
     for i in range(2):
         t = i * 1000
         b.range(f"iteration {i}", t, t + 1000)
-        b.kernel(GEMM, t, t + 400, launch_us=(t - 5, t - 1))
-        b.kernel(SENDRECV, t + 400, t + 400 + a2a_us, stream=9, launch_us=(t + 390, t + 395))
+        b.kernel(GEMM, t, t + 900 - a2a_us, launch_us=(t - 5, t - 1))
+        b.kernel(SENDRECV, t + 900 - a2a_us, t + 900, stream=9, launch_us=(t + 890 - a2a_us, t + 895 - a2a_us))
     return b.write(path)
 
 
@@ -43,9 +44,10 @@ def test_folder_is_one_rank_per_file_and_formats(tmp_path, capsys):
     assert set(r["metrics"]["per_rank"]) == {"0", "1"}
     c = r["metrics"]["combined"]
     assert c["ranks"] == 2 and c["steps"] == 2
-    # rank 0: 500 us of a2a per step, rank 1: 300 us; the fastest rank's 300 us is the transfer
+    # rank 0: 500 us of a2a per step from 400 us, rank 1: 300 us from 600 us; rank 0 waits 200 us
     assert c["a2a_transfer_ms"] == pytest.approx(0.3, abs=1e-3)
-    assert c["a2a_wait_ms"] == pytest.approx((0.5 + 0.3) / 2 - 0.3, abs=1e-3)
+    assert c["a2a_wait_ms"] == pytest.approx((0.2 + 0.0) / 2, abs=1e-3)
+    assert r["metrics"]["per_rank"]["0"]["a2a_wait_ms"] == pytest.approx(0.2, abs=1e-3)
     assert r["wall"] == "communication"
     assert analysis.cli_main([str(d), "--format", "markdown"]) == 0
     md = capsys.readouterr().out

@@ -14,6 +14,7 @@ EXPECTED = [
     ("a2a_hidden", "compute"),
     ("skew", "host_overhead"),
     ("megatron_moe_proxy_ep2", "host_overhead"),
+    ("megatron_flex_deepep", "host_overhead"),
 ]
 
 
@@ -53,3 +54,17 @@ def test_megatron_trace_shows_moe_kernels(traces):
 def test_oom_log_is_memory():
     r = analysis.analyze([], log=DATA / "oom.log")
     assert r["wall"] == "memory" and r["log"]["failure"] == "oom"
+
+
+def test_deepep_kernels_are_recognised_and_their_waits_split_from_transfer(traces):
+    """DeepEP's short kernel names are bare (`dispatch`, `combine`): the loader qualifies them with
+    the namespace from the demangled name. Its notify kernels spin until the late peer arrives."""
+    from analysis.load import open_trace
+    names = set(open_trace(traces / "megatron_flex_deepep.sqlite.xz").kernels["name"].astype(str))
+    assert {"deep_ep::intranode::dispatch", "deep_ep::intranode::combine"} <= names
+    r = analysis.analyze([traces / "megatron_flex_deepep.sqlite.xz"],
+                         log=DATA / "megatron_flex_deepep.log.xz")
+    c = r["metrics"]["combined"]
+    assert c["kernel_class_count"]["deepep"] > 0 and c["kernel_class_count"]["a2a"] == 0
+    assert c["a2a_wait_ms"] > 10 * c["a2a_transfer_ms"] > 0  # spinning for a peer, not moving data
+    assert r["wall"] == "host_overhead"

@@ -1,0 +1,44 @@
+"""Kernel names qualified by namespace, and the all-to-all wait split kernel by kernel."""
+import pandas as pd
+import pytest
+
+from analysis.load import qualified_name
+from analysis.skew import a2a_wait_ns
+from analysis.window import Window
+
+
+@pytest.mark.parametrize("short, demangled, expected", [
+    ("dispatch", "void deep_ep::intranode::dispatch<(int)2, (int)768>(int4 *, float *)",
+     "deep_ep::intranode::dispatch"),
+    ("vectorized_elementwise_kernel",
+     "void at::native::vectorized_elementwise_kernel<4, at::native::sigmoid_kernel_cuda>(int)",
+     "at::native::vectorized_elementwise_kernel"),  # template arguments do not leak into the name
+    ("ncclDevKernel_SendRecv", "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
+     "ncclDevKernel_SendRecv"),
+    ("kernel", "void (anonymous namespace)::kernel<float>(float *)", "kernel"),
+    ("nvjet_sm90_tst_128x256", "", "nvjet_sm90_tst_128x256"),
+])
+def test_qualified_name(short, demangled, expected):
+    assert qualified_name(short, demangled) == expected
+
+
+def _k(rows):
+    return pd.DataFrame(rows, columns=["name", "start", "end"])
+
+
+def test_wait_is_start_skew_of_matching_kernels_and_is_clipped_to_the_window():
+    # rank 0 starts each combine 300 ns before rank 1; dispatches start together
+    r0 = _k([("dispatch", 0, 100), ("combine", 200, 600), ("dispatch", 1000, 1100), ("combine", 1200, 1600)])
+    r1 = _k([("dispatch", 0, 100), ("combine", 500, 600), ("dispatch", 1000, 1100), ("combine", 1500, 1600)])
+    whole = {0: Window(0, 2000, 2, (1000, 1000), "nvtx"), 1: Window(0, 2000, 2, (1000, 1000), "nvtx")}
+    assert a2a_wait_ns({0: r0, 1: r1}, whole) == {0: 600.0, 1: 0.0}
+    # rank 0's window starts at 1000: its first combine's wait is outside it, and the pairs still
+    # match by order over the whole capture (not shifted by the window)
+    late = {0: Window(1000, 2000, 1, (1000,), "nvtx"), 1: Window(0, 2000, 2, (1000, 1000), "nvtx")}
+    assert a2a_wait_ns({0: r0, 1: r1}, late) == {0: 300.0, 1: 0.0}
+
+
+def test_no_split_for_one_rank_or_unmatched_kernels():
+    w = {0: Window(0, 10, 1, (10,), "nvtx"), 1: Window(0, 10, 1, (10,), "nvtx")}
+    assert a2a_wait_ns({0: _k([("combine", 0, 5)])}, {0: w[0]}) is None
+    assert a2a_wait_ns({0: _k([("combine", 0, 5)]), 1: _k([("dispatch", 0, 5)])}, w) is None
