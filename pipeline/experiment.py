@@ -108,7 +108,8 @@ class Tuning(_Strict):
     budget_trials: int = Field(default=12, gt=0)
     budget_gpu_hours: float = Field(default=100.0, gt=0)
     profiled_steps: int = Field(default=3, gt=0)
-    noise_threshold: float = Field(default=0.02, ge=0, lt=1)
+    noise_threshold: float = Field(default=0.02, ge=0, lt=1)  # least relative gain that counts
+    significance: float = Field(default=0.05, gt=0, lt=0.5)  # rank test's p below which a gain is real
     patience: int = Field(default=3, gt=0)
     hang_timeout_s: float = Field(default=900.0, gt=0)
     allow_token_drop: bool = False  # token drop changes the model's quality: opt in

@@ -14,7 +14,7 @@ def _ms(v) -> str:
 def _evidence(d) -> str:
     ev = d.evidence or {}
     bits = []
-    for key in ("parent_step_time_ms", "step_time_ms", "noise_ms", "verify"):
+    for key in ("parent_step_time_ms", "step_time_ms", "p_faster", "noise_ms", "verify"):
         if ev.get(key) is not None:
             bits.append(f"{key}={ev[key]}")
     if ev.get("deciding"):

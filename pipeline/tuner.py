@@ -6,7 +6,7 @@ was, runs no config twice (one trial per config hash) and ends with the same bes
 
 Decisions (store.decisions, each with its evidence):
   keep         the trial becomes the incumbent (the baseline, or a change that beat the noise;
-               judged by `judged_step`: the log's median step and its spread, or the trace's)
+               judged by pipeline.judge: median of the log's steady steps and a rank test)
   apply        a rule was chosen for a new trial
   revert       the change was slower, within noise, out of memory, failed or hung
   not_applied  the trace does not show the fix; the rule is blocked on this cluster + image
@@ -16,19 +16,19 @@ Decisions (store.decisions, each with its evidence):
 from __future__ import annotations
 
 import json
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import applied, rules as rules_mod, runner
+from pipeline.judge import MIN_LOG_STEPS, compare, judged_step, noise_ms  # noqa: F401 (re-exported)
 from pipeline.config import TrainingConfig
 from pipeline.runner import TunerError, attr
 from pipeline.section import as_dict
 
 JUDGED = ("keep", "revert", "not_applied", "skip")
 DEFAULTS = {"budget_trials": 8, "budget_gpu_hours": 10.0, "noise_threshold": 0.02, "patience": 3,
-            "hang_timeout_s": 600.0}
+            "hang_timeout_s": 600.0, "significance": 0.05}
 
 
 @dataclass
@@ -81,35 +81,6 @@ def study_state(store, study, cluster) -> StudyState:
     return st
 
 
-def noise_ms(parent: dict, new: dict, rel: float) -> float:
-    """Least gain that counts: the relative threshold, or twice the standard error of the
-    difference of the two runs' mean step times, whichever is larger."""
-    def se(m):
-        std, n = m.get("step_time_std_ms") or 0.0, max(int(m.get("steps") or 1), 1)
-        return (std ** 2) / n
-    return max(rel * parent["step_time_ms"], 2.0 * math.sqrt(se(parent) + se(new)))
-
-
-MIN_LOG_STEPS = 6  # steady log iterations needed to judge by the log
-
-
-def judged_step(analysis: dict | None) -> dict:
-    """The step time a keep/revert judges by, robust to the stalls short runs show: the median
-    of the log's steady iterations (the first fifth, at least 3, are warm-up) with its spread
-    from the median absolute deviation; with too few iterations, the trace's NVTX steps."""
-    import numpy as np
-    its = ((analysis or {}).get("log") or {}).get("iteration_ms") or []
-    skip = max(3, len(its) // 5)
-    steady = np.array(its[skip:], dtype=float)
-    if steady.size >= MIN_LOG_STEPS:
-        med = float(np.median(steady))
-        return {"step_time_ms": round(med, 3), "steps": int(steady.size), "source": "log median",
-                "step_time_std_ms": round(float(np.median(np.abs(steady - med))) * 1.4826, 3)}
-    c = _combined(analysis)
-    return {"step_time_ms": c.get("step_time_ms"), "step_time_std_ms": c.get("step_time_std_ms"),
-            "steps": c.get("steps"), "source": "trace steps"}
-
-
 def _combined(analysis: dict | None) -> dict:
     return ((analysis or {}).get("metrics") or {}).get("combined") or {}
 
@@ -136,6 +107,7 @@ class Tuner:
         self.max_trials = int(tuning_value(experiment, "budget_trials", max_trials))
         self.budget_gpu_hours = float(tuning_value(experiment, "budget_gpu_hours"))
         self.rel_noise = float(tuning_value(experiment, "noise_threshold"))
+        self.alpha = float(tuning_value(experiment, "significance"))
         self.patience = int(tuning_value(experiment, "patience"))
         self.hang_timeout_s = float(tuning_value(experiment, "hang_timeout_s"))
         self.study = store.create_study(study_name, experiment.model.name, {
@@ -295,22 +267,14 @@ class Tuner:
                         image=runner.image_of(self.exp.cluster), **ev)
             self.say(f"trial {trial.number}: {rid} not applied ({verdict.reason})")
             return
-        pj, nj = judged_step(parent_an), judged_step(out.analysis)
-        new_ms, old_ms = nj["step_time_ms"], pj["step_time_ms"]
-        thr = noise_ms(pj, nj, self.rel_noise)
-        gain = old_ms - new_ms
-        ev.update(parent_step_time_ms=old_ms, step_time_ms=new_ms, gain_ms=round(gain, 4),
-                  noise_ms=round(thr, 4), gain_share=round(gain / old_ms, 4),
-                  judged_by=nj["source"], spread_ms=[pj["step_time_std_ms"], nj["step_time_std_ms"]])
-        if gain > thr:
-            self.decide("keep", f"{gain / old_ms:+.1%} faster ({old_ms:.1f} -> {new_ms:.1f} ms, "
-                                f"noise {thr:.1f} ms)", trial, rid, **ev)
-            self.say(f"trial {trial.number}: {rid} kept, {old_ms:.1f} -> {new_ms:.1f} ms/step")
+        c = compare(parent_an, out.analysis, self.rel_noise, self.alpha)
+        ev.update(c.evidence())
+        if c.keep:
+            self.decide("keep", c.why(), trial, rid, **ev)
+            self.say(f"trial {trial.number}: {rid} kept, {c.parent_ms:.1f} -> {c.new_ms:.1f} ms/step")
         else:
-            word = "slower" if gain < 0 else "within noise"
-            self.decide("revert", f"{word}: {old_ms:.1f} -> {new_ms:.1f} ms (noise {thr:.1f} ms)",
-                        trial, rid, **ev)
-            self.say(f"trial {trial.number}: {rid} reverted, {word} ({new_ms:.1f} ms/step)")
+            self.decide("revert", c.why(), trial, rid, **ev)
+            self.say(f"trial {trial.number}: {rid} reverted, {c.why()}")
 
 
 def decide_trial(store, trial, analysis: dict) -> dict:

@@ -53,8 +53,8 @@ def test_local_changes_are_judged_against_their_noise(tmp_path):
     for t in changed:
         d = verdicts[t.id]
         ev = d.evidence
-        assert ev["judged_by"] == "log median" and ev["noise_ms"] > 0
-        assert (d.kind == "keep") == (ev["gain_ms"] > ev["noise_ms"])
+        assert ev["judged_by"] == "log median" and 0 <= ev["p_faster"] <= 1
+        assert (d.kind == "keep") == (ev["gain_ms"] > ev["least_gain_ms"] and ev["p_faster"] < 0.05)
 
 
 @pytest.mark.slurm
