@@ -5,9 +5,12 @@
 #   bash benchmarks/device/run.sh bank mbs1 seq4096 manual_gc recompute_mlp ep_overlap_mbs4 tp2_sp_ep2 seq16384_oom manual_gc_1gpu recompute_moe_1gpu
 #   bash benchmarks/device/run.sh bank distopt force_balance cuda_graph_attn manual_gc_mbs4 overlap_gc_mbs4 seq4096_1gpu mbs8_1gpu
 #   bash benchmarks/device/run.sh bank mbs32_seq4096_oom seq1024 recompute_moe_1gpu seq1024_1gpu
+#   bash benchmarks/device_setup.sh deepep && bash benchmarks/device/run.sh bank flex_hybridep flex_deepep
 # each followed by `bash benchmarks/device/pack.sh callN`; then here, with the tars unpacked (a later
 # folder wins for a name found twice):
 #   bash benchmarks/trial_bank.sh DIR...
+# or, to add or replace some entries and re-analyse the stored traces, keeping the rest:
+#   bash benchmarks/trial_bank.sh --add DIR...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

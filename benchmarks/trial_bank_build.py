@@ -2,6 +2,8 @@
 
     python benchmarks/trial_bank_build.py DIR [DIR ...]     # folders holding NAME.log, NAME.json,
                                                            # NAME.sqlite.xz (unpacked call tars)
+    python benchmarks/trial_bank_build.py --add DIR [...]  # keep the bank, add or replace what DIR
+                                                           # holds, re-analyse every stored trace
 
 For each config of benchmarks/device/bank_configs.py found there it writes one line of bank.jsonl
 (config, argv, state, step time from the trace's NVTX steps, TFLOP/s and memory from the log, the
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -53,59 +56,86 @@ def first_error(text: str) -> str | None:
     for line in text.splitlines():
         s = line.split("]: ", 1)[-1].strip()
         if s.startswith(("AssertionError", "torch.OutOfMemoryError", "torch.AcceleratorError",
-                         "RuntimeError", "ValueError")):
+                         "RuntimeError", "ValueError", "ImportError")):
             return s[:300]
-    return None
+    crash = re.search(r"Signal \d+ \(SIG\w+\)", text)  # a native crash: torchrun's summary only
+    return f"{crash.group(0)} in the training processes, no Python traceback" if crash else None
 
 
-def build(dirs: list[Path]) -> list[dict]:
+def _analyse(name: str, trace: Path | None, log: Path) -> dict:
+    work = Path("/tmp/moetune-bank") / name
+    work.mkdir(parents=True, exist_ok=True)
+    paths = []
+    if trace is not None and trace.exists():
+        shutil.copyfile(trace, work / trace.name)
+        paths = [work / trace.name]
+    result = analysis.analyze(paths, log=log)
+    result["metrics"].pop("per_rank", None)  # keep the bank small; the trace has them
+    result.pop("log", None)
+    return result
+
+
+def _timing(entry: dict, result: dict) -> dict:
+    c = result["metrics"]["combined"]
+    done = entry["state"] == "COMPLETED"
+    return {"step_time_ms": c.get("step_time_ms") if done else None,
+            "step_time_std_ms": c.get("step_time_std_ms") if done else None, "analysis": result}
+
+
+def from_run(name: str, changes: dict, d: Path) -> dict:
+    """A bank entry from one run's files (NAME.log, NAME.json, NAME.sqlite.xz in d)."""
+    cfg = BASE.replace(**changes)
+    meta = json.loads((d / f"{name}.json").read_text()) if (d / f"{name}.json").exists() else {}
+    text = (d / f"{name}.log").read_text(errors="replace")
+    log = parse_log(d / f"{name}.log")
+    state = state_of(meta.get("rc"), log, cfg.train_iters)
+    with lzma.open(BANK / "logs" / f"{name}.log.xz", "wt") as f:
+        f.write(text)
+    trace = d / f"{name}.sqlite.xz"
+    trace_rel = None
+    if trace.exists() and name not in TRACE_DROPPED:
+        trace_rel = f"traces/{name}.sqlite.xz"
+        shutil.copyfile(trace, BANK / trace_rel)
+    entry = {
+        "name": name, "gpus": 1 if name.endswith("_1gpu") else 2,
+        "args": argv(changes), "config": cfg.to_dict(), "config_hash": cfg.config_hash(),
+        "state": state, "error": None if state == "COMPLETED" else first_error(text),
+        "log_step_time_ms": log["step_time_ms"], "tflops_per_gpu": log["tflops_per_gpu"],
+        "peak_memory_gb": log["max_allocated_gb"], "wall_s": meta.get("wall_s"),
+        "log": f"logs/{name}.log.xz", "trace": trace_rel,
+    }
+    return {**entry, **_timing(entry, _analyse(name, trace, d / f"{name}.log"))}
+
+
+def reanalysed(entry: dict) -> dict:
+    """An entry whose trace the bank keeps, analysed again by the current analysis (entries whose
+    trace was dropped keep the analysis they were recorded with)."""
+    if not entry.get("trace"):
+        return entry
+    result = _analyse(entry["name"], BANK / entry["trace"], BANK / entry["log"])
+    return {**entry, **_timing(entry, result)}
+
+
+def build(dirs: list[Path], add: bool = False) -> list[dict]:
     found = {}
     for d in dirs:
         for log in d.glob("*.log"):
             found[log.stem] = d
     (BANK / "logs").mkdir(parents=True, exist_ok=True)
     (BANK / "traces").mkdir(parents=True, exist_ok=True)
+    old = {}
+    if add and (BANK / "bank.jsonl").exists():
+        old = {e["name"]: e for e in map(json.loads, (BANK / "bank.jsonl").read_text().splitlines())}
     entries = []
     for name, changes in CONFIGS:
-        d = found.get(name)
-        if d is None:
-            continue
-        cfg = BASE.replace(**changes)
-        meta = json.loads((d / f"{name}.json").read_text()) if (d / f"{name}.json").exists() else {}
-        text = (d / f"{name}.log").read_text(errors="replace")
-        log = parse_log(d / f"{name}.log")
-        state = state_of(meta.get("rc"), log, cfg.train_iters)
-        with lzma.open(BANK / "logs" / f"{name}.log.xz", "wt") as f:
-            f.write(text)
-        trace = d / f"{name}.sqlite.xz"
-        trace_rel = None
-        if trace.exists() and name not in TRACE_DROPPED:
-            trace_rel = f"traces/{name}.sqlite.xz"
-            shutil.copyfile(trace, BANK / trace_rel)
-        work = Path("/tmp/moetune-bank") / name
-        work.mkdir(parents=True, exist_ok=True)
-        paths = []
-        if trace.exists():
-            shutil.copyfile(trace, work / trace.name)
-            paths = [work / trace.name]
-        result = analysis.analyze(paths, log=d / f"{name}.log")
-        c = result["metrics"]["combined"]
-        result["metrics"].pop("per_rank", None)  # keep the bank small; the trace has them
-        result.pop("log", None)
-        entries.append({
-            "name": name, "gpus": 1 if name.endswith("_1gpu") else 2,
-            "args": argv(changes), "config": cfg.to_dict(), "config_hash": cfg.config_hash(),
-            "state": state, "error": None if state == "COMPLETED" else first_error(text),
-            "step_time_ms": c.get("step_time_ms") if state == "COMPLETED" else None,
-            "step_time_std_ms": c.get("step_time_std_ms") if state == "COMPLETED" else None,
-            "log_step_time_ms": log["step_time_ms"], "tflops_per_gpu": log["tflops_per_gpu"],
-            "peak_memory_gb": log["max_allocated_gb"], "wall_s": meta.get("wall_s"),
-            "log": f"logs/{name}.log.xz", "trace": trace_rel, "analysis": result,
-        })
+        if name in found:
+            entries.append(from_run(name, changes, found[name]))
+        elif name in old:
+            entries.append(reanalysed(old[name]))
     kept = {e["trace"] for e in entries if e["trace"]} | {e["log"] for e in entries}
-    for old in list((BANK / "traces").glob("*")) + list((BANK / "logs").glob("*")):
-        if f"{old.parent.name}/{old.name}" not in kept:
-            old.unlink()  # from an earlier build: dropped or no longer a config
+    for stale in list((BANK / "traces").glob("*")) + list((BANK / "logs").glob("*")):
+        if f"{stale.parent.name}/{stale.name}" not in kept:
+            stale.unlink()  # from an earlier build: dropped or no longer a config
     with open(BANK / "bank.jsonl", "w") as f:
         for e in entries:
             f.write(json.dumps(e, default=str) + "\n")
@@ -124,5 +154,6 @@ def table(entries: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    es = build([Path(p) for p in sys.argv[1:]])
+    add = sys.argv[1:2] == ["--add"]
+    es = build([Path(p) for p in sys.argv[1 + add:]], add=add)
     print(table(es))

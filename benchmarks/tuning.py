@@ -158,10 +158,11 @@ def section(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(doc: Path, text: str) -> None:
+def write_section(doc: Path, text: str, section: str = SECTION) -> None:
+    """Replace the `## ...` section titled `section` (up to the next `## `) with `text`."""
     src = doc.read_text()
-    start = src.index(SECTION)
-    nxt = src.find("\n## ", start + len(SECTION))
+    start = src.index(section)
+    nxt = src.find("\n## ", start + len(section))
     end = len(src) if nxt < 0 else nxt + 1
     doc.write_text(src[:start] + text + ("\n" if nxt >= 0 else "") + src[end:])
 

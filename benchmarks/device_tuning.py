@@ -1,0 +1,174 @@
+"""The device tuning run, read back: what `moetune tune moe_proxy` did on 2× H200 and how its result
+compares with the trial bank's full sweep.
+
+    .venv/bin/python benchmarks/device_tuning.py [--no-docs]
+
+Reads benchmarks/device_tuning/ (the run's store, reports and per-trial files, brought back by
+`bash benchmarks/device/tune.sh pack`) and benchmarks/trial_bank/bank.jsonl. For each judged trial it
+also gives what the current keep/revert rule (pipeline/judge.py) decides on the same two analyses.
+Writes benchmarks/results/device_tuning.json and the `## Device tuning run` section of
+docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from pipeline.judge import compare, judged_step  # noqa: E402
+from pipeline.store import Store  # noqa: E402
+from tuning import log_median_ms, write_section  # noqa: E402
+
+RUN = REPO / "benchmarks" / "device_tuning"
+BANK = REPO / "benchmarks" / "trial_bank"
+SECTION = "## Device tuning run"
+TARGET_GAP = 0.05
+
+
+def _analysis(trial_id: int) -> dict | None:
+    p = RUN / "runs" / str(trial_id) / "analysis.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def _bank_sweep(base_cfg: dict) -> list[dict]:
+    """Completed bank entries of the baseline's workload (sequence, global batch, 2 GPUs)."""
+    out = []
+    for e in map(json.loads, (BANK / "bank.jsonl").read_text().splitlines()):
+        c = e["config"]
+        if (e["state"] == "COMPLETED" and e["gpus"] == 2 and c["seq_length"] == base_cfg["seq_length"]
+                and c["global_batch"] == base_cfg["global_batch"]):
+            out.append({"name": e["name"], "step_time_ms": e["step_time_ms"],
+                        "log_median_ms": log_median_ms(BANK, e)})
+    return out
+
+
+def collect() -> dict:
+    store = Store(str(RUN / "moetune.db"))
+    study = store.study("moe_proxy")
+    trials = store.trials(study.id)
+    by_id = {t.id: t for t in trials}
+    decisions = store.decisions(study.id)
+    judged = {d.trial_id: d for d in decisions if d.kind in ("keep", "revert", "not_applied")}
+    stop = next((d.reason for d in decisions if d.kind == "stop"), None)
+    rows = []
+    for t in trials:
+        d, an = judged.get(t.id), _analysis(t.id)
+        j = judged_step(an) if t.state == "completed" else {}
+        row = {"trial": t.number, "fix": t.fix or "baseline", "state": t.state,
+               "decision": d.kind if d else None, "reason": d.reason if d else None,
+               "step_time_ms": t.step_time_ms, "judged_ms": j.get("step_time_ms"),
+               "spread_ms": j.get("step_time_std_ms"), "tflops_per_gpu": t.tflops_per_gpu,
+               "wall": t.wall, "config": t.config}
+        if t.parent_id and t.state == "completed":
+            c = compare(_analysis(t.parent_id), an, rel=0.02, alpha=0.05)
+            row["now"] = {"keep": c.keep, "why": c.why(), "p_faster": c.p_faster}
+        rows.append(row)
+    kept = [r for r in rows if r["decision"] == "keep"]
+    base, final = rows[0], kept[-1]
+    keep_ev = next((d.evidence for d in decisions if d.kind == "keep" and d.trial_id != trials[0].id
+                    and by_id[d.trial_id].number == final["trial"]), {})
+    sweep = _bank_sweep(base["config"])
+    best = min(sweep, key=lambda e: e["step_time_ms"])
+    best_med = min((e for e in sweep if e["log_median_ms"]), key=lambda e: e["log_median_ms"])
+    measured_best = min((r for r in rows if r["step_time_ms"]), key=lambda r: r["step_time_ms"])
+    gap = final["step_time_ms"] / best["step_time_ms"] - 1
+    gap_med = final["judged_ms"] / best_med["log_median_ms"] - 1
+    return {
+        "started": (RUN / "started").read_text().strip(), "ended": (RUN / "ended").read_text().strip(),
+        "trials": rows, "stop_reason": stop,
+        "baseline_step_time_ms": base["step_time_ms"], "baseline_judged_ms": base["judged_ms"],
+        "final_trial": final["trial"], "final_fix_path": [r["fix"] for r in kept[1:]],
+        "final_step_time_ms": final["step_time_ms"], "final_judged_ms": final["judged_ms"],
+        "speedup": round(base["step_time_ms"] / final["step_time_ms"], 3),
+        "judged_speedup": round(base["judged_ms"] / final["judged_ms"], 3),
+        "final_gain_ms": keep_ev.get("gain_ms"), "final_noise_ms": keep_ev.get("noise_ms"),
+        "sweep_best": best, "sweep_best_by_log_median": best_med,
+        "gap_to_sweep_best": round(gap, 4), "gap_to_sweep_best_by_log_median": round(gap_med, 4),
+        "within_target": gap <= TARGET_GAP,
+        "beats_baseline_beyond_noise": bool(keep_ev.get("gain_ms", 0) > keep_ev.get("noise_ms", 1e9)),
+        "fastest_measured_in_run": {"trial": measured_best["trial"], "fix": measured_best["fix"],
+                                    "step_time_ms": measured_best["step_time_ms"],
+                                    "judged_ms": measured_best["judged_ms"]},
+    }
+
+
+def _f(v, nd=1):
+    return "–" if v is None else f"{v:.{nd}f}"
+
+
+def section(r: dict) -> str:
+    fm = r["fastest_measured_in_run"]
+    lines = [SECTION, "",
+             f"`moetune tune moe_proxy --executor local` on the `nvidia-h200-x2` device machine "
+             f"({r['started']} → {r['ended']}, 2× H200, megatron-core 0.19.2 local spec, no Transformer "
+             f"Engine), every trial a real Megatron training under `nsys profile` 2025.3 (rank 0 "
+             f"profiled), exported, analysed and judged by the loop itself; started by "
+             f"`bash benchmarks/device/tune.sh start`, brought back by `tune.sh pack` into "
+             f"`benchmarks/device_tuning/` (store, reports, every trial's log and analysis, traces of "
+             f"trials 1 and 4). Read back by `.venv/bin/python benchmarks/device_tuning.py`; results "
+             f"`benchmarks/results/device_tuning.json`.", "",
+             f"- Trials: {len(r['trials'])}; stopped: {r['stop_reason']}.",
+             f"- Baseline {_f(r['baseline_step_time_ms'])} ms/step → final (trial {r['final_trial']}, "
+             f"{' → '.join(r['final_fix_path']) or 'baseline'}) {_f(r['final_step_time_ms'])} ms/step: "
+             f"**{r['speedup']}x** by the trace's profiled steps; by the median of the log's steady "
+             f"steps {_f(r['baseline_judged_ms'])} → {_f(r['final_judged_ms'])} ms, "
+             f"**{r['judged_speedup']}x** (gain {_f(r['final_gain_ms'])} ms against a noise of "
+             f"{_f(r['final_noise_ms'])} ms: beyond the noise, "
+             f"**{'yes' if r['beats_baseline_beyond_noise'] else 'no'}**).",
+             f"- The trial bank's full sweep of the same workload (benchmarks/trial_bank, an earlier "
+             f"lease): best `{r['sweep_best']['name']}` {_f(r['sweep_best']['step_time_ms'])} ms by the "
+             f"trace, `{r['sweep_best_by_log_median']['name']}` "
+             f"{_f(r['sweep_best_by_log_median']['log_median_ms'])} ms by the log median. Final vs best: "
+             f"{100 * r['gap_to_sweep_best']:+.1f}% by the trace, "
+             f"{100 * r['gap_to_sweep_best_by_log_median']:+.1f}% by the log median (target within "
+             f"{TARGET_GAP:.0%}: **{'met' if r['within_target'] else 'not met'}** by the trace).",
+             f"- Not hidden: the fastest trial this run measured is trial {fm['trial']} "
+             f"(`{fm['fix']}`, micro batch 8, {_f(fm['step_time_ms'])} ms by the trace, "
+             f"{_f(fm['judged_ms'])} ms by the log median), a config the bank's sweep lacks. The "
+             f"2-standard-error rule the run used called it noise (3–4 s stalls in both logs inflate "
+             f"the spread); the rule moetune uses now (pipeline/judge.py: the median gain over 2% and a "
+             f"one-sided rank test on the steady steps, p < 0.05) keeps it — column `now` below, "
+             f"tested on these analyses in tests/test_judge.py. An earlier device run of the same "
+             f"study the same day (its files were lost when the machine was handed back before they "
+             f"were copied; its printed decisions survive in docs/device-tuning-first-run.txt) kept "
+             f"micro batch 8 and ended at 219.9 ms.",
+             "",
+             "| trial | fix | state | decision then | step ms (trace) | judged ms ± spread | TFLOP/s/GPU | wall | now |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for t in r["trials"]:
+        now = t.get("now")
+        now_s = (f"{'keep' if now['keep'] else 'revert'} (p={now['p_faster']:.3f})"
+                 if now and now["p_faster"] is not None else "")
+        lines.append(f"| {t['trial']} | {t['fix']} | {t['state']} | {t['decision'] or '–'} | "
+                     f"{_f(t['step_time_ms'])} | {_f(t['judged_ms'])} ± {_f(t['spread_ms'])} | "
+                     f"{_f(t['tflops_per_gpu'])} | {t['wall'] or '–'} | {now_s} |")
+    lines += ["", "Decisions as recorded:", ""]
+    lines += [f"- trial {t['trial']} `{t['fix']}`: {t['decision']} — {t['reason']}"
+              for t in r["trials"] if t["decision"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
+    args = p.parse_args(argv)
+    r = collect()
+    out = REPO / "benchmarks" / "results" / "device_tuning.json"
+    out.write_text(json.dumps({k: v for k, v in r.items()}, indent=1, default=str) + "\n")
+    text = section(r)
+    if not args.no_docs:
+        doc = REPO / "docs" / "benchmarks.md"
+        if SECTION not in doc.read_text():
+            doc.write_text(doc.read_text().rstrip("\n") + "\n\n" + SECTION + "\n")
+        write_section(doc, text, SECTION)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
