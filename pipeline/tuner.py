@@ -10,7 +10,8 @@ Decisions (store.decisions, each with its evidence):
   apply        a rule was chosen for a new trial
   revert       the change was slower, within noise, out of memory, failed or hung
   not_applied  the trace does not show the fix; the rule is blocked on this cluster + image
-  skip         a rule the checker refused, whose config already ran, or that the bank lacks
+  skip         a rule the checker refused, whose config already ran, that crashed earlier in the
+               study, or that the bank lacks
   stop         why the study ended
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ class StudyState:
     pending: object | None = None
     tried: dict = field(default_factory=dict)  # parent config hash -> {rule ids}
     blocked: set = field(default_factory=set)  # rules not applied on this cluster + image
+    crashed: dict = field(default_factory=dict)  # rule -> trial number whose job failed in this study
     runs: int = 0  # trials whose job ran
     gpu_hours: float = 0.0
     since_keep: int = 0
@@ -66,6 +68,8 @@ def study_state(store, study, cluster) -> StudyState:
             st.since_keep += 1 if d.kind != "skip" else 0
         if d.kind == "stop":
             st.stopped = d
+        if d.kind == "revert" and d.rule and (d.evidence or {}).get("state") == "failed":
+            st.crashed.setdefault(d.rule, by_id[d.trial_id].number if d.trial_id in by_id else "?")
     for t in st.trials:
         if t.id not in judged:
             st.pending = t
@@ -192,6 +196,10 @@ class Tuner:
         for p in props:
             rid = p.rule.id
             if rid in tried:
+                continue
+            if rid in st.crashed:  # a crash (not OOM or timeout) is the fix's, not the parent's
+                self.decide("skip", f"{rid} crashed in trial {st.crashed[rid]} of this study; not "
+                                    "tried again", rule=rid, **ev)
                 continue
             if rid in st.blocked:
                 self.decide("skip", f"{rid} did not take effect before on this cluster and image",

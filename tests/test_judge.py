@@ -53,3 +53,19 @@ def test_device_tuning_run(parent, new, keep):
     assert c.keep is keep, c.why()
     if (parent, new) == (3, 4):
         assert c.gain_ms < c.noise_ms  # what the old rule saw
+
+
+def test_a_rule_whose_trial_crashed_is_not_tried_again_in_the_study(tmp_path):
+    """The recorded device study: local CUDA graphs crashed trial 6 (stream capture invalidated);
+    the study state remembers it, so no later parent spends a trial on it again."""
+    import shutil
+
+    from pipeline.store import Store
+    from pipeline.tuner import study_state
+    db = tmp_path / "moetune.db"
+    shutil.copyfile(RUNS.parent / "moetune.db", db)
+    store = Store(str(db))
+    study = store.study("moe_proxy")
+    st = study_state(store, study, {"name": "device-h200x2"})
+    assert st.crashed == {"cuda_graphs_local": 6}
+    assert "manual_gc" not in st.crashed  # reverted within noise: not a crash
