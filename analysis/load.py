@@ -5,6 +5,7 @@ A table that is absent (no CUDA, no NVTX, no memory events) gives an empty frame
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import lzma
 import multiprocessing as mp
@@ -13,6 +14,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,18 +64,38 @@ def _check_file(path: Path) -> None:
         raise TraceError(f"{path}: {what}; expected an nsys SQLite export (.sqlite) or .nsys-rep")
 
 
+def cache_dir() -> Path:
+    """Where decompressed traces are kept: $MOETUNE_CACHE, else ~/.cache/moetune, else the temp dir."""
+    for base in (os.environ.get("MOETUNE_CACHE"), Path.home() / ".cache" / "moetune", tempfile.gettempdir()):
+        if not base:
+            continue
+        d = Path(base) / "traces"
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            return d
+        except OSError:
+            continue
+    raise TraceError("no writable folder for decompressed traces: set MOETUNE_CACHE")
+
+
 def materialize(path: Path) -> Path:
-    """A local SQLite path for a .sqlite, .sqlite.xz or .nsys-rep input (cached beside it)."""
+    """A local SQLite path for a .sqlite, .sqlite.xz or .nsys-rep input. A .xz is decompressed into
+    cache_dir() under a name keyed by its path, size and time (never beside it: a trace kept in a
+    repository would gain a file 5-10x its size); a .nsys-rep is exported beside it, as nsys does."""
     name = path.name
     if name.endswith(".xz"):
-        out = path.with_name(name[:-3])
-        if not out.exists() or out.stat().st_mtime < path.stat().st_mtime:
+        st = path.stat()
+        key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+        out = cache_dir() / f"{key}-{name[:-3]}"
+        if not out.exists():
+            part = f"{out}.{os.getpid()}.part"
             try:
-                with lzma.open(path) as src, open(str(out) + ".part", "wb") as dst:
+                with lzma.open(path) as src, open(part, "wb") as dst:
                     shutil.copyfileobj(src, dst)
             except (lzma.LZMAError, EOFError) as e:
+                os.unlink(part)
                 raise TraceError(f"{path}: broken xz file ({e})") from None
-            os.replace(str(out) + ".part", out)
+            os.replace(part, out)
         return materialize(out)
     if name.endswith(".nsys-rep"):
         out = path.with_suffix(".sqlite")

@@ -21,6 +21,19 @@ def _host_cannot_run_slurm() -> str | None:
     return None
 
 
+@pytest.fixture(scope="session", autouse=True)
+def trace_cache(tmp_path_factory):
+    """Decompressed traces go to a folder of this test session, not the user's ~/.cache."""
+    d = tmp_path_factory.mktemp("moetune-cache")
+    old = os.environ.get("MOETUNE_CACHE")
+    os.environ["MOETUNE_CACHE"] = str(d)
+    yield d
+    if old is None:
+        os.environ.pop("MOETUNE_CACHE", None)
+    else:
+        os.environ["MOETUNE_CACHE"] = old
+
+
 @pytest.fixture(scope="session")
 def slurm():
     """The one-node Slurm of scripts/slurm-up, started once per test session."""

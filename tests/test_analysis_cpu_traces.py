@@ -19,7 +19,7 @@ needs_nsys = pytest.mark.skipif(shutil.which("nsys") is None,
 
 @pytest.fixture
 def committed(tmp_path):
-    """A copy of the committed trace (the loader decompresses beside its input)."""
+    """A copy of the committed trace."""
     dst = tmp_path / "steps_nvtx_osrt.sqlite.xz"
     dst.write_bytes((DATA / dst.name).read_bytes())
     return dst

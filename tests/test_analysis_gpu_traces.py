@@ -19,12 +19,9 @@ EXPECTED = [
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory):
-    """Copies of the compressed traces (the loader decompresses beside its input)."""
-    d = tmp_path_factory.mktemp("gpu")
-    for f in DATA.glob("*.sqlite.xz"):
-        (d / f.name).write_bytes(f.read_bytes())
-    return d
+def traces():
+    """The committed traces themselves: the loader decompresses into its cache, not beside them."""
+    return DATA
 
 
 @pytest.mark.parametrize("name, wall", EXPECTED)
@@ -68,3 +65,17 @@ def test_deepep_kernels_are_recognised_and_their_waits_split_from_transfer(trace
     assert c["kernel_class_count"]["deepep"] > 0 and c["kernel_class_count"]["a2a"] == 0
     assert c["a2a_wait_ms"] > 10 * c["a2a_transfer_ms"] > 0  # spinning for a peer, not moving data
     assert r["wall"] == "host_overhead"
+
+
+def test_a_compressed_trace_is_decompressed_once_into_the_cache_and_not_beside_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOETUNE_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "in" / "skew.sqlite.xz"
+    src.parent.mkdir()
+    src.write_bytes((DATA / "skew.sqlite.xz").read_bytes())
+    first = analysis.analyze([src])
+    assert [p.name for p in src.parent.iterdir()] == ["skew.sqlite.xz"]
+    cached = list((tmp_path / "cache" / "traces").glob("*-skew.sqlite"))
+    assert len(cached) == 1
+    stamp = cached[0].stat().st_mtime_ns
+    assert analysis.analyze([src])["metrics"]["combined"] == first["metrics"]["combined"]
+    assert cached[0].stat().st_mtime_ns == stamp  # reused, not written again
