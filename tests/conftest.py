@@ -93,3 +93,26 @@ def make_trial(tmp_path):
 
     return make
 # ---- end of Slurm orchestration fixtures ---------------------------------------------------
+
+
+_TUNER_UNTIL_SUBMITTED = """
+import sys
+from pipeline.store import Store
+from pipeline import stages
+store = Store(sys.argv[1]); tid = int(sys.argv[2])
+stages.run_stage(store, tid, "render"); stages.run_stage(store, tid, "submit")
+print("submitted", flush=True)
+stages.run_stage(store, tid, "collect", poll_s=float(sys.argv[3]))
+"""
+
+
+def kill_tuner_after_submit(store, tid: int, poll_s: float) -> None:
+    """A tuner process that renders and submits the trial, then is SIGKILLed while it collects."""
+    import signal
+    import sys
+    p = subprocess.Popen([sys.executable, "-c", _TUNER_UNTIL_SUBMITTED, store.url.removeprefix("sqlite:///"),
+                          str(tid), str(poll_s)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert p.stdout.readline().strip() == "submitted"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import jobs, stages
-from tests.conftest import REPO, stand_in_cluster
+from tests.conftest import REPO, kill_tuner_after_submit, stand_in_cluster
 
 pytestmark = pytest.mark.slurm
 LONG = {"ms_per_iter": 100, "busy": 0.05}  # a long, mostly idle stand-in: 100 ms an iteration
@@ -125,24 +125,11 @@ def test_slurmctld_restart_while_a_job_runs(slurm, timeout_trial, make_trial):
     assert "iteration      100/     100" in (Path(store.trial(tid).folder) / "log.txt").read_text()
 
 
-KILLED_TUNER = """
-import sys
-from pipeline.store import Store
-from pipeline import stages
-store = Store(sys.argv[1]); tid = int(sys.argv[2])
-stages.run_stage(store, tid, "render"); stages.run_stage(store, tid, "submit")
-print("submitted", flush=True)
-stages.run_stage(store, tid, "collect", poll_s=1)
-"""
 
 
 def test_tuner_killed_between_submit_and_collect_resumes(slurm, timeout_trial, make_trial):
     store, tid = make_trial(cluster=long_cluster(), study="killed", train_iters=60)
-    p = subprocess.Popen([sys.executable, "-c", KILLED_TUNER, store.url.removeprefix("sqlite:///"),
-                          str(tid)], stdout=subprocess.PIPE, text=True, cwd=REPO)
-    assert p.stdout.readline().strip() == "submitted"
-    p.send_signal(signal.SIGKILL)
-    p.wait()
+    kill_tuner_after_submit(store, tid, poll_s=1)
     study_id = store.trial(tid).study_id
     assert stages.unfinished(store, study_id) == [tid]
     out = stages.resume(store, study_id, poll_s=1, timeout_s=120)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import lock, stages
-from tests.conftest import REPO, stand_in_cluster
+from tests.conftest import REPO, kill_tuner_after_submit, stand_in_cluster
 
 
 def decider(store, trial, analysis):
@@ -107,26 +107,13 @@ def test_lock_of_a_killed_tuner_is_free(tmp_path):
     lock.study_lock(tmp_path, "qwen").acquire().release()
 
 
-KILLED_TUNER = """
-import sys
-from pipeline.store import Store
-from pipeline import stages
-store = Store(sys.argv[1]); tid = int(sys.argv[2])
-stages.run_stage(store, tid, "render"); stages.run_stage(store, tid, "submit")
-print("submitted", flush=True)
-stages.run_stage(store, tid, "collect", poll_s=0.3)
-"""
 
 
 def test_local_job_outlives_a_killed_tuner_and_is_collected(make_trial):
     store, tid = make_trial(cluster=stand_in_cluster(nsys="off", stand_in={"ms_per_iter": 100,
                                                                           "busy": 0.1}),
                             executor="local", train_iters=30)
-    p = subprocess.Popen([sys.executable, "-c", KILLED_TUNER, store.url.removeprefix("sqlite:///"),
-                          str(tid)], stdout=subprocess.PIPE, text=True, cwd=REPO)
-    assert p.stdout.readline().strip() == "submitted"
-    p.send_signal(signal.SIGKILL)
-    p.wait()
+    kill_tuner_after_submit(store, tid, poll_s=0.3)
     study_id = store.trial(tid).study_id
     assert stages.unfinished(store, study_id) == [tid]
     stages.resume(store, study_id, poll_s=0.3, timeout_s=60)
