@@ -3,9 +3,11 @@
 # a real Megatron training under nsys 2025.3 (submitit's local executor; no Slurm there).
 # From the repo root, with .whl (megatron-core, submitit, pydantic, sqlalchemy) and .devlib carried:
 #   bash benchmarks/device/tune.sh start [EXPERIMENT]   # the tuner in its own session (outlives the call)
-#   bash benchmarks/device/tune.sh wait SECONDS         # until it ends or SECONDS pass
+#   bash benchmarks/device/tune.sh wait SECONDS         # until it ends or SECONDS pass; packs if it ended
 #   bash benchmarks/device/tune.sh pack                 # store, reports, logs, analyses, 2 traces → $OUT
-# The tuner's files live under /tmp/moetune-tune, so a later call on the same warm machine finds them.
+# The tuner's files live under /tmp/moetune-tune, so a later call on the same warm machine finds them;
+# but the machine goes back after 30 s idle, and a first run's files were lost that way: `wait` packs
+# into $OUT in the same call as soon as the tuner has ended.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -51,6 +53,7 @@ EOF
     else date -u +%FT%TZ > "$W/ended"; echo "tuner ended"; fi
     tail -5 "$W/tune.log"
     python3 -m pipeline.cli --db "$W/moetune.db" status 2>&1 | tail -25
+    if [ -f "$W/ended" ] && [ ! -e "$OUT/tune.tar.00" ]; then bash "$0" pack > "$W/pack.log" 2>&1; fi
     ;;
   pack)
     d="$OUT/tune"; mkdir -p "$d"
