@@ -22,6 +22,20 @@ def test_qualified_name(short, demangled, expected):
     assert qualified_name(short, demangled) == expected
 
 
+@pytest.mark.parametrize("short, demangled, cls", [
+    ("dispatch", "void deep_ep::intranode::dispatch<(int)2, (int)768, (int)8192>(int4 *)", "deepep"),
+    ("cached_notify_combine", "void deep_ep::intranode::cached_notify_combine<(int)2>(void **)", "deepep"),
+    # HybridEP's JIT kernels live in namespace hybrid_ep (csrc/hybrid_ep/backend/hybrid_ep_backend.cuh)
+    ("dispatch_kernel", "void hybrid_ep::dispatch_kernel<__nv_bfloat16, (int)8>(dispatch_kernel_param_t)",
+     "hybridep"),
+    ("combine_kernel", "void hybrid_ep::combine_kernel<(int)8>(combine_kernel_param_t)", "hybridep"),
+])
+def test_ep_library_kernels_are_classed_by_their_namespace(short, demangled, cls):
+    from analysis.kernels import classify_name
+    assert classify_name(short) == "other"  # the bare short name says nothing
+    assert classify_name(qualified_name(short, demangled)) == cls
+
+
 def _k(rows):
     return pd.DataFrame(rows, columns=["name", "start", "end"])
 
