@@ -3,7 +3,7 @@ from __future__ import annotations
 
 HEADLINE = ("step_time_ms", "step_time_std_ms", "steps", "gpu_busy_share", "gpu_idle_share",
             "sm_util_estimate", "comm_share", "exposed_comm_share", "exposed_a2a_ms",
-            "a2a_wait_ms", "kernels_per_step", "median_kernel_us", "cuda_graph_launches",
+            "a2a_wait_ms", "a2a_transfer_ms", "kernels_per_step", "median_kernel_us", "cuda_graph_launches",
             "peak_memory_gb", "tflops_per_gpu")
 
 
