@@ -84,7 +84,9 @@ class Cluster(_Strict):
     # job-script knobs read by pipeline/render.py
     workload: Literal["megatron", "cpu_stand_in"] = "megatron"
     stand_in: dict = {}
-    profile_ranks: list[int] = [0]
+    # two ranks by default: with one rank traced, its all-to-all kernels waiting for a late peer
+    # cannot be told from transfer (analysis/skew.py), and a host stall reads as communication
+    profile_ranks: list[int] = [0, 1]
     nsys: str = "nsys"
     env: dict[str, str] = {}
     cpus_per_task: int | None = None

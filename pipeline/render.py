@@ -156,7 +156,7 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
                 command += [f"--stand-in-{key.replace('_', '-')}", str(s[key])]
     folder = str(Path(folder).resolve())
     rank_var = "SLURM_PROCID" if launcher == "srun" else "RANK"
-    ranks = tuple(int(r) for r in _get(cluster, "profile_ranks", [0]))
+    ranks = tuple(int(r) for r in _get(cluster, "profile_ranks", [0, 1]))  # ranks a job lacks never match
     nsys = None
     if _get(cluster, "nsys", "nsys") not in ("", "off", False):
         nsys = NsysSpec(binary=str(_get(cluster, "nsys", "nsys")), options=NSYS_MODES[workload],
