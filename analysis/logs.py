@@ -26,6 +26,10 @@ FAILURES: tuple[tuple[str, re.Pattern], ...] = (
     ("nccl_error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
                               r"ncclRemoteError")),
     ("cancelled", re.compile(r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT")),
+    # a native crash: torchrun reports the signal (HybridEP's SIGSEGV on the device), Python prints
+    # "Fatal Python error: Segmentation fault" where faulthandler is on
+    ("crash", re.compile(r"Signal (?:11|6|7) \(SIG(?:SEGV|ABRT|BUS)\)|Fatal Python error|"
+                         r"Segmentation fault")),
 )
 
 

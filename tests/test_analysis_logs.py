@@ -55,3 +55,11 @@ def test_real_megatron_log():
     assert r["tflops_per_gpu"] > 1 and r["max_allocated_gb"] > 1
     # 16 sequences of 2048 tokens a step (its argument dump)
     assert r["tokens_per_s"] == pytest.approx(16 * 2048 / (r["step_time_ms"] / 1e3), rel=1e-3)
+
+
+def test_native_crash_is_named_from_torchruns_summary():
+    """The recorded HybridEP run: both ranks died of SIGSEGV, no Python traceback."""
+    from pathlib import Path
+    bank = Path(__file__).resolve().parents[1] / "benchmarks" / "trial_bank" / "logs"
+    assert parse_log(bank / "flex_hybridep.log.xz")["failure"] == "crash"
+    assert parse_log(bank / "baseline.log.xz")["failure"] is None
