@@ -38,7 +38,7 @@ class StudyState:
     pending: object | None = None
     tried: dict = field(default_factory=dict)  # parent config hash -> {rule ids}
     blocked: set = field(default_factory=set)  # rules not applied on this cluster + image
-    crashed: dict = field(default_factory=dict)  # rule -> trial number whose job failed in this study
+    crashed: dict = field(default_factory=dict)  # rule -> trial number whose job crashed (CRASH_MARKS)
     runs: int = 0  # trials whose job ran
     gpu_hours: float = 0.0
     since_keep: int = 0
@@ -51,6 +51,19 @@ def tuning_value(experiment, key: str, override=None):
         return override
     v = attr(experiment.tuning, key)
     return DEFAULTS[key] if v is None else v
+
+
+# What a failed job's last lines show when the fix itself broke the run (a CUDA error during graph
+# capture, a native crash), rather than a layout Megatron refused, which another parent may not hit.
+CRASH_MARKS = ("CUDA error", "AcceleratorError", "cudaError", "SIGSEGV", "SIGABRT", "SIGBUS",
+               "Segmentation fault", "illegal memory access")
+
+
+def crashed(evidence: dict) -> bool:
+    """A reverted trial whose job failed with one of CRASH_MARKS in its last lines."""
+    lines = evidence.get("last_lines") or []
+    text = "\n".join(lines) if isinstance(lines, list) else str(lines)
+    return evidence.get("state") == "failed" and any(m in text for m in CRASH_MARKS)
 
 
 def study_state(store, study, cluster) -> StudyState:
@@ -68,7 +81,7 @@ def study_state(store, study, cluster) -> StudyState:
             st.since_keep += 1 if d.kind != "skip" else 0
         if d.kind == "stop":
             st.stopped = d
-        if d.kind == "revert" and d.rule and (d.evidence or {}).get("state") == "failed":
+        if d.kind == "revert" and d.rule and crashed(d.evidence or {}):
             st.crashed.setdefault(d.rule, by_id[d.trial_id].number if d.trial_id in by_id else "?")
     for t in st.trials:
         if t.id not in judged:
@@ -197,7 +210,7 @@ class Tuner:
             rid = p.rule.id
             if rid in tried:
                 continue
-            if rid in st.crashed:  # a crash (not OOM or timeout) is the fix's, not the parent's
+            if rid in st.crashed:  # a CUDA error or native crash is the fix's, not the parent's
                 self.decide("skip", f"{rid} crashed in trial {st.crashed[rid]} of this study; not "
                                     "tried again", rule=rid, **ev)
                 continue

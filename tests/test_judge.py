@@ -69,3 +69,14 @@ def test_a_rule_whose_trial_crashed_is_not_tried_again_in_the_study(tmp_path):
     st = study_state(store, study, {"name": "device-h200x2"})
     assert st.crashed == {"cuda_graphs_local": 6}
     assert "manual_gc" not in st.crashed  # reverted within noise: not a crash
+
+
+def test_a_layout_megatron_refuses_is_not_a_crash():
+    from pipeline.tuner import crashed
+    refused = ["[rank0]: AssertionError: eval_global_batch_size (16) must be divisible by "
+               "eval_micro_batch_size (16) * data_parallel_size (2)"]
+    assert not crashed({"state": "failed", "last_lines": refused})
+    capture = ["[rank0]: torch.AcceleratorError: CUDA error: operation failed due to a previous "
+               "error during capture"]
+    assert crashed({"state": "failed", "last_lines": capture})
+    assert not crashed({"state": "oom", "last_lines": capture})
