@@ -251,6 +251,19 @@ def svg_step_times(views: list[TrialView], width: int = 900, height: int = 220) 
 
 
 # -- Markdown ----------------------------------------------------------------------------------
+def a2a_split(c: dict) -> str | None:
+    """The all-to-all per step, split into waiting for a late peer and transfer (analysis/skew.py)."""
+    a2a = c.get("a2a_ms") or 0.0
+    if a2a <= 0:
+        return None
+    if (c.get("ranks") or 0) < 2:
+        return (f"All-to-all: {fmt(a2a, 2)} ms/step; not split into transfer and waiting "
+                f"(one rank traced: set cluster.profile_ranks to two ranks or more)")
+    return (f"All-to-all: {fmt(a2a, 2)} ms/step, of which {fmt(c.get('a2a_wait_ms'), 2)} ms waiting "
+            f"for a late peer and {fmt(c.get('a2a_transfer_ms'), 2)} ms transfer "
+            f"({fmt(c.get('ranks'))} ranks traced)")
+
+
 def trial_markdown(v: TrialView, parent_number: int | None) -> str:
     t, c, an = v.trial, v.combined, v.analysis or {}
     out = [f"### Trial {t.number}: {md(t.fix or 'baseline')} — {md(t.state)}", ""]
@@ -276,6 +289,7 @@ def trial_markdown(v: TrialView, parent_number: int | None) -> str:
             f"{fmt(100 * (c.get('exposed_comm_share') or 0))}% (all-to-all exposed "
             f"{fmt(c.get('exposed_a2a_ms'), 2)} ms/step), hidden "
             f"{fmt(100 * max(0.0, (c.get('comm_share') or 0) - (c.get('exposed_comm_share') or 0)))}%",
+            *([f"- {a2a_split(c)}"] if a2a_split(c) else []),
             f"- GPU idle: {fmt(100 * (c.get('gpu_idle_share') or 0))}%; gaps over 100 us: "
             f"{fmt(c.get('gaps_over_100us'))} ({fmt(c.get('gaps_over_100us_ms'), 2)} ms); launch-starved "
             f"{fmt(c.get('launch_starved_ms'), 2)} ms, sync-blocked {fmt(c.get('sync_blocked_ms'), 2)} ms",
@@ -404,6 +418,8 @@ def trial_html(v: TrialView, parent_number: int | None) -> str:
                               f"{100 * (c.get('exposed_comm_share') or 0):.1f}%", f"{100 * hidden:.1f}%",
                               f"{100 * (c.get('gpu_idle_share') or 0):.1f}%", fmt(c.get("gaps_over_100us")),
                               fmt(c.get("peak_memory_gb"), 2), fmt(c.get("cuda_graph_launches"))]]))
+        if a2a_split(c):
+            parts.append(f"<p>{esc(a2a_split(c))}</p>")
         ev = an.get("evidence") or []
         if ev:
             parts.append(_table(["deciding rule", "wall", "metric", "value", "threshold"],

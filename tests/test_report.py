@@ -36,7 +36,7 @@ def test_markdown_has_every_part(study):
     text = md.read_text()
     for part in ("## Trials", "## Best config", "## Bottleneck reports", "Full command line",
                  "| deciding rule |", "| kernel class |", "| top kernel |", "Decision: **keep**",
-                 "Memory: peak", "GPU idle"):
+                 "Memory: peak", "GPU idle", "ms waiting for a late peer"):
         assert part in text, part
     assert f"best {s['best_step_time_ms']:.1f} ms/step" in text
     assert "--micro-batch-size 4" in text  # the best config's command line
@@ -130,3 +130,11 @@ def test_script_in_a_kernel_name_renders_as_text(tmp_path):
     assert "<title>pwned</title>" not in dom  # the script would have set the title
     assert "<script" not in dom
     assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom  # shown as text
+
+
+def test_all_to_all_split_says_when_one_rank_cannot_split_it():
+    two = report.a2a_split({"a2a_ms": 300.0, "a2a_wait_ms": 290.0, "a2a_transfer_ms": 10.0, "ranks": 2})
+    assert "290.00 ms waiting for a late peer and 10.00 ms transfer (2 ranks traced)" in two
+    one = report.a2a_split({"a2a_ms": 300.0, "a2a_wait_ms": 0.0, "a2a_transfer_ms": 300.0, "ranks": 1})
+    assert "not split" in one and "profile_ranks" in one
+    assert report.a2a_split({"a2a_ms": 0.0, "ranks": 2}) is None
