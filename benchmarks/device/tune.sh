@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # The device tuning run: `moetune tune moe_proxy --executor local` on the GPU machine, every trial
 # a real Megatron training under nsys 2025.3 (submitit's local executor; no Slurm there).
-# From the repo root, with .whl (megatron-core, submitit, pydantic, sqlalchemy) and .devlib carried:
+# From the repo root, with .whl and .devlib carried. Made here (both folders are git-ignored):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl megatron-core==0.19.2 submitit pydantic pydantic-core annotated-types typing-inspection \
+#     typing-extensions sqlalchemy greenlet
+#   .devlib: libdw.so.1 and libelf.so.1 from Debian's libdw1/libelf1 (../shared/device-notes.md)
 #   bash benchmarks/device/tune.sh start [EXPERIMENT]   # the tuner in its own session (outlives the call)
 #   bash benchmarks/device/tune.sh wait SECONDS         # until it ends or SECONDS pass; packs if it ended
 #   bash benchmarks/device/tune.sh pack                 # store, reports, logs, analyses, 2 traces → $OUT
