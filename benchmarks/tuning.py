@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline import tuner  # noqa: E402
+from pipeline import judge, tuner  # noqa: E402
 from pipeline.config import TrainingConfig  # noqa: E402
 from pipeline.replay import entry_hash, load_bank  # noqa: E402
 from pipeline.store import Store  # noqa: E402
@@ -53,7 +53,7 @@ def log_median_ms(bank_dir: Path, e: dict, spread: bool = False):
     with tempfile.NamedTemporaryFile(suffix=".log") as f:
         f.write(text)
         f.flush()
-        j = tuner.judged_step({"log": parse_log(f.name)})
+        j = judge.judged_step({"log": parse_log(f.name)})
     if j["source"] != "log median":
         return (None, None) if spread else None
     return (j["step_time_ms"], j["step_time_std_ms"]) if spread else j["step_time_ms"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import applied, rules as rules_mod, runner
-from pipeline.judge import MIN_LOG_STEPS, compare, judged_step, noise_ms  # noqa: F401 (re-exported)
+from pipeline.judge import compare, judged_step
 from pipeline.config import TrainingConfig
 from pipeline.runner import TunerError, attr
 from pipeline.section import as_dict
@@ -253,8 +253,9 @@ class Tuner:
         self.store.update_trial(trial.id, **values)
         scalars = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         scalars["gpu_hours"] = _gpu_hours(out.analysis, self.gpus)
-        if judged_step(out.analysis).get("step_time_ms") is not None:
-            scalars["judged_step_time_ms"] = judged_step(out.analysis)["step_time_ms"]
+        judged_ms = judged_step(out.analysis).get("step_time_ms")
+        if judged_ms is not None:
+            scalars["judged_step_time_ms"] = judged_ms
         self.store.set_metrics(trial.id, scalars)
         parent = self.store.trial(trial.parent_id) if trial.parent_id else None
         ev = {"parent": parent.config_hash if parent else None, "state": out.state}
