@@ -134,16 +134,26 @@ def _ints(con, table: str, cols: tuple[str, ...], where: str = "") -> pd.DataFra
     return pd.DataFrame(flat.reshape(n, len(cols)), columns=list(cols))
 
 
+def _strings(con, ids) -> dict[int, str]:
+    """StringIds values of these ids."""
+    q = ",".join(str(int(i)) for i in ids) or "NULL"
+    return dict(con.execute(f"SELECT id, value FROM StringIds WHERE id IN ({q})").fetchall())
+
+
+def _categorical(names: list[str], codes) -> pd.Categorical:
+    """Rows' names as a categorical: `codes` index into `names` (one entry per distinct key)."""
+    cats = pd.Index(names).unique()
+    return pd.Categorical.from_codes(cats.get_indexer(names)[codes] if len(codes) else codes, categories=cats)
+
+
 def _names(con, ids: pd.Series, clean=None) -> pd.Categorical:
     """StringIds values for an id column, as a categorical (one lookup per distinct id)."""
     codes, uniques = pd.factorize(ids)
-    q = ",".join(str(int(u)) for u in uniques) or "NULL"
-    found = dict(con.execute(f"SELECT id, value FROM StringIds WHERE id IN ({q})").fetchall())
+    found = _strings(con, uniques)
     names = [found.get(int(u), "?") for u in uniques]
     if clean:
         names = [clean(n) for n in names]
-    cats = pd.Index(names).unique()
-    return pd.Categorical.from_codes(cats.get_indexer(names)[codes] if len(codes) else codes, categories=cats)
+    return _categorical(names, codes)
 
 
 def open_trace(path: str | Path) -> Trace:
@@ -239,12 +249,8 @@ def _qualified_names(con, short: pd.Series, demangled: pd.Series) -> pd.Categori
     width = int(d.max(initial=0)) + 2
     codes, uniques = pd.factorize(s * width + d + 1)
     pairs = [(int(u) // width, int(u) % width - 1) for u in uniques]
-    ids = {i for pair in pairs for i in pair}
-    q = ",".join(str(i) for i in ids) or "NULL"
-    found = dict(con.execute(f"SELECT id, value FROM StringIds WHERE id IN ({q})").fetchall())
-    names = [qualified_name(found.get(a, "?"), found.get(b, "")) for a, b in pairs]
-    cats = pd.Index(names).unique()
-    return pd.Categorical.from_codes(cats.get_indexer(names)[codes] if len(codes) else codes, categories=cats)
+    found = _strings(con, {i for pair in pairs for i in pair})
+    return _categorical([qualified_name(found.get(a, "?"), found.get(b, "")) for a, b in pairs], codes)
 
 
 def _copies(con, tables) -> pd.DataFrame:
