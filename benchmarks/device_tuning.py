@@ -53,7 +53,6 @@ def collect() -> dict:
     store = Store(str(RUN / "moetune.db"))
     study = store.study("moe_proxy")
     trials = store.trials(study.id)
-    by_id = {t.id: t for t in trials}
     decisions = store.decisions(study.id)
     judged = {d.trial_id: d for d in decisions if d.kind in ("keep", "revert", "not_applied")}
     stop = next((d.reason for d in decisions if d.kind == "stop"), None)
@@ -65,24 +64,24 @@ def collect() -> dict:
                "decision": d.kind if d else None, "reason": d.reason if d else None,
                "step_time_ms": t.step_time_ms, "judged_ms": j.get("step_time_ms"),
                "spread_ms": j.get("step_time_std_ms"), "tflops_per_gpu": t.tflops_per_gpu,
-               "wall": t.wall, "config": t.config}
+               "wall": t.wall, "config": t.config, "config_hash": t.config_hash,
+               "evidence": d.evidence if d else {}}
         if t.parent_id and t.state == "completed":
             c = compare(_analysis(t.parent_id), an, rel=0.02, alpha=0.05)
             row["now"] = {"keep": c.keep, "why": c.why(), "p_faster": c.p_faster}
         rows.append(row)
     kept = [r for r in rows if r["decision"] == "keep"]
     base, final = rows[0], kept[-1]
-    keep_ev = next((d.evidence for d in decisions if d.kind == "keep" and d.trial_id != trials[0].id
-                    and by_id[d.trial_id].number == final["trial"]), {})
+    keep_ev = final["evidence"] if final is not base else {}
     sweep = _bank_sweep(base["config"])
     best = min(sweep, key=lambda e: e["step_time_ms"])
     best_med = min((e for e in sweep if e["log_median_ms"]), key=lambda e: e["log_median_ms"])
     measured_best = min((r for r in rows if r["step_time_ms"]), key=lambda r: r["step_time_ms"])
     gap = final["step_time_ms"] / best["step_time_ms"] - 1
     gap_med = final["judged_ms"] / best_med["log_median_ms"] - 1
-    from_run = {e["name"]: next(r["trial"] for r in rows if r["config"] and _hash(r["config"]) == e["config_hash"])
-                for e in sweep if any(r["config"] and _hash(r["config"]) == e["config_hash"] for r in rows)
-                and e["name"] in ADDED_FROM_RUN}
+    trial_of = {r["config_hash"]: r["trial"] for r in rows}
+    from_run = {e["name"]: trial_of[e["config_hash"]] for e in sweep
+                if e["name"] in ADDED_FROM_RUN and e["config_hash"] in trial_of}
     return {
         "bank_entries_from_this_run": from_run,
         "started": (RUN / "started").read_text().strip(), "ended": (RUN / "ended").read_text().strip(),
@@ -101,11 +100,6 @@ def collect() -> dict:
                                     "step_time_ms": measured_best["step_time_ms"],
                                     "judged_ms": measured_best["judged_ms"]},
     }
-
-
-def _hash(config: dict) -> str:
-    from pipeline.config import TrainingConfig
-    return TrainingConfig.from_dict(config).config_hash()
 
 
 def _f(v, nd=1):
