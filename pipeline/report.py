@@ -282,6 +282,7 @@ def trial_markdown(v: TrialView, parent_number: int | None) -> str:
     out.append("")
     if not an:
         return "\n".join(out + ["(no analysis)", ""])
+    split = a2a_split(c)
     out += [f"- Wall: **{md(an.get('wall'))}** (confidence {fmt(an.get('confidence'), 2)})",
             f"- Step time: {fmt(c.get('step_time_ms'))} ms ± {fmt(c.get('step_time_std_ms'))} "
             f"over {fmt(c.get('steps'))} profiled steps; TFLOP/s per GPU {fmt(t.tflops_per_gpu)}",
@@ -289,7 +290,7 @@ def trial_markdown(v: TrialView, parent_number: int | None) -> str:
             f"{fmt(100 * (c.get('exposed_comm_share') or 0))}% (all-to-all exposed "
             f"{fmt(c.get('exposed_a2a_ms'), 2)} ms/step), hidden "
             f"{fmt(100 * max(0.0, (c.get('comm_share') or 0) - (c.get('exposed_comm_share') or 0)))}%",
-            *([f"- {a2a_split(c)}"] if a2a_split(c) else []),
+            *([f"- {split}"] if split else []),
             f"- GPU idle: {fmt(100 * (c.get('gpu_idle_share') or 0))}%; gaps over 100 us: "
             f"{fmt(c.get('gaps_over_100us'))} ({fmt(c.get('gaps_over_100us_ms'), 2)} ms); launch-starved "
             f"{fmt(c.get('launch_starved_ms'), 2)} ms, sync-blocked {fmt(c.get('sync_blocked_ms'), 2)} ms",
@@ -418,8 +419,9 @@ def trial_html(v: TrialView, parent_number: int | None) -> str:
                               f"{100 * (c.get('exposed_comm_share') or 0):.1f}%", f"{100 * hidden:.1f}%",
                               f"{100 * (c.get('gpu_idle_share') or 0):.1f}%", fmt(c.get("gaps_over_100us")),
                               fmt(c.get("peak_memory_gb"), 2), fmt(c.get("cuda_graph_launches"))]]))
-        if a2a_split(c):
-            parts.append(f"<p>{esc(a2a_split(c))}</p>")
+        split = a2a_split(c)
+        if split:
+            parts.append(f"<p>{esc(split)}</p>")
         ev = an.get("evidence") or []
         if ev:
             parts.append(_table(["deciding rule", "wall", "metric", "value", "threshold"],
