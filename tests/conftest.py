@@ -4,7 +4,9 @@ from __future__ import annotations
 # ---- Slurm orchestration fixtures (issue 4: scripts/slurm-up, pipeline/stages.py) -------------
 import os
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,8 +110,6 @@ stages.run_stage(store, tid, "collect", poll_s=float(sys.argv[3]))
 
 def kill_tuner_after_submit(store, tid: int, poll_s: float) -> None:
     """A tuner process that renders and submits the trial, then is SIGKILLed while it collects."""
-    import signal
-    import sys
     p = subprocess.Popen([sys.executable, "-c", _TUNER_UNTIL_SUBMITTED, store.url.removeprefix("sqlite:///"),
                           str(tid), str(poll_s)], stdout=subprocess.PIPE, text=True, cwd=REPO)
     assert p.stdout.readline().strip() == "submitted"
