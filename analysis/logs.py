@@ -30,6 +30,9 @@ FAILURES: tuple[tuple[str, re.Pattern], ...] = (
     # "Fatal Python error: Segmentation fault" where faulthandler is on
     ("crash", re.compile(r"Signal (?:11|6|7) \(SIG(?:SEGV|ABRT|BUS)\)|Fatal Python error|"
                          r"Segmentation fault")),
+    # a CUDA error that is not memory: local CUDA graphs on the device ("operation not permitted on
+    # an event last recorded in a capturing stream"); the tuner does not try such a fix again
+    ("cuda_error", re.compile(r"CUDA error: |torch\.AcceleratorError|illegal memory access")),
 )
 
 
@@ -69,10 +72,14 @@ def parse_log(path: str | Path, steady_skip: int = 2) -> dict:
         if t:
             tokens.append(float(t.group(1)))
     alloc = [float(x) for x in MAX_ALLOC.findall(text)]
-    failure = None
+    failure = failure_line = None
     for name, rx in FAILURES:
-        if rx.search(text):
+        m = rx.search(text)
+        if m:
             failure = name
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            failure_line = text[start:end if end >= 0 else None].strip()[:300]
             break
     steady = [ms for it, ms in iters if it > steady_skip] or [ms for _, ms in iters]
     seq = SEQ_LENGTH.search(text)
@@ -87,6 +94,7 @@ def parse_log(path: str | Path, steady_skip: int = 2) -> dict:
         "tokens_per_s": round(float(np.mean(tokens)), 1) if tokens else None,
         "max_allocated_gb": round(max(alloc) / 1024, 3) if alloc else None,
         "failure": failure,
+        "failure_line": failure_line,  # the first line that names it
         "last_lines": text.splitlines()[-10:],
     }
     return out

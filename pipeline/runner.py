@@ -279,7 +279,9 @@ def run_trial(store, trial, experiment, *, executor: str, runs_root: Path, study
         return Outcome("oom", result, "out of memory", last())
     step = (result.get("metrics") or {}).get("combined", {}).get("step_time_ms")
     if state.get("outcome") != "completed" or failure or not step:
-        why = failure or (job_error(ref) if state.get("outcome") != "completed" else None)
+        line = (result.get("log") or {}).get("failure_line")
+        why = (f"{failure}: {line}" if failure and line else failure) or \
+            (job_error(ref) if state.get("outcome") != "completed" else None)
         return Outcome(state.get("outcome") if state.get("outcome") != "completed" else "failed",
                        result, why or "no step time in trace or log", last())
     return Outcome("completed", result, None, last())

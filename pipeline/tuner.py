@@ -59,11 +59,16 @@ CRASH_MARKS = ("CUDA error", "AcceleratorError", "cudaError", "SIGSEGV", "SIGABR
                "Segmentation fault", "illegal memory access")
 
 
+CRASH_FAILURES = ("crash", "cuda_error")  # analysis/logs.py's names for the same
+
+
 def crashed(evidence: dict) -> bool:
-    """A reverted trial whose job failed with one of CRASH_MARKS in its last lines."""
+    """A reverted trial whose job failed with a native crash or a CUDA error: the log parser named
+    it so, or one of CRASH_MARKS is in the last lines."""
     lines = evidence.get("last_lines") or []
     text = "\n".join(lines) if isinstance(lines, list) else str(lines)
-    return evidence.get("state") == "failed" and any(m in text for m in CRASH_MARKS)
+    return evidence.get("state") == "failed" and (
+        evidence.get("failure") in CRASH_FAILURES or any(m in text for m in CRASH_MARKS))
 
 
 def study_state(store, study, cluster) -> StudyState:
@@ -275,8 +280,9 @@ class Tuner:
             self.say(f"trial {trial.number}: skipped ({out.error})")
             return
         if out.state != "completed":
-            self.decide("revert", f"{out.state}: {out.error}", trial, rid,
-                        last_lines=out.last_lines, **ev)
+            log = (out.analysis or {}).get("log") or {}
+            self.decide("revert", f"{out.state}: {out.error}", trial, rid, last_lines=out.last_lines,
+                        failure=log.get("failure"), failure_line=log.get("failure_line"), **ev)
             self.say(f"trial {trial.number}: {out.state}, reverted")
             return
         rule = self.rule_by_id.get(rid)

@@ -7,7 +7,11 @@ import pytest
 
 from pipeline.judge import compare, faster_p, judged_step, noise_ms
 
-RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "device_tuning" / "runs"
+REPO = Path(__file__).resolve().parents[1]
+# the device run judged by 2 standard errors (its store and analyses; commit 22ab968 has the rest)
+PREV = REPO / "tests" / "data" / "gpu" / "tuning_2se"
+# the device run judged by the rank test (benchmarks/device_tuning)
+RUNS = REPO / "benchmarks" / "device_tuning" / "runs"
 
 
 def _an(its):
@@ -44,15 +48,25 @@ def test_without_log_steps_the_trace_steps_and_noise_decide():
 
 
 @pytest.mark.parametrize("parent, new, keep", [(3, 4, True), (3, 5, False), (1, 2, False), (1, 3, True)])
-def test_device_tuning_run(parent, new, keep):
-    """The recorded device run (benchmarks/device_tuning): micro batch 4 → 8 (trial 3 → 4) is
-    -29 % by the median; the 2-standard-error rule it ran under called that noise (gain 105.8 ms,
-    noise 108.3 ms) because of 3-4 s stalls; the rank test keeps it. manual_gc (3 → 5) stays out."""
-    an = [json.loads((RUNS / str(i) / "analysis.json").read_text()) for i in (parent, new)]
+def test_device_tuning_run_under_two_standard_errors(parent, new, keep):
+    """The earlier device run: micro batch 4 → 8 (trial 3 → 4) is -29 % by the median; the
+    2-standard-error rule it ran under called that noise (gain 105.8 ms, noise 108.3 ms) because of
+    3-4 s stalls; the rank test keeps it. manual_gc (3 → 5) stays out."""
+    an = [json.loads((PREV / f"analysis_{i}.json").read_text()) for i in (parent, new)]
     c = compare(an[0], an[1], rel=0.02, alpha=0.05)
     assert c.keep is keep, c.why()
     if (parent, new) == (3, 4):
         assert c.gain_ms < c.noise_ms  # what the old rule saw
+
+
+@pytest.mark.parametrize("parent, new, keep", [(1, 2, True), (2, 3, True), (3, 4, False), (3, 6, False)])
+def test_device_tuning_run_under_the_rank_test(parent, new, keep):
+    """The device run made under the rank test decides the same again from its stored analyses:
+    micro batch 2 → 4 → 8 kept, manual_gc and EP overlap on top of micro batch 8 not."""
+    an = [json.loads((RUNS / str(i) / "analysis.json").read_text()) for i in (parent, new)]
+    c = compare(an[0], an[1], rel=0.02, alpha=0.05)
+    assert c.keep is keep, c.why()
+    assert c.judged_by == "log median"
 
 
 def test_a_rule_whose_trial_crashed_is_not_tried_again_in_the_study(tmp_path):
@@ -63,7 +77,7 @@ def test_a_rule_whose_trial_crashed_is_not_tried_again_in_the_study(tmp_path):
     from pipeline.store import Store
     from pipeline.tuner import study_state
     db = tmp_path / "moetune.db"
-    shutil.copyfile(RUNS.parent / "moetune.db", db)
+    shutil.copyfile(PREV / "moetune.db", db)
     store = Store(str(db))
     study = store.study("moe_proxy")
     st = study_state(store, study, {"name": "device-h200x2"})
@@ -98,3 +112,16 @@ def test_judged_step_is_robust_to_a_stall():
     short = judged_step({"log": {"iteration_ms": [900.0, 500.0]},
                          "metrics": {"combined": {"step_time_ms": 510.0, "steps": 3}}})
     assert short["source"] == "trace steps" and short["step_time_ms"] == 510.0
+
+
+def test_a_cuda_error_far_from_the_log_end_is_still_a_crash():
+    """The rank-test device run's trial 5 (local CUDA graphs): the CUDA error is 40 lines above the
+    end, past two nsys epilogues, so the last lines alone miss it; the log parser names it."""
+    from analysis.logs import parse_log
+    from pipeline.tuner import crashed
+    log = parse_log(RUNS / "5" / "log.txt.xz")
+    assert log["failure"] == "cuda_error"
+    assert "capturing stream" in log["failure_line"]
+    assert not any("CUDA error" in x for x in log["last_lines"])
+    assert crashed({"state": "failed", "failure": log["failure"], "last_lines": log["last_lines"]})
+    assert not crashed({"state": "failed", "failure": "oom", "last_lines": log["last_lines"]})

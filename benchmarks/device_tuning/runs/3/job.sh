@@ -56,7 +56,7 @@ run_rank() {
     --expert-model-parallel-size
     2
     --micro-batch-size
-    4
+    8
     --global-batch-size
     16
     --moe-token-dispatcher-type
@@ -99,7 +99,7 @@ run_rank() {
     --split
     100,0,0
   )
-  local profile_ranks=0
+  local profile_ranks='0 1'
   case " $profile_ranks " in
     *" $rank "*)
       exec /opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys profile -t cuda,nvtx -s none --cpuctxsw=none --capture-range=cudaProfilerApi --capture-range-end=stop \

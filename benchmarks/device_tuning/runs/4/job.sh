@@ -61,6 +61,7 @@ run_rank() {
     16
     --moe-token-dispatcher-type
     alltoall
+    --manual-gc
     --transformer-impl
     local
     --train-iters
@@ -99,7 +100,7 @@ run_rank() {
     --split
     100,0,0
   )
-  local profile_ranks=0
+  local profile_ranks='0 1'
   case " $profile_ranks " in
     *" $rank "*)
       exec /opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys profile -t cuda,nvtx -s none --cpuctxsw=none --capture-range=cudaProfilerApi --capture-range-end=stop \

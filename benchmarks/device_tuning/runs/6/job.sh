@@ -56,15 +56,12 @@ run_rank() {
     --expert-model-parallel-size
     2
     --micro-batch-size
-    4
+    8
     --global-batch-size
     16
     --moe-token-dispatcher-type
     alltoall
-    --cuda-graph-impl
-    local
-    --cuda-graph-modules
-    attn
+    --overlap-moe-expert-parallel-comm
     --transformer-impl
     local
     --train-iters
@@ -103,7 +100,7 @@ run_rank() {
     --split
     100,0,0
   )
-  local profile_ranks=0
+  local profile_ranks='0 1'
   case " $profile_ranks " in
     *" $rank "*)
       exec /opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys profile -t cuda,nvtx -s none --cpuctxsw=none --capture-range=cudaProfilerApi --capture-range-end=stop \
@@ -114,6 +111,7 @@ run_rank() {
 if [ "${1:-}" = rank ]; then run_rank; exit $?; fi
 
 # environment the trial's config needs (pipeline/render.py ENV_RULES) and the cluster's own
+export CUDA_DEVICE_MAX_CONNECTIONS=32
 export NCCL_NVLS_ENABLE=0
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 cd /work/main || exit 1
