@@ -108,8 +108,9 @@ class TrainingConfig:
         return self.tp * self.pp * self.cp
 
     # -- Megatron command line ---------------------------------------------------------------
-    def to_args(self, model: ModelArch | None = None) -> list[str]:
-        """The Megatron-LM argv: model architecture, this config, and the run's fixed part."""
+    def to_args(self, model: ModelArch | None = None, has_apex: bool = True) -> list[str]:
+        """The Megatron-LM argv: model architecture and this config. `has_apex`: the job's image
+        has apex's fused kernels (NVIDIA's PyTorch containers do; the GPU machine does not)."""
         argv = model.to_args() if model else []
         if model and self.seq_length and self.seq_length != model.seq_length:
             argv = _set_flag(argv, "--seq-length", str(self.seq_length))
@@ -125,6 +126,8 @@ class TrainingConfig:
         argv += ["--bf16"]
         if self.transformer_impl == "local":
             argv += list(TE_LESS_FLAGS)
+        elif not has_apex:
+            argv += list(APEX_LESS_FLAGS)
         return argv
 
     @classmethod
@@ -154,6 +157,13 @@ TE_LESS_FLAGS = ("--no-rope-fusion", "--no-persist-layer-norm", "--no-gradient-a
                  "--no-masked-softmax-fusion")
 """Fusions that need Transformer Engine or apex; off under `--transformer-impl local`
 (seen on the device, see ../shared/device-notes.md)."""
+
+
+APEX_LESS_FLAGS = ("--no-gradient-accumulation-fusion",)
+"""Off where apex is absent, Transformer Engine or not: the output layer is Megatron's own
+ColumnParallelLinear, which fuses the weight-gradient accumulation through apex's
+fused_weight_gradient_mlp_cuda and refuses to start without it
+(megatron/core/tensor_parallel/layers.py; seen on the device with TE 2.20)."""
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ class Cluster(_Strict):
     has_transformer_engine: bool = True
     has_deep_ep: bool = False
     has_hybrid_ep: bool = False  # deep_ep built with HybridEP
+    has_apex: bool = True  # apex's fused kernels (NVIDIA's PyTorch containers have them)
     gpu_memory_gb: float | None = None
     mem_per_node: str | None = None
     # job-script knobs read by pipeline/render.py

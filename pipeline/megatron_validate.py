@@ -23,23 +23,27 @@ class MegatronUnavailable(Exception):
 
 _PROBE = r'''
 import contextlib, io, json, os, sys
-jobs, MEMORY = json.loads(sys.stdin.read())
+jobs, MEMORY, TE_VERSION = json.loads(sys.stdin.read())
 import types
 import torch
 # No GPU and no Transformer Engine here. Answer validate_args' device queries with the cluster's
-# GPU generation, and, for images that have TE, stand in for TE's fused RoPE kernel so the
-# availability check sees what the job's image has. Flag checks themselves are Megatron's own.
+# GPU generation, and, for images that have TE, stand in for TE's fused RoPE kernel and TE's
+# version so the availability checks see what the job's image has. Flag checks themselves are
+# Megatron's own.
 CAPABILITY = (9, 0)
 torch.cuda.get_device_capability = lambda *a, **k: tuple(CAPABILITY)
 torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
     major=CAPABILITY[0], minor=CAPABILITY[1], name="stand-in", total_memory=80 << 30)
 import megatron.core.models.common.embeddings.rope_utils as rope_utils
+import megatron.core.utils as mcore_utils
+from packaging.version import Version
 from megatron.training.arguments import parse_args, validate_args
 from megatron.training.argument_utils import core_transformer_config_from_args
 out = []
 for argv, world, CAPABILITY, has_te in jobs:
     if has_te and rope_utils.fused_apply_rotary_pos_emb is None:
         rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
+    mcore_utils._te_version = Version(TE_VERSION if has_te else "0.0.0")
     # as pipeline/render.py's job environment sets it
     conns = "32" if "--overlap-moe-expert-parallel-comm" in argv else "1"
     os.environ.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0", CUDA_DEVICE_MAX_CONNECTIONS=conns)
@@ -72,6 +76,7 @@ def available() -> bool:
 
 
 CAPABILITY = {"hopper": (9, 0), "blackwell": (10, 0)}
+TE_VERSION = "2.20.2"  # what Megatron's TE version checks are told an image with TE has (the device's)
 
 
 def validate(argvs: list[list[str]], world_size: int | list[int],
@@ -81,7 +86,7 @@ def validate(argvs: list[list[str]], world_size: int | list[int],
     worlds = world_size if isinstance(world_size, list) else [world_size] * len(argvs)
     caps = [CAPABILITY[generation]] * len(argvs)
     jobs = [(a, w, c, has_te) for a, w, c in zip(argvs, worlds, caps)]
-    proc = subprocess.run([str(VENV_PYTHON), "-c", _PROBE], input=json.dumps([jobs, memory]),
+    proc = subprocess.run([str(VENV_PYTHON), "-c", _PROBE], input=json.dumps([jobs, memory, TE_VERSION]),
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]

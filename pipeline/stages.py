@@ -135,7 +135,7 @@ def do_render(t: Trial) -> list[Path]:
     from pipeline.config import TrainingConfig, run_args
     model, cluster = t.model_and_cluster()
     config = TrainingConfig.from_dict(t.row.config)
-    argv = config.to_args(model) + run_args()
+    argv = config.to_args(model, has_apex=as_dict(cluster).get("has_apex", True)) + run_args()
     spec = render.job_spec(name=t.job_name(), folder=t.folder, config=t.row.config, argv=argv,
                            cluster=cluster, launcher=_launcher(t))
     out = render.write_job(spec)

@@ -46,3 +46,15 @@ def test_model_arch_round_trips(name):
     from pipeline.experiment import load_experiment
     m = load_experiment(name).model
     assert ModelArch.from_args(m.to_args(), name=m.name) == m
+
+
+def test_where_apex_is_absent_gradient_accumulation_fusion_is_off_once():
+    from pipeline.config import APEX_LESS_FLAGS, TE_LESS_FLAGS, TrainingConfig
+    te = TrainingConfig(transformer_impl="transformer_engine")
+    local = TrainingConfig(transformer_impl="local")
+    assert not set(APEX_LESS_FLAGS) & set(te.to_args())
+    assert set(APEX_LESS_FLAGS) <= set(te.to_args(has_apex=False))
+    for has_apex in (True, False):  # the local spec turns it off already, once
+        argv = local.to_args(has_apex=has_apex)
+        assert argv.count("--no-gradient-accumulation-fusion") == 1
+        assert set(TE_LESS_FLAGS) <= set(argv)

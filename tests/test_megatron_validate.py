@@ -70,3 +70,18 @@ def test_router_refusals_agree_with_megatron():
     results = mv.validate([OK.to_args(m) + run_args() for m in models + [good]], gpus)
     assert all(results[:-1]), list(zip([c for _, c in MODEL_CASES], results))
     assert results[-1] is None
+
+
+def test_the_device_te_configs_are_accepted_by_megatron():
+    """The trial bank's Transformer Engine configs, as the device ran them (no apex), pass Megatron's
+    checks for an image with TE 2.20; without TE, delayed wgrad and MoE FP8 are refused."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "device"))
+    import bank_configs
+    argvs = [bank_configs.argv(c) for _, c in bank_configs.TE_CONFIGS]
+    assert all("--no-gradient-accumulation-fusion" in a for a in argvs)
+    assert mv.validate(argvs, 2) == [None] * len(argvs)
+    named = dict(zip((n for n, _ in bank_configs.TE_CONFIGS), argvs))
+    no_te = mv.validate([named["te_gg_overlap_wgrad"], named["te_gg_fp8"]], 2, has_te=False)
+    assert all(no_te), no_te

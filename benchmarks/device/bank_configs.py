@@ -1,5 +1,6 @@
-"""The trial bank's configs: moe_proxy's baseline and the knobs that run without Transformer
-Engine on the GPU machine. `python benchmarks/device/bank_configs.py [GROUP]` prints one line per
+"""The trial bank's configs: moe_proxy's baseline and its knobs, first those that run without
+Transformer Engine on the GPU machine, then (`te_*`) those that need it
+(benchmarks/device_setup.sh te). `python benchmarks/device/bank_configs.py [GROUP]` prints one line per
 config: NAME, GPUS, then the shell-quoted Megatron argv."""
 import shlex
 import sys
@@ -64,10 +65,31 @@ CONFIGS = [
     ("mbs8_1gpu", {"ep": 1, "global_batch": 8, "micro_batch": 8}),
 ]
 
+# With Transformer Engine (TE 2.20.2 built by benchmarks/device_setup.sh te). `te_baseline` is the
+# baseline on the TE layer spec; the others add, to TE with grouped GEMM (`te_gg`), one fix each from
+# ../shared/guidance: EP overlap without and with delayed wgrad, TE-scoped CUDA graphs on the
+# modules dropless MoE allows, FP8 blockwise, the flex dispatcher, moe_act recompute.
+TE = {"transformer_impl": "transformer_engine"}
+TE_GG = {**TE, "grouped_gemm": True}
+TE_CONFIGS = [
+    ("te_baseline", TE),
+    ("te_gg", TE_GG),
+    ("te_gg_overlap", {**TE_GG, "overlap_ep_a2a": True}),
+    ("te_gg_overlap_wgrad", {**TE_GG, "overlap_ep_a2a": True, "delay_wgrad": True}),
+    ("te_gg_graphs", {**TE_GG, "cuda_graph_impl": "transformer_engine",
+                      "cuda_graph_modules": ["attn", "moe_router", "moe_preprocess"]}),
+    ("te_gg_fp8", {**TE_GG, "fp8_format": "e4m3", "fp8_recipe": "blockwise"}),
+    ("te_gg_deepep", {**TE_GG, "dispatcher": "flex", "flex_backend": "deepep"}),
+    ("te_gg_recompute_act", {**TE_GG, "recompute_granularity": "selective",
+                             "recompute_modules": ["moe_act"]}),
+    ("te_gg_hybridep", {**TE_GG, "dispatcher": "flex", "flex_backend": "hybridep", "router_dtype": "fp32"}),
+]
+CONFIGS += TE_CONFIGS
+
 
 def argv(changes: dict) -> list[str]:
     cfg = BASE.replace(**changes)
-    return cfg.to_args(MODEL) + run_args()
+    return cfg.to_args(MODEL, has_apex=False) + run_args()  # the GPU machine has no apex
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ Q=$B/linux-desktop-glibc_2_11_3-x64/QdstrmImporter
 if [ -d .whl ] && ! python3 -c 'import megatron.core' 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 fi
-export PYTHONPATH="/tmp/site:$PWD"
+# what benchmarks/device_setup.sh built (Transformer Engine, DeepEP) sits in /tmp/site-gpu
+export PYTHONPATH="/tmp/site-gpu:/tmp/site:$PWD"
 NGPU=$(nvidia-smi -L | wc -l)
 
 # profile NAME CMD...: nsys around CMD, importer, export, slim, xz

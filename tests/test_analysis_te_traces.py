@@ -1,0 +1,59 @@
+"""Real Transformer Engine traces (the trial bank's `te_*` entries: moe_proxy on 2× H200 with TE 2.20.2,
+DeepEP and HybridEP built on the device): the analysis names each fix's kernels."""
+from pathlib import Path
+
+import pytest
+
+import analysis
+from analysis.load import open_trace
+
+TRACES = Path(__file__).resolve().parents[1] / "benchmarks" / "trial_bank" / "traces"
+
+
+@pytest.fixture(scope="module")
+def combined():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = analysis.analyze([TRACES / f"{name}.sqlite.xz"])["metrics"]["combined"]
+        return cache[name]
+    return get
+
+
+def test_te_layers_show_as_te_kernels_and_the_local_spec_has_none(combined):
+    """RMSNorm and RoPE run as TE's fused kernels under the TE spec; under the local spec, torch's."""
+    assert combined("te_gg")["kernel_class_count"]["te"] > 100
+    assert combined("baseline")["kernel_class_count"]["te"] == 0
+
+
+def test_hybridep_dispatch_and_combine_replace_nccl_all_to_all(combined):
+    names = set(open_trace(TRACES / "te_gg_hybridep.sqlite.xz").kernels["name"].astype(str))
+    assert {"hybrid_ep::dispatch_kernel", "hybrid_ep::combine_kernel"} <= names
+    c = combined("te_gg_hybridep")
+    assert c["kernel_class_count"]["hybridep"] > 0
+    assert c["kernel_class_count"]["a2a"] == 0 and c["kernel_class_count"]["deepep"] == 0
+
+
+def test_deepep_under_te_replaces_nccl_all_to_all(combined):
+    c = combined("te_gg_deepep")
+    assert c["kernel_class_count"]["deepep"] > 0 and c["kernel_class_count"]["a2a"] == 0
+    assert combined("te_gg")["kernel_class_count"]["deepep"] == 0
+    assert combined("te_gg")["kernel_class_count"]["a2a"] > 0
+
+
+def test_fp8_blockwise_shows_its_cast_kernels(combined):
+    """The blockwise recipe quantizes through block_scaled_1d_cast_transpose_kernel; BF16 has none."""
+    names = set(open_trace(TRACES / "te_gg_fp8.sqlite.xz").kernels["name"].astype(str))
+    assert any("block_scaled" in n for n in names)
+    assert combined("te_gg_fp8")["kernel_class_count"]["fp8_cast"] > 100
+    assert combined("te_gg")["kernel_class_count"]["fp8_cast"] == 0
+
+
+def test_te_cuda_graphs_replace_kernel_launches_with_graph_launches(combined):
+    """Attention and the router captured as graphs: graph launches appear, the kernels launched
+    one by one per step fall, and attention's kernels leave the kernel table (they run in graphs)."""
+    off, on = combined("te_gg"), combined("te_gg_graphs")
+    assert off["cuda_graph_launches"] == 0 < on["cuda_graph_launches"]
+    assert on["kernels_per_step"] < 0.8 * off["kernels_per_step"]
+    assert off["kernel_class_count"]["attention"] > 0 == on["kernel_class_count"]["attention"]
