@@ -14,6 +14,7 @@ compute | unknown (walls.THRESHOLDS is the rule table). `metrics` = {"combined":
     gpu_busy_share gpu_idle_share sm_util_estimate comm_share exposed_comm_share
     exposed_a2a_share exposed_other_comm_share a2a_ms exposed_a2a_ms exposed_comm_ms (per step)
     kernels_per_step median_kernel_us launch_rate_per_ms cuda_graph_launches peak_memory_gb
+    gemm_streams (streams that ran GEMMs: above 1 where TE's grouped GEMM spreads the experts)
     sm_active_share (only with GPU metrics sampling: mean "SMs Active" in the window, 0..1)
     gaps_over_{10,100,1000}us and gaps_over_{..}us_ms     idle-gap histogram: count, total ms
     launch_starved_ms sync_blocked_ms other_wait_ms        idle time by cause

@@ -6,7 +6,9 @@ Classes and what they mean:
   deepep       DeepEP dispatch/combine kernels (not NCCL: a `nccl` prefix test misses them)
   hybridep     HybridEP dispatch/combine kernels
   gemm         cuBLAS/cuBLASLt/CUTLASS matrix multiplies (Hopper: nvjet_sm90_*)
-  grouped_gemm grouped expert GEMMs (Transformer Engine / CUTLASS grouped)
+  grouped_gemm grouped expert GEMMs by name (CUTLASS grouped kernels). TE 2.20 on Hopper runs its
+               grouped GEMM as one cuBLAS GEMM per expert: those are `gemm`, on extra streams
+               (metrics.gemm_streams)
   attention    flash / fused attention, softmax
   moe_permute  token permute / unpermute / sort / scatter of MoE dispatch
   moe_router   router top-k, aux loss, scores

@@ -225,12 +225,13 @@ def _kernels(con, tables) -> pd.DataFrame:
     if t not in tables:
         return pd.DataFrame(columns=[*KERNEL_COLS, "name"])
     cols = tables[t]
+    stream = ("streamId",) if "streamId" in cols else ()  # TE's grouped GEMM spreads over streams
     if "shortName" in cols and "demangledName" in cols:
-        df = _ints(con, t, (*KERNEL_COLS, "shortName", "demangledName"))
+        df = _ints(con, t, (*KERNEL_COLS, *stream, "shortName", "demangledName"))
         df["name"] = _qualified_names(con, df.pop("shortName"), df.pop("demangledName"))
         return df
     name_col = "shortName" if "shortName" in cols else "demangledName"
-    df = _ints(con, t, (*KERNEL_COLS, name_col))
+    df = _ints(con, t, (*KERNEL_COLS, *stream, name_col))
     df["name"] = _names(con, df.pop(name_col))
     return df
 

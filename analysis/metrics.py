@@ -133,6 +133,17 @@ def peak_memory_gb(memory: pd.DataFrame) -> float | None:
     return round(float(np.cumsum(signed).max()) / 2**30, 4)
 
 
+def gemm_streams(k: pd.DataFrame) -> int:
+    """Streams that ran GEMM kernels (class gemm or grouped_gemm). Transformer Engine's grouped GEMM
+    on Hopper runs one cuBLAS GEMM per local expert spread over its own compute streams (4 besides
+    the main one in TE 2.20), so the number rises where the kernel names cannot tell (0: no
+    stream ids in the trace)."""
+    if "streamId" not in k or k.empty:
+        return 0
+    s = k.loc[k["cls"].isin(("gemm", "grouped_gemm")), "streamId"]
+    return int(s[s >= 0].nunique())
+
+
 def rank_metrics(k: pd.DataFrame, copies: pd.DataFrame, runtime: pd.DataFrame,
                  memory: pd.DataFrame, w: Window) -> dict:
     """All metrics of one rank. `k` carries a `cls` column (kernels.classify)."""
@@ -169,6 +180,7 @@ def rank_metrics(k: pd.DataFrame, copies: pd.DataFrame, runtime: pd.DataFrame,
         "exposed_a2a_ms": round(ce["exposed_a2a_ns"] / NS_PER_MS / steps, 4),
         "exposed_comm_ms": round(ce["exposed_comm_ns"] / NS_PER_MS / steps, 4),
         "kernels_per_step": round(len(k) / steps, 2),
+        "gemm_streams": gemm_streams(k),
         "median_kernel_us": round(float(((k["end"] - k["start"]) / 1e3).median()), 3) if len(k) else 0.0,
     })
     gs, ge = idle_gaps(busy, w)

@@ -94,12 +94,27 @@ def check_overlap(new, parent):
                                   "communication is not hidden under compute", ev)
 
 
+def check_grouped_gemm(new, parent):
+    a, b = _combined(parent).get("gemm_streams"), _combined(new).get("gemm_streams")
+    grouped = _counts(new).get("grouped_gemm", 0)
+    ev = {"grouped_gemm_kernels": grouped, "parent_gemm_streams": a, "gemm_streams": b}
+    if grouped > 0:
+        return Verdict("applied", f"{grouped} grouped GEMM kernels in the window", ev)
+    if not a or not b:
+        return Verdict("unverified", "no stream ids in the traces; grouped GEMM not checked", ev)
+    if b > a:
+        return Verdict("applied", f"expert GEMMs spread over {b:.0f} streams (was {a:.0f})", ev)
+    return Verdict("not_applied", f"GEMMs on {b:.0f} stream(s) as before and no grouped kernels: "
+                                  "the experts still run one after another", ev)
+
+
 def check_none(new, parent):
     return Verdict("applied", "nothing to verify in the trace", {})
 
 
 CHECKS = {"flex_dispatch": check_flex_dispatch, "cuda_graphs": check_cuda_graphs, "fp8": check_fp8,
-          "recompute": check_recompute, "overlap": check_overlap, "none": check_none}
+          "recompute": check_recompute, "overlap": check_overlap, "grouped_gemm": check_grouped_gemm,
+          "none": check_none}
 
 
 def verify(kind: str, new: dict | None, parent: dict | None) -> Verdict:

@@ -24,7 +24,7 @@ from pipeline.section import as_dict, gpu_count
 
 RULES_FILE = Path(__file__).with_name("rules.yaml")
 WALLS = ("memory", "communication", "host_overhead", "compute")
-VERIFY_KINDS = ("flex_dispatch", "cuda_graphs", "fp8", "recompute", "overlap", "none")
+VERIFY_KINDS = ("flex_dispatch", "cuda_graphs", "fp8", "recompute", "overlap", "grouped_gemm", "none")
 
 # GPU memory (GB) by type, where the trace does not say.
 GPU_MEMORY_GB = {"A100": 80, "H100": 80, "H800": 80, "H200": 141, "GH200": 96, "B200": 180,

@@ -57,3 +57,16 @@ def test_te_cuda_graphs_replace_kernel_launches_with_graph_launches(combined):
     assert off["cuda_graph_launches"] == 0 < on["cuda_graph_launches"]
     assert on["kernels_per_step"] < 0.8 * off["kernels_per_step"]
     assert off["kernel_class_count"]["attention"] > 0 == on["kernel_class_count"]["attention"]
+
+
+def test_te_grouped_gemm_is_seen_as_expert_gemms_over_extra_streams(combined):
+    """TE 2.20's grouped GEMM on Hopper is one cuBLAS GEMM per local expert, named like any GEMM
+    (`nvjet_sm90_*`), spread over 4 compute streams besides the main one: the stream count tells."""
+    from pipeline.applied import verify
+    assert combined("te_baseline")["gemm_streams"] == 1
+    assert combined("te_gg")["gemm_streams"] == 5
+    assert combined("te_gg")["kernel_class_count"]["grouped_gemm"] == 0
+    seq = {"metrics": {"combined": combined("te_baseline")}}
+    grouped = {"metrics": {"combined": combined("te_gg")}}
+    assert verify("grouped_gemm", grouped, seq).status == "applied"
+    assert verify("grouped_gemm", seq, seq).status == "not_applied"

@@ -7,7 +7,8 @@
 #     -d .whl megatron-core==0.19.2 submitit pydantic pydantic-core annotated-types typing-inspection \
 #     typing-extensions sqlalchemy greenlet
 #   .devlib: libdw.so.1 and libelf.so.1 from Debian's libdw1/libelf1 (../shared/device-notes.md)
-#   bash benchmarks/device/tune.sh start [EXPERIMENT]   # the tuner in its own session (outlives the call)
+#   bash benchmarks/device/tune.sh start [EXPERIMENT]   # the tuner in its own session (outlives the call);
+#                                                       # moe_proxy_te: after `device_setup.sh deepep te`
 #   bash benchmarks/device/tune.sh wait SECONDS         # until it ends or SECONDS pass; packs if it ended
 #   bash benchmarks/device/tune.sh pack                 # store, reports, logs, analyses, 2 traces → $OUT
 # The tuner's files live under /tmp/moetune-tune, so a later call on the same warm machine finds them;
@@ -45,6 +46,12 @@ d = yaml.safe_load(experiment_path(sys.argv[1]).read_text())
 d["cluster"]["nsys"] = sys.argv[2]
 open(sys.argv[3], "w").write(yaml.safe_dump(d, sort_keys=False))
 EOF
+    # an experiment whose image has TE (moe_proxy_te) needs what device_setup.sh put in /tmp/site-gpu;
+    # the TE-less one runs without it, as its trials were recorded
+    if python3 -c 'import sys, yaml; sys.exit(not yaml.safe_load(open(sys.argv[1]))["cluster"].get("has_transformer_engine"))' \
+        "$W/experiment.yaml"; then
+      export PYTHONPATH="/tmp/site-gpu:$PYTHONPATH"
+    fi
     date -u +%FT%TZ > "$W/started"
     setsid nohup python3 -m pipeline.cli --db "$W/moetune.db" tune "$W/experiment.yaml" \
       --executor local --runs "$W/runs" --out "$W/reports" --no-progress > "$W/tune.log" 2>&1 &
