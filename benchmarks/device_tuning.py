@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from pipeline.judge import compare, judged_step  # noqa: E402
 from pipeline.store import Store  # noqa: E402
-from tuning import log_median_ms, write_section  # noqa: E402
+from tuning import log_median_ms, publish  # noqa: E402
 
 RUN = REPO / "benchmarks" / "device_tuning"
 BANK = REPO / "benchmarks" / "trial_bank"
@@ -171,15 +171,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
     args = p.parse_args(argv)
     r = collect()
-    out = REPO / "benchmarks" / "results" / "device_tuning.json"
-    out.write_text(json.dumps({k: v for k, v in r.items()}, indent=1, default=str) + "\n")
-    text = section(r)
-    if not args.no_docs:
-        doc = REPO / "docs" / "benchmarks.md"
-        if SECTION not in doc.read_text():
-            doc.write_text(doc.read_text().rstrip("\n") + "\n\n" + SECTION + "\n")
-        write_section(doc, text, SECTION)
-    print(text)
+    publish("device_tuning.json", r, section(r), SECTION, not args.no_docs)
     return 0
 
 

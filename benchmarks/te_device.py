@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from pipeline.judge import compare, judged_step  # noqa: E402
-from tuning import write_section  # noqa: E402
+from tuning import publish  # noqa: E402
 
 LEASE = REPO / "benchmarks" / "te_lease"
 SECTION = "## Transformer Engine, DeepEP and HybridEP on the GPU machine"
@@ -210,14 +210,7 @@ def main(argv=None) -> int:
     if args.record:
         record(args.record)
     r = collect()
-    (REPO / "benchmarks" / "results" / "te_device.json").write_text(json.dumps(r, indent=1) + "\n")
-    text = section(r)
-    if not args.no_docs:
-        doc = REPO / "docs" / "benchmarks.md"
-        if SECTION not in doc.read_text():
-            doc.write_text(doc.read_text().rstrip("\n") + "\n\n" + SECTION + "\n")
-        write_section(doc, text, SECTION)
-    print(text)
+    publish("te_device.json", r, section(r), SECTION, not args.no_docs)
     return 0
 
 

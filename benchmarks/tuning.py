@@ -165,12 +165,26 @@ def section(r: dict, title: str = SECTION) -> str:
 
 
 def write_section(doc: Path, text: str, section: str = SECTION) -> None:
-    """Replace the `## ...` section titled `section` (up to the next `## `) with `text`."""
+    """Replace the `## ...` section titled `section` (up to the next `## `) with `text`; a section
+    not there yet is added at the end."""
     src = doc.read_text()
+    if section not in src:
+        doc.write_text(src.rstrip("\n") + "\n\n" + text)
+        return
     start = src.index(section)
     nxt = src.find("\n## ", start + len(section))
     end = len(src) if nxt < 0 else nxt + 1
     doc.write_text(src[:start] + text + ("\n" if nxt >= 0 else "") + src[end:])
+
+
+def publish(results_name: str, r: dict, text: str, section: str, docs: bool) -> None:
+    """Write benchmarks/results/RESULTS_NAME and, with `docs`, the section of docs/benchmarks.md."""
+    out = REPO / "benchmarks" / "results" / results_name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(r, indent=1, default=str) + "\n")
+    if docs:
+        write_section(REPO / "docs" / "benchmarks.md", text, section)
+    print(text)
 
 
 def main(argv=None) -> int:
@@ -196,12 +210,7 @@ def main(argv=None) -> int:
         else:
             print(f"{bank}/bank.jsonl not found: the CPU stand-in bank only", file=sys.stderr)
             r = stand_in
-    out = REPO / "benchmarks" / "results" / "tuning.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(r, indent=1) + "\n")
-    if not args.no_docs:
-        write_section(REPO / "docs" / "benchmarks.md", section(r))
-    print(section(r))
+    publish("tuning.json", r, section(r), SECTION, not args.no_docs)
     return 0 if r["passes"] else 1
 
 
@@ -225,14 +234,7 @@ def _other_experiment(bank: Path, experiment: str, docs: bool) -> int:
     r["command_args"] = f" --experiment {experiment}"
     r["results_file"] = f"tuning_{experiment}.json"
     r["note"] = NOTES.get(experiment)
-    (REPO / "benchmarks" / "results" / f"tuning_{experiment}.json").write_text(json.dumps(r, indent=1) + "\n")
-    text = section(r, title)
-    if docs:
-        doc = REPO / "docs" / "benchmarks.md"
-        if title not in doc.read_text():
-            doc.write_text(doc.read_text().rstrip("\n") + "\n\n" + title + "\n")
-        write_section(doc, text, title)
-    print(text)
+    publish(r["results_file"], r, section(r, title), title, docs)
     return 0 if r["passes"] else 1
 
 
