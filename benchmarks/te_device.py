@@ -159,7 +159,7 @@ def section(r: dict) -> str:
              "276.5 MB, over a call's 64 MiB. Its library holds GPU code for sm_75 to sm_120; "
              "`benchmarks/device/keep_arch.py` zeroes every fat-binary image but sm_90's (headers "
              "kept), and the unpacked wheel then xz-compresses to 27 MB "
-             "(`benchmarks/device/te_bundle.sh` makes `.deps/tecarry`, 34 MB in all). On the machine "
+             "(`benchmarks/device/te_bundle.sh` makes `.deps/tecarry`, 31 MB in all). On the machine "
              "`device_setup.sh te` unpacks it and builds the PyTorch extension from the registry's "
              "sdist with g++ in 70 s (32 jobs; `nccl.h` and `cudnn.h` from the machine's nvidia "
              "wheels through CPATH), then checks a Linear, a GroupedLinear and FP8 blockwise. "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make .deps/tecarry here (git-ignored, about 34 MB): what the GPU machine needs to install
+# Make .deps/tecarry here (git-ignored, about 31 MB; about 40 s): what the GPU machine needs to install
 # Transformer Engine 2.20.2 (`bash benchmarks/device_setup.sh te` there, with .deps/tecarry carried).
 #   te_core_sm90.tar.xz            the registry's transformer-engine-cu13 core wheel, unpacked, with
 #                                  only its sm_90 GPU code kept (benchmarks/device/keep_arch.py)
@@ -14,7 +14,10 @@ mkdir -p "$D" "$K"
 pip=(python3 -m pip download -q --no-deps --python-version 3.12 --implementation cp -d "$D")
 "${pip[@]}" --only-binary=:all: --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
   "transformer-engine-cu13==$V" "transformer-engine==$V" nvidia-cudnn-frontend nvdlfw-inspect wheel
-"${pip[@]}" --no-binary=:all: "transformer-engine-torch==$V"
+# the extension's source: pip reads its metadata by running setup.py, which imports torch, so this
+# one is fetched with the megatron venv's Python (scripts/megatron-venv), without build isolation
+"${MEGATRON_PY:-.venv-megatron/bin/python}" -m pip download -q --no-deps --no-build-isolation \
+  --no-binary=:all: -d "$D" "transformer-engine-torch==$V"
 w=$(mktemp -d); trap 'rm -rf "$w"' EXIT
 mkdir "$w/core" "$w/cfe"
 unzip -q "$D/transformer_engine_cu13-$V-"*.whl -d "$w/core"
