@@ -23,7 +23,8 @@ compute | unknown (walls.THRESHOLDS is the rule table). `metrics` = {"combined":
         hybridep te fp8_cast memcpy memset other), 0 when absent; stable names
 combined only: ranks, max_gpu_idle_share, max_exposed_comm_share, a2a_transfer_ms (all-to-all
 cost of the fastest rank), a2a_wait_ms / a2a_wait_share (the rest: waiting for a late peer),
-exposed_comm_share_net (exposed communication less that waiting), and from the log
+exposed_comm_share_net / exposed_a2a_share_net (exposed communication, and exposed all-to-all, less
+that waiting: what overlap could hide), and from the log
 tflops_per_gpu / tokens_per_s.
 """
 from __future__ import annotations

@@ -255,4 +255,5 @@ def combine(per_rank: dict[int, dict], a2a_wait_ns: dict[int, float] | None = No
     step = out.get("step_time_ms") or out["window_ms"] / max(out["steps"], 1)
     out["a2a_wait_share"] = round(wait / step, 4) if step else 0.0
     out["exposed_comm_share_net"] = round(max(0.0, out.get("exposed_comm_share", 0) - out["a2a_wait_share"]), 4)
+    out["exposed_a2a_share_net"] = round(max(0.0, out.get("exposed_a2a_share", 0) - out["a2a_wait_share"]), 4)
     return out

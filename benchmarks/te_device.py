@@ -128,7 +128,9 @@ READING = """**Reading.** This proxy is host-bound in every run (GPU idle 46–6
   died with SIGSEGV under the local spec in the earlier lease, trained under TE.
 - *EP overlap*: slower without and with delayed wgrad. There are 8.5 ms of transfer a step to hide,
   and the overlapped schedule doubles the time kernels spend waiting for the peer (55 → 114–125 ms).
-  Delayed wgrad adds to it here (no apex: Megatron's `--no-gradient-accumulation-fusion`).
+  Delayed wgrad adds to it here (no apex: Megatron's `--no-gradient-accumulation-fusion`). The
+  overlap rules now read the exposed all-to-all less the waiting (`exposed_a2a_share_net`, 0.02 for
+  `te_gg` against 0.15 raw), so the tuner no longer proposes overlap here.
 - *FP8 blockwise*: no measurable gain (p = 0.07): GEMMs are not the wall, and the blockwise casts
   (`block_scaled_1d_cast_transpose_kernel`, class `fp8_cast`) add about 700 kernels a step.
 - *moe_act recompute*: slower, as expected where memory is not the wall (about 11 of 141 GB used).

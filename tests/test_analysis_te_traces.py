@@ -70,3 +70,23 @@ def test_te_grouped_gemm_is_seen_as_expert_gemms_over_extra_streams(combined):
     grouped = {"metrics": {"combined": combined("te_gg")}}
     assert verify("grouped_gemm", grouped, seq).status == "applied"
     assert verify("grouped_gemm", seq, seq).status == "not_applied"
+
+
+def test_exposed_all_to_all_is_mostly_waiting_so_overlap_is_not_proposed(combined):
+    """On the device, EP overlap was slower wherever it ran: the raw exposed all-to-all is mostly
+    one rank waiting for the other, which overlap cannot hide. The net share is what the rule reads."""
+    from pipeline import rules
+    from pipeline.config import TrainingConfig
+    from pipeline.experiment import load_experiment
+    c = combined("te_gg")
+    assert c["exposed_a2a_share"] > 0.1 and c["exposed_a2a_share_net"] < 0.03
+    exp = load_experiment("moe_proxy_te")
+    config = TrainingConfig.from_dict({**exp.baseline.to_dict(), "grouped_gemm": True})
+    an = {"wall": "host_overhead", "metrics": {"combined": c}}
+    ids = [p.rule.id for p in rules.proposals(an, config, exp.model, exp.cluster,
+                                              check=lambda *a: [])]
+    assert "cuda_graphs_te" in ids and "ep_a2a_overlap" not in ids
+    raw = {"wall": "host_overhead", "metrics": {"combined": {**c, "a2a_wait_share": 0.0,
+                                                             "exposed_a2a_share_net": c["exposed_a2a_share"]}}}
+    assert "ep_a2a_overlap" in [p.rule.id for p in rules.proposals(raw, config, exp.model, exp.cluster,
+                                                                   check=lambda *a: [])]
