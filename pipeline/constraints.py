@@ -41,6 +41,7 @@ class Env:
     has_te: bool
     has_deep_ep: bool
     nvlink_domain: int
+    has_apex: bool = True
 
     def dp(self, c: TrainingConfig) -> int:
         return self.gpus // max(1, c.tp * c.pp * c.cp)
@@ -117,6 +118,11 @@ RULES: tuple[Rule, ...] = (
      "TP comm overlap needs TP ≥ 2 and --sequence-parallel"),
     ("te_graphs_need_te", MEGATRON, lambda c, e: c.cuda_graph_impl == "transformer_engine" and not _te(c, e),
      "--cuda-graph-impl transformer_engine needs Transformer Engine"),
+    ("te_graphs_delay_wgrad_need_apex", MEGATRON,
+     lambda c, e: c.delay_wgrad and c.overlap_grad_reduce and c.cuda_graph_impl == "transformer_engine"
+     and "attn" in c.cuda_graph_modules and not e.has_apex,
+     "TE CUDA graphs of attention with delayed wgrad and overlapped grad reduce need gradient "
+     "accumulation fusion (apex) for static addresses; drop attn from the graph scopes or delay_wgrad"),
     ("dropless_graph_scope", WORKFLOW,
      lambda c, e: c.cuda_graph_impl in ("local", "transformer_engine") and c.capacity_factor is None
      and (not c.cuda_graph_modules or set(c.cuda_graph_modules) - set(DROPLESS_GRAPH_MODULES)),
@@ -216,7 +222,7 @@ def env_of(model, cluster) -> Env:
     gpus = gpu_count(cluster, per_node=8)
     return Env(m=model, gpus=gpus, generation=GPU_GENERATION.get(g("gpu_type", "H100"), "hopper"),
                has_te=bool(g("has_transformer_engine", True)), has_deep_ep=bool(g("has_deep_ep", False)),
-               nvlink_domain=int(g("nvlink_domain", 8) or 1))
+               nvlink_domain=int(g("nvlink_domain", 8) or 1), has_apex=bool(g("has_apex", True)))
 
 
 def check(config: TrainingConfig, model, cluster) -> list[Violation]:

@@ -37,7 +37,7 @@ def test_what_megatron_refuses_moetune_refuses():
     moetune's checker must refuse too (a disagreement fails, naming the case)."""
     gpus = H100["nodes"] * H100["gpus_per_node"]
     cases = [(code, OK.replace(**changes), {**H100, **cl}) for changes, cl, code in CASES]
-    argvs = [cfg.to_args(MODEL) + run_args() for _, cfg, _ in cases]
+    argvs = [cfg.to_args(MODEL, has_apex=cl.get("has_apex", True)) + run_args() for _, cfg, cl in cases]
     worlds = [cl["nodes"] * cl["gpus_per_node"] for _, _, cl in cases]
     results = mv.validate(argvs, worlds)
     refused_by_megatron = [(code, r) for (code, _, _), r in zip(cases, results) if r]
