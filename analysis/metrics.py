@@ -254,6 +254,11 @@ def combine(per_rank: dict[int, dict], a2a_wait_ns: dict[int, float] | None = No
     out["a2a_wait_ms"] = round(wait, 4)
     step = out.get("step_time_ms") or out["window_ms"] / max(out["steps"], 1)
     out["a2a_wait_share"] = round(wait / step, 4) if step else 0.0
-    out["exposed_comm_share_net"] = round(max(0.0, out.get("exposed_comm_share", 0) - out["a2a_wait_share"]), 4)
-    out["exposed_a2a_share_net"] = round(max(0.0, out.get("exposed_a2a_share", 0) - out["a2a_wait_share"]), 4)
+    for key in ("exposed_comm_share", "exposed_a2a_share"):
+        out[f"{key}_net"] = less_waiting(out.get(key, 0), out["a2a_wait_share"])
     return out
+
+
+def less_waiting(exposed_share: float, a2a_wait_share: float) -> float:
+    """An exposed share less the all-to-all time spent waiting for a late peer: what overlap could hide."""
+    return round(max(0.0, exposed_share - a2a_wait_share), 4)

@@ -207,9 +207,11 @@ def context(analysis: dict, config: TrainingConfig, model, cluster, tuning=None)
     metrics = dict(((analysis.get("metrics") or {}).get("combined")) or {})
     d = derived(config, model_d, cluster_d, analysis)
     metrics.setdefault("memory_used_share", d["memory_used_share"])
-    if "exposed_a2a_share" in metrics:  # analyses made before the metric existed
-        metrics.setdefault("exposed_a2a_share_net", max(
-            0.0, metrics["exposed_a2a_share"] - (metrics.get("a2a_wait_share") or 0.0)))
+    if "exposed_a2a_share" in metrics and "exposed_a2a_share_net" not in metrics:
+        # analyses made before the metric existed
+        from analysis.metrics import less_waiting
+        metrics["exposed_a2a_share_net"] = less_waiting(metrics["exposed_a2a_share"],
+                                                        metrics.get("a2a_wait_share") or 0.0)
     metrics["log_failure"] = (analysis.get("log") or {}).get("failure")
     cfg = config.to_dict()
     return {"metric": metrics, "config": cfg, "cluster": cluster_d, "model": model_d,

@@ -55,10 +55,10 @@ def tuning_value(experiment, key: str, override=None):
 
 # What a failed job's last lines show when the fix itself broke the run (a CUDA error during graph
 # capture, a native crash), rather than a layout Megatron refused, which another parent may not hit.
+# Looser than analysis/logs.py's FAILURES on purpose: those scan whole logs of runs that may have
+# finished, these only the tail of a job already known to have failed.
 CRASH_MARKS = ("CUDA error", "AcceleratorError", "cudaError", "SIGSEGV", "SIGABRT", "SIGBUS",
                "Segmentation fault", "illegal memory access")
-
-
 CRASH_FAILURES = ("crash", "cuda_error")  # analysis/logs.py's names for the same
 
 
