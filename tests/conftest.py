@@ -79,8 +79,8 @@ def stand_in_cluster(**overrides) -> dict:
 @pytest.fixture
 def make_trial(tmp_path):
     """make_trial(cluster=..., executor=..., study=..., **config) -> (store, trial id)."""
-    from pipeline.config import TrainingConfig
-    from pipeline.store import Store
+    from moetune.pipeline.spec.config import TrainingConfig
+    from moetune.pipeline.store import Store
     store = Store(str(tmp_path / "store.db"))
 
     def make(cluster=None, executor="slurm", study="s", runs_root=None, **config):
@@ -99,8 +99,8 @@ def make_trial(tmp_path):
 
 _TUNER_UNTIL_SUBMITTED = """
 import sys
-from pipeline.store import Store
-from pipeline import stages
+from moetune.pipeline.store import Store
+from moetune.pipeline.trial import stages
 store = Store(sys.argv[1]); tid = int(sys.argv[2])
 stages.run_stage(store, tid, "render"); stages.run_stage(store, tid, "submit")
 print("submitted", flush=True)

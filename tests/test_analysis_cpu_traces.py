@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import analysis
-from analysis.cli import main as analyze_cli
-from analysis.load import open_trace
+from moetune import analysis
+from moetune.analysis.cli import main as analyze_cli
+from moetune.analysis.load import open_trace
 
 DATA = Path(__file__).parent / "data" / "cpu"
 NVTX_INCLUDE = "/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64/nvtx/include"

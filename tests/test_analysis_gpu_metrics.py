@@ -5,7 +5,7 @@ import sqlite3
 
 import pytest
 
-import analysis
+from moetune import analysis
 from tests.nsys_fixture import PID, TraceBuilder
 
 GEMM = "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT"

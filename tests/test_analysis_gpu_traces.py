@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-import analysis
+from moetune import analysis
 
 DATA = Path(__file__).parent / "data" / "gpu"
 
@@ -56,7 +56,7 @@ def test_oom_log_is_memory():
 def test_deepep_kernels_are_recognised_and_their_waits_split_from_transfer(traces):
     """DeepEP's short kernel names are bare (`dispatch`, `combine`): the loader qualifies them with
     the namespace from the demangled name. Its notify kernels spin until the late peer arrives."""
-    from analysis.load import open_trace
+    from moetune.analysis.load import open_trace
     names = set(open_trace(traces / "megatron_flex_deepep.sqlite.xz").kernels["name"].astype(str))
     assert {"deep_ep::intranode::dispatch", "deep_ep::intranode::combine"} <= names
     r = analysis.analyze([traces / "megatron_flex_deepep.sqlite.xz"],

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis import TraceError
-from analysis.logs import parse_log
+from moetune.analysis import TraceError
+from moetune.analysis.logs import parse_log
 
 GPU_DATA = Path(__file__).parent / "data" / "gpu"
 ARGS = ("------------------------ arguments ------------------------\n"

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-import analysis
-from analysis import intervals as iv
-from analysis.kernels import CLASSES, classify_name
+from moetune import analysis
+from moetune.analysis import intervals as iv
+from moetune.analysis.kernels import CLASSES, classify_name
 from tests.nsys_fixture import PID, TraceBuilder
 
 GEMM = "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT"

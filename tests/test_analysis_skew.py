@@ -2,9 +2,9 @@
 import pandas as pd
 import pytest
 
-from analysis.load import qualified_name
-from analysis.skew import a2a_wait_ns
-from analysis.window import Window
+from moetune.analysis.load import qualified_name
+from moetune.analysis.skew import a2a_wait_ns
+from moetune.analysis.window import Window
 
 
 @pytest.mark.parametrize("short, demangled, expected", [
@@ -31,7 +31,7 @@ def test_qualified_name(short, demangled, expected):
     ("combine_kernel", "void hybrid_ep::combine_kernel<(int)8>(combine_kernel_param_t)", "hybridep"),
 ])
 def test_ep_library_kernels_are_classed_by_their_namespace(short, demangled, cls):
-    from analysis.kernels import classify_name
+    from moetune.analysis.kernels import classify_name
     assert classify_name(short) == "other"  # the bare short name says nothing
     assert classify_name(qualified_name(short, demangled)) == cls
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-import analysis
-from analysis.load import open_trace
+from moetune import analysis
+from moetune.analysis.load import open_trace
 
 TRACES = Path(__file__).resolve().parents[1] / "benchmarks" / "trial_bank" / "traces"
 
@@ -62,7 +62,7 @@ def test_te_cuda_graphs_replace_kernel_launches_with_graph_launches(combined):
 def test_te_grouped_gemm_is_seen_as_expert_gemms_over_extra_streams(combined):
     """TE 2.20's grouped GEMM on Hopper is one cuBLAS GEMM per local expert, named like any GEMM
     (`nvjet_sm90_*`), spread over 4 compute streams besides the main one: the stream count tells."""
-    from pipeline.applied import verify
+    from moetune.pipeline.decide.applied import verify
     assert combined("te_baseline")["gemm_streams"] == 1
     assert combined("te_gg")["gemm_streams"] == 5
     assert combined("te_gg")["kernel_class_count"]["grouped_gemm"] == 0
@@ -75,9 +75,9 @@ def test_te_grouped_gemm_is_seen_as_expert_gemms_over_extra_streams(combined):
 def test_exposed_all_to_all_is_mostly_waiting_so_overlap_is_not_proposed(combined):
     """On the device, EP overlap was slower wherever it ran: the raw exposed all-to-all is mostly
     one rank waiting for the other, which overlap cannot hide. The net share is what the rule reads."""
-    from pipeline import rules
-    from pipeline.config import TrainingConfig
-    from pipeline.experiment import load_experiment
+    from moetune.pipeline.decide import rules
+    from moetune.pipeline.spec.config import TrainingConfig
+    from moetune.pipeline.spec.experiment import load_experiment
     c = combined("te_gg")
     assert c["exposed_a2a_share"] > 0.1 and c["exposed_a2a_share_net"] < 0.03
     exp = load_experiment("moe_proxy_te")

@@ -5,11 +5,11 @@ import sqlite3
 
 import pytest
 
-import analysis
-from analysis import TraceError
-from analysis.cli import main as analyze_cli
-from analysis.logs import parse_log
-from analysis.walls import THRESHOLDS, classify
+from moetune import analysis
+from moetune.analysis import TraceError
+from moetune.analysis.cli import main as analyze_cli
+from moetune.analysis.logs import parse_log
+from moetune.analysis.walls import THRESHOLDS, classify
 from tests.nsys_fixture import TraceBuilder
 
 GEMM = "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT"

@@ -1,8 +1,8 @@
 """TrainingConfig ↔ Megatron argv, both ways, for every field of the flag table."""
 import pytest
 
-from pipeline.config import FLAGS, TrainingConfig
-from pipeline.model import ModelArch
+from moetune.pipeline.spec.config import FLAGS, TrainingConfig
+from moetune.pipeline.spec.model import ModelArch
 
 MODEL = ModelArch("t", 4, 1024, 16, 4, 4096, 1024, 8, 2, 32000, 2048, first_dense_layers=1)
 
@@ -43,13 +43,13 @@ def test_unknown_key_is_refused():
                                   "mixtral_8x22b", "moe_proxy"])
 def test_model_arch_round_trips(name):
     """Every architecture field survives argv and back (the trial bank stores only the argv)."""
-    from pipeline.experiment import load_experiment
+    from moetune.pipeline.spec.experiment import load_experiment
     m = load_experiment(name).model
     assert ModelArch.from_args(m.to_args(), name=m.name) == m
 
 
 def test_where_apex_is_absent_gradient_accumulation_fusion_is_off_once():
-    from pipeline.config import APEX_LESS_FLAGS, TE_LESS_FLAGS, TrainingConfig
+    from moetune.pipeline.spec.config import APEX_LESS_FLAGS, TE_LESS_FLAGS, TrainingConfig
     te = TrainingConfig(transformer_impl="transformer_engine")
     local = TrainingConfig(transformer_impl="local")
     assert not set(APEX_LESS_FLAGS) & set(te.to_args())

@@ -1,10 +1,10 @@
 """Forbidden combinations, each refused with its own code and a message that names the fix."""
 import pytest
 
-from pipeline.config import TrainingConfig
-from pipeline.constraints import RULES, check
-from pipeline.experiment import load_experiment
-from pipeline.model import ModelArch
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.constraints import RULES, check
+from moetune.pipeline.spec.experiment import load_experiment
+from moetune.pipeline.spec.model import ModelArch
 
 MODEL = ModelArch("t", num_layers=8, hidden_size=1024, num_attention_heads=16, num_query_groups=4,
                   ffn_hidden_size=4096, moe_ffn_hidden_size=1024, num_experts=16, moe_router_topk=2,
@@ -153,7 +153,7 @@ def test_shipped_baselines_pass(name):
 
 
 def test_check_cli(capsys):
-    from pipeline.cli import main
+    from moetune.pipeline.cli.main import main
     assert main(["check", "--gpus", "8", "--", "--num-layers", "8", "--num-attention-heads", "16",
                  "--num-experts", "16", "--expert-model-parallel-size", "8", "--micro-batch-size", "1",
                  "--global-batch-size", "64"]) == 0
@@ -166,7 +166,7 @@ def test_check_cli(capsys):
 
 
 def test_check_cli_usage_errors_and_no_separator(capsys):
-    from pipeline.check_cli import main
+    from moetune.pipeline.cli.check import main
     assert main(["--gpus", "x", "--", "--num-experts", "16"]) == 2
     assert "invalid int value: 'x'" in capsys.readouterr().err
     assert main(["--gpus", "8", "--"]) == 2  # no Megatron arguments

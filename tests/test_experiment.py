@@ -1,8 +1,8 @@
 """Experiment YAMLs: the shipped ones load; a wrong field names the file, the key and what is allowed."""
 import pytest
 
-from pipeline.config import TrainingConfig
-from pipeline.experiment import ConfigError, list_experiments, load_experiment
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.experiment import ConfigError, list_experiments, load_experiment
 
 PRODUCTION = ["qwen3_235b", "qwen3_30b_a3b", "deepseek_v3", "mixtral_8x7b", "mixtral_8x22b"]
 
@@ -42,7 +42,7 @@ cluster: {gpu_type: H100}
 
 
 @pytest.mark.parametrize("text, fragment", [
-    (BASE.replace("gpu_type: H100", "gpu_type: A100"), "cluster.gpu_type: 'A100' is not allowed; use one of 'H100'"),
+    (BASE.replace("gpu_type: H100", "gpu_type: V100"), "cluster.gpu_type: 'V100' is not allowed; use one of 'A100', 'H100'"),
     (BASE.replace("gpu_type: H100", "gpu_type: H100, gpus_per_nod: 8"), "allowed keys"),
     (BASE.replace("num_experts: 4", "num_experts: many"), "model.num_experts"),
     (BASE + "baseline: {tp: 2, pipeline: 3}\n", "baseline: unknown training config keys ['pipeline']"),

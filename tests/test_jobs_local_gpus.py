@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import jobs, render
+from moetune.pipeline.job import scheduler as jobs
+
+from moetune.pipeline.job import render
 
 
 def _spec(tmp_path: Path, gpus: int) -> render.JobSpec:

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.judge import compare, faster_p, judged_step, noise_ms
+from moetune.pipeline.decide.judge import compare, faster_p, judged_step, noise_ms
 
 REPO = Path(__file__).resolve().parents[1]
 # the device run judged by 2 standard errors (its store and analyses; commit 22ab968 has the rest)
@@ -74,8 +74,8 @@ def test_a_rule_whose_trial_crashed_is_not_tried_again_in_the_study(tmp_path):
     the study state remembers it, so no later parent spends a trial on it again."""
     import shutil
 
-    from pipeline.store import Store
-    from pipeline.tuner import study_state
+    from moetune.pipeline.store import Store
+    from moetune.pipeline.tune.loop import study_state
     db = tmp_path / "moetune.db"
     shutil.copyfile(PREV / "moetune.db", db)
     store = Store(str(db))
@@ -86,7 +86,7 @@ def test_a_rule_whose_trial_crashed_is_not_tried_again_in_the_study(tmp_path):
 
 
 def test_a_layout_megatron_refuses_is_not_a_crash():
-    from pipeline.tuner import crashed
+    from moetune.pipeline.tune.loop import crashed
     refused = ["[rank0]: AssertionError: eval_global_batch_size (16) must be divisible by "
                "eval_micro_batch_size (16) * data_parallel_size (2)"]
     assert not crashed({"state": "failed", "last_lines": refused})
@@ -117,8 +117,8 @@ def test_judged_step_is_robust_to_a_stall():
 def test_a_cuda_error_far_from_the_log_end_is_still_a_crash():
     """The rank-test device run's trial 5 (local CUDA graphs): the CUDA error is 40 lines above the
     end, past two nsys epilogues, so the last lines alone miss it; the log parser names it."""
-    from analysis.logs import parse_log
-    from pipeline.tuner import crashed
+    from moetune.analysis.logs import parse_log
+    from moetune.pipeline.tune.loop import crashed
     log = parse_log(RUNS / "5" / "log.txt.xz")
     assert log["failure"] == "cuda_error"
     assert "capturing stream" in log["failure_line"]

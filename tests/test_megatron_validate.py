@@ -2,10 +2,10 @@
 with moetune's renderings and constraint table."""
 import pytest
 
-from pipeline import megatron_validate as mv
-from pipeline.config import run_args
-from pipeline.constraints import check
-from pipeline.experiment import load_experiment
+from moetune.pipeline.spec import megatron_validate as mv
+from moetune.pipeline.spec.config import run_args
+from moetune.pipeline.spec.constraints import check
+from moetune.pipeline.spec.experiment import load_experiment
 from tests.test_constraints import CASES, H100, MODEL, MODEL_CASES, OK
 
 pytestmark = [pytest.mark.megatron,
@@ -51,7 +51,7 @@ def test_what_megatron_refuses_moetune_refuses():
 def test_every_rendered_flag_is_megatrons():
     """Each flag of the TrainingConfig table, the model architecture and the fixed run arguments is
     one Megatron 0.19.2's parser knows (a renamed or misspelt flag fails here)."""
-    from pipeline.config import FLAGS
+    from moetune.pipeline.spec.config import FLAGS
     ours = {f.flag for f in FLAGS}
     for name in LAYOUTS:
         e = load_experiment(name)

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from pipeline import megatron_validate as mv
-from pipeline.config import run_args
-from pipeline.experiment import load_experiment
-from pipeline.memory import count_params, estimate, mtp_params, plan
+from moetune.pipeline.spec import megatron_validate as mv
+from moetune.pipeline.spec.config import run_args
+from moetune.pipeline.spec.experiment import load_experiment
+from moetune.pipeline.spec.memory import count_params, estimate, mtp_params, plan
 
 PUBLISHED_B = {"qwen3_235b": 235, "qwen3_30b_a3b": 30.5, "mixtral_8x7b": 46.7, "mixtral_8x22b": 141,
                "deepseek_v3": 671 + 14}  # DeepSeek-V3: 671 B main model + 14 B MTP module
@@ -56,7 +56,7 @@ def test_plan_least_model_parallel_first(capsys):
     for l in with_recompute:  # ... and only those get it
         bare = l.config.replace(recompute_granularity=None, recompute_modules=())
         assert estimate(e.model, bare, 64).total_gb > 0.9 * 80
-    from pipeline.cli import main
+    from moetune.pipeline.cli.main import main
     assert main(["plan", "mixtral_8x7b", "--gpus", "64", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out and {"args", "memory_gb"} <= set(out[0]) and "--expert-model-parallel-size" in out[0]["args"]
@@ -84,8 +84,8 @@ def test_estimate_within_10_percent_of_measured_peak():
     the MoE-aware estimate without the fixed overhead lands within 10 % of the measured peak, 15 %
     where the EP all-to-all overlap adds its buffers (not modelled), and the unfused attention's
     score matrix is what makes longer sequences cost more than linearly."""
-    from pipeline.config import TrainingConfig
-    from pipeline.experiment import REPO
+    from moetune.pipeline.spec.config import TrainingConfig
+    from moetune.pipeline.spec.experiment import REPO
     bank = [json.loads(line) for line in (REPO / "benchmarks/trial_bank/bank.jsonl").read_text().splitlines()
             if line.strip()]
     proxy = load_experiment("moe_proxy")
@@ -134,7 +134,7 @@ def test_dense_scope_total_within_10_percent_of_megatron():
 
 
 def test_plan_cli_errors(capsys):
-    from pipeline.plan_cli import main
+    from moetune.pipeline.cli.plan import main
     assert main(["mixtral_8x7b", "--gpus", "12"]) == 2  # 1.5 nodes of 8
     assert "multiple of 8" in capsys.readouterr().err
     assert main(["no_such_model"]) == 2

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import render
+from moetune.pipeline.job import render
 from tests.conftest import stand_in_cluster
 
 ARGV = ["--train-iters", "6", "--micro-batch-size", "2"]

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import analysis
-from pipeline import report, status, tuner
-from pipeline.store import Store
+from moetune import analysis
+from moetune.pipeline.report import study as report
+from moetune.pipeline.report import status
+from moetune.pipeline.tune import loop as tuner
+from moetune.pipeline.store import Store
 
 sys.path.insert(0, str(Path(__file__).parent))
 import standin_bank  # noqa: E402

@@ -4,9 +4,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline import rules
-from pipeline.config import TrainingConfig
-from pipeline.model import ModelArch
+from moetune.pipeline.decide import rules
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.model import ModelArch
 
 MODEL = ModelArch(name="m", num_layers=8, hidden_size=2048, num_attention_heads=16,
                   num_query_groups=4, ffn_hidden_size=6144, moe_ffn_hidden_size=1536,
@@ -191,7 +191,7 @@ def test_checker_refusal_is_kept_with_reason():
 
 
 def test_real_constraint_checker_blocks_an_invalid_change():
-    constraints = pytest.importorskip("pipeline.constraints",
+    constraints = pytest.importorskip("moetune.pipeline.spec.constraints",
                                       reason="pipeline/constraints.py (issue 3) not in this checkout")
     # TP=3 divides neither the 8 GPUs nor the 16 heads: the checker must refuse it
     bad = rules.Rule(id="tp3", wall="compute", change={"tp": 3}, priority=1, rationale="test",

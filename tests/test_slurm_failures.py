@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import jobs, stages
+from moetune.pipeline.job import scheduler as jobs
+
+from moetune.pipeline.trial import stages
 from tests.conftest import REPO, kill_tuner_after_submit, stand_in_cluster
 
 pytestmark = pytest.mark.slurm
@@ -54,8 +56,8 @@ def jobs_named(name: str, wait_s: float = 30) -> list[str]:
 @pytest.fixture(scope="module")
 def timeout_trial(slurm, tmp_path_factory):
     """Submitted when the module starts, checked near its end."""
-    from pipeline.config import TrainingConfig
-    from pipeline.store import Store
+    from moetune.pipeline.spec.config import TrainingConfig
+    from moetune.pipeline.store import Store
     from tests.conftest import proxy_model
     tmp = tmp_path_factory.mktemp("timeout")
     store = Store(str(tmp / "store.db"))

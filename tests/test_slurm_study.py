@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import jobs, stages
+from moetune.pipeline.job import scheduler as jobs
+
+from moetune.pipeline.trial import stages
 from tests.conftest import REPO, stand_in_cluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.nsys]

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import lock, stages
+from moetune.pipeline.tune import lock
+
+from moetune.pipeline.trial import stages
 from tests.conftest import REPO, kill_tuner_after_submit, stand_in_cluster
 
 
@@ -55,13 +57,13 @@ def test_analyze_recreated_identically_by_the_cli(make_trial, tmp_path):
     before = out.read_bytes()
     out.unlink()
     env = {**os.environ, "MOETUNE_DB": store.url}
-    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "stage", "analyze", "--trial", str(tid)],
+    r = subprocess.run([sys.executable, "-m", "moetune.pipeline.cli.main", "stage", "analyze", "--trial", str(tid)],
                        capture_output=True, text=True, env=env, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(out)
     assert out.read_bytes() == before
     n = len(store.stage_runs(tid, "analyze"))
-    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "stage", "analyze", "--trial", str(tid),
+    r = subprocess.run([sys.executable, "-m", "moetune.pipeline.cli.main", "stage", "analyze", "--trial", str(tid),
                         "--force"], capture_output=True, text=True, env=env, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert len(store.stage_runs(tid, "analyze")) == n + 1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.store import SCHEMA_VERSION, DuplicateTrial, Store, StoreError
+from moetune.pipeline.store import SCHEMA_VERSION, DuplicateTrial, Store, StoreError
 
 
 def _free_port() -> int:

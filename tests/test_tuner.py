@@ -6,8 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import applied, runner, tuner
-from pipeline.store import Store
+from moetune.pipeline.decide import applied
+
+from moetune.pipeline.trial import run as runner
+
+from moetune.pipeline.tune import loop as tuner
+from moetune.pipeline.store import Store
 
 sys.path.insert(0, str(Path(__file__).parent))
 import standin_bank  # noqa: E402
@@ -131,7 +135,7 @@ def _silent_job(log_path):
 def test_watch_cancels_a_job_without_iteration_lines(tmp_path):
     import time
     import submitit
-    from pipeline import jobs
+    from moetune.pipeline.job import scheduler as jobs
     ex = submitit.LocalExecutor(folder=tmp_path / "submitit")
     log = tmp_path / "log.txt"
     job = ex.submit(_silent_job, str(log))
@@ -172,7 +176,7 @@ def test_budget_stops_the_study(standin, tmp_path):
 
 
 def test_missing_bank_is_one_clear_error(tmp_path):
-    from pipeline.replay import ReplayError
+    from moetune.pipeline.job.replay import ReplayError
     with pytest.raises(ReplayError, match="no trial bank"):
         tuner.tune(EXPERIMENT, Store(str(tmp_path / "db.sqlite")), executor="replay",
                    runs_root=tmp_path / "runs", bank_dir=tmp_path / "nothing", progress=False)
@@ -180,7 +184,7 @@ def test_missing_bank_is_one_clear_error(tmp_path):
 
 
 def test_second_tuner_on_the_same_study_is_refused(standin, tmp_path):
-    from pipeline.lock import LockError, study_lock
+    from moetune.pipeline.tune.lock import LockError, study_lock
     with study_lock(tmp_path / "runs", "moe_proxy-replay"):
         with pytest.raises(LockError, match="already being tuned"):
             tuner.tune(EXPERIMENT, Store(str(tmp_path / "db.sqlite")), executor="replay",

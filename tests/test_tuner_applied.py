@@ -3,8 +3,8 @@ real analysis), and the tuner marks a fix its trace does not show as not_applied
 import sys
 from pathlib import Path
 
-import analysis
-from pipeline import applied
+from moetune import analysis
+from moetune.pipeline.decide import applied
 
 sys.path.insert(0, str(Path(__file__).parent))
 import standin_bank  # noqa: E402

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import tuner
-from pipeline.store import Store
+from moetune.pipeline.tune import loop as tuner
+from moetune.pipeline.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 

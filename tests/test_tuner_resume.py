@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import tuner
-from pipeline.store import Store
+from moetune.pipeline.tune import loop as tuner
+from moetune.pipeline.store import Store
 
 sys.path.insert(0, str(Path(__file__).parent))
 import standin_bank  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = str(REPO / "experiments" / "moe_proxy.yaml")
-SCRIPT = ("import sys; from pipeline.store import Store; from pipeline import tuner; "
+SCRIPT = ("import sys; from moetune.pipeline.store import Store; from pipeline import tuner; "
           "tuner.tune(sys.argv[1], Store(sys.argv[2]), executor='replay', runs_root=sys.argv[3], "
           "bank_dir=sys.argv[4], progress=False)")
 

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import yaml
 
-from pipeline.config import TrainingConfig
-from pipeline.section import as_dict, gpu_count
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.section import as_dict, gpu_count
 
 RULES_FILE = Path(__file__).with_name("rules.yaml")
 WALLS = ("memory", "communication", "host_overhead", "compute")
@@ -209,7 +209,7 @@ def context(analysis: dict, config: TrainingConfig, model, cluster, tuning=None)
     metrics.setdefault("memory_used_share", d["memory_used_share"])
     if "exposed_a2a_share" in metrics and "exposed_a2a_share_net" not in metrics:
         # analyses made before the metric existed
-        from analysis.metrics import less_waiting
+        from moetune.analysis.metrics import less_waiting
         metrics["exposed_a2a_share_net"] = less_waiting(metrics["exposed_a2a_share"],
                                                         metrics.get("a2a_wait_share") or 0.0)
     metrics["log_failure"] = (analysis.get("log") or {}).get("failure")
@@ -248,7 +248,7 @@ def proposals(analysis: dict, config: TrainingConfig, model, cluster, tuning=Non
               check: Callable | None = None, rules: list[Rule] | None = None) -> list[Proposal]:
     """Each matching rule's changed config, checked; a no-op change is dropped."""
     if check is None:
-        from pipeline.runner import constraint_check
+        from moetune.pipeline.trial.run import constraint_check
         check = constraint_check
     out = []
     for rule in matching(analysis, config, model, cluster, tuning, rules):

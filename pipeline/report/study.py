@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import tuner as tuner_mod
+from moetune.pipeline.tune import loop as tuner_mod
 
 CLASS_COLORS = {"gemm": "#4c72b0", "grouped_gemm": "#3a5a8c", "attention": "#8172b3",
                 "te": "#64b5cd", "other": "#9fa8b3", "moe_permute": "#ccb974",
@@ -106,9 +106,9 @@ def _window_kernels(folder: Path | None) -> list:
     key = tuple((str(p), p.stat().st_mtime) for p in traces)
     if key in _WINDOW_CACHE:
         return _WINDOW_CACHE[key]
-    import analysis
-    from analysis.metrics import in_window
-    from analysis.window import find_window
+    from moetune import analysis
+    from moetune.analysis.metrics import in_window
+    from moetune.analysis.window import find_window
     out = []
     try:
         for rank, k, _c, rt, nvtx, _m, _g in analysis.rank_frames([str(p) for p in traces]):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from pipeline.experiment import GPU_MEMORY_GB
+from moetune.pipeline.spec.experiment import GPU_MEMORY_GB
 
 
 def exit_code(fn: Callable[[list[str]], int], argv: list[str]) -> int:

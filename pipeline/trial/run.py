@@ -22,9 +22,9 @@ from typing import Any
 
 import yaml
 
-from pipeline.config import TrainingConfig
-from pipeline.model import ModelArch
-from pipeline.section import get as attr, gpu_count
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.model import ModelArch
+from moetune.pipeline.spec.section import get as attr, gpu_count
 
 REPO = Path(__file__).resolve().parents[1]
 ITERATION_LINE = re.compile(r"iteration\s+\d+\s*/\s*\d+\s*\|")
@@ -39,7 +39,7 @@ class TunerError(Exception):
 def load_experiment(name: str):
     """`pipeline.experiment.load_experiment` where it exists; else a plain YAML reading."""
     try:
-        from pipeline.experiment import load_experiment as real
+        from moetune.pipeline.spec.experiment import load_experiment as real
     except ImportError:
         real = None
     if real is not None:
@@ -62,7 +62,7 @@ def load_experiment(name: str):
 def constraint_check(config: TrainingConfig, model, cluster) -> list:
     """`pipeline.constraints.check`; an empty list where that module is not there yet."""
     try:
-        from pipeline.constraints import check
+        from moetune.pipeline.spec.constraints import check
     except ImportError:
         return []
     return check(config, model, cluster)
@@ -107,9 +107,9 @@ def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path, force: 
     """The demo's submit stage: `replay_job` through submitit's local executor, recorded as
     pipeline.stages records its own submit (job.json in the same form)."""
     import submitit
-    from pipeline import stages
-    from pipeline.replay import replay_job
-    from pipeline.store import now
+    from moetune.pipeline.trial import stages
+    from moetune.pipeline.job.replay import replay_job
+    from moetune.pipeline.store import now
     t = stages.Trial(store, trial_id, runs_root, "local")
     files, _ = stages._submit_inputs(t)
     key = stages.inputs_hash("submit", files, {"replay": str(bank_dir)})
@@ -130,7 +130,7 @@ def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path, force: 
 def watch(ref, log: Path, hang_timeout_s: float, poll_s: float = 0.5) -> tuple[str, str | None]:
     """Wait for a job (pipeline.jobs.JobRef); cancel it when its log shows no new iteration line
     for `hang_timeout_s` or an NCCL watchdog timeout. ('ended'|'hung', why)."""
-    from pipeline import jobs
+    from moetune.pipeline.job import scheduler as jobs
     last_count, last_change = 0, time.monotonic()
     while True:
         try:
@@ -163,7 +163,7 @@ def cancel(ref, grace_s: float = 3.0) -> None:
     and SIGKILL to its process group (submitit's local job ignores SIGTERM)."""
     import os
     import signal
-    from pipeline import jobs
+    from moetune.pipeline.job import scheduler as jobs
     jobs.cancel(ref)
     if ref.kind != "local":
         return
@@ -217,7 +217,7 @@ def job_error(ref) -> str | None:
 
 def record_decide(store, trial, runs_root: Path, executor: str) -> None:
     """Run the decide stage (decision.json) for a judged trial that has an analysis."""
-    from pipeline import stages
+    from moetune.pipeline.trial import stages
     fresh = store.trial(trial.id)
     if not fresh.folder or not (Path(fresh.folder) / "analysis.json").exists():
         return
@@ -232,12 +232,12 @@ def run_trial(store, trial, experiment, *, executor: str, runs_root: Path, study
               bank_dir: Path | None = None, hang_timeout_s: float = 600.0) -> Outcome:
     """All stages of one trial (pipeline.stages; the demo's submit replays the bank); the
     outcome the tuner judges."""
-    from pipeline import stages
+    from moetune.pipeline.trial import stages
     kind = "local" if executor == "replay" else executor
     opts = {"runs_root": runs_root, "executor": kind}
     stages.run_stage(store, trial.id, "render", **opts)
     t = stages.Trial(store, trial.id, runs_root, kind)
-    from pipeline import jobs
+    from moetune.pipeline.job import scheduler as jobs
     log = t.path("log.txt")
     for attempt in (0, 1):
         if executor == "replay":
@@ -288,5 +288,5 @@ def run_trial(store, trial, experiment, *, executor: str, runs_root: Path, study
 
 
 def _now() -> str:
-    from pipeline.store import now
+    from moetune.pipeline.store import now
     return now()

@@ -14,27 +14,27 @@ class UserError(Exception):
 
 
 def _store(args):
-    from pipeline.store import Store
+    from moetune.pipeline.store import Store
     return Store(getattr(args, "db", None))
 
 
 def cmd_plan(args, rest):
-    from pipeline import plan_cli
+    from moetune.pipeline.cli import plan as plan_cli
     return plan_cli.main(rest)
 
 
 def cmd_check(args, rest):
-    from pipeline import check_cli
+    from moetune.pipeline.cli import check as check_cli
     return check_cli.main(rest)
 
 
 def cmd_analyze(args, rest):
-    import analysis
+    from moetune import analysis
     return analysis.cli_main(rest)
 
 
 def cmd_tune(args, _rest):
-    from pipeline import tuner
+    from moetune.pipeline.tune import loop as tuner
     summary = tuner.tune(args.model, _store(args), executor=args.executor,
                          runs_root=Path(args.runs), max_trials=args.max_trials,
                          progress=not args.no_progress)
@@ -53,7 +53,7 @@ def cmd_demo(args, _rest):
 
 
 def _write_reports(args, study):
-    from pipeline import report
+    from moetune.pipeline.report import study as report
     return report.write_reports(_store(args), study, Path(args.out))
 
 
@@ -69,13 +69,13 @@ def cmd_report(args, _rest):
 
 
 def cmd_status(args, _rest):
-    from pipeline import status
+    from moetune.pipeline.report import status
     print(status.render(_store(args), args.study))
     return 0
 
 
 def cmd_stage(args, _rest):
-    from pipeline import stages
+    from moetune.pipeline.trial import stages
     out = stages.run_stage(_store(args), args.trial, args.stage, force=args.force)
     for path in out or []:
         print(path)

@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.config import TrainingConfig
-from pipeline.constraints import check
-from pipeline.cliutil import add_gpu_args, exit_code
-from pipeline.experiment import ConfigError, load_experiment
-from pipeline.model import ModelArch
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.constraints import check
+from moetune.pipeline.cli.common import add_gpu_args, exit_code
+from moetune.pipeline.spec.experiment import ConfigError, load_experiment
+from moetune.pipeline.spec.model import ModelArch
 
 
 def main(argv: list[str]) -> int:

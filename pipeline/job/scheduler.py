@@ -23,7 +23,7 @@ from pathlib import Path
 
 import submitit
 
-from pipeline.render import JobSpec
+from moetune.pipeline.job.render import JobSpec
 
 
 class JobError(Exception):

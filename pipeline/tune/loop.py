@@ -21,11 +21,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import applied, rules as rules_mod, runner
-from pipeline.judge import compare, judged_step
-from pipeline.config import TrainingConfig
-from pipeline.runner import TunerError, attr
-from pipeline.section import as_dict
+from moetune.pipeline.decide import applied
+
+from moetune.pipeline.decide import rules as rules_mod
+
+from moetune.pipeline.trial import run as runner
+from moetune.pipeline.decide.judge import compare, judged_step
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.trial.run import TunerError, attr
+from moetune.pipeline.spec.section import as_dict
 
 JUDGED = ("keep", "revert", "not_applied", "skip")
 DEFAULTS = {"budget_trials": 8, "budget_gpu_hours": 10.0, "noise_threshold": 0.02, "patience": 3,
@@ -359,11 +363,11 @@ def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs
     if executor not in ("slurm", "local", "replay"):
         raise TunerError(f"executor {executor!r}: use auto, slurm, local or replay")
     if executor == "replay":
-        from pipeline.replay import DEFAULT_BANK, load_bank
+        from moetune.pipeline.job.replay import DEFAULT_BANK, load_bank
         bank_dir = Path(bank_dir or DEFAULT_BANK)
         load_bank(bank_dir)  # a clear error now rather than in every job
     name = study_name or (f"{exp.name}-replay" if executor == "replay" else exp.name)
-    from pipeline.lock import study_lock
+    from moetune.pipeline.tune.lock import study_lock
     with study_lock(runs_root, name):  # one tuner per study; a killed one's lock goes with it
         t = Tuner(exp, store, executor=executor, runs_root=Path(runs_root), study_name=name,
                   max_trials=max_trials, bank_dir=bank_dir, progress=progress)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from pipeline.config import TrainingConfig, run_args
-from pipeline.model import ModelArch
+from moetune.pipeline.spec.config import TrainingConfig, run_args
+from moetune.pipeline.spec.constraints import check
+from moetune.pipeline.spec.model import ModelArch
 
 GB = 2**30
 FIXED_GB = 3.0  # CUDA context, NCCL buffers, allocator slack: not in the model's figure
@@ -225,14 +226,12 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
     only where a layout does not fit without it (moe-optimization-workflow.md, Phase 1). A layout
     is feasible when it passes the constraint table and its estimate, fixed overhead included,
     is below `headroom` of the GPU's memory."""
-    from pipeline.constraints import check
-    from pipeline.experiment import GPU_MEMORY_GB
     cluster = exp.cluster.model_copy(update={k: v for k, v in (("gpu_type", gpu_type),) if v})
     if gpus:
         per_node = min(gpus, cluster.gpus_per_node)
         cluster = cluster.model_copy(update={"nodes": max(1, gpus // per_node), "gpus_per_node": per_node})
     world = cluster.nodes * cluster.gpus_per_node
-    capacity = cluster.gpu_memory_gb or GPU_MEMORY_GB[cluster.gpu_type]
+    capacity = cluster.memory_gb
     m, base = exp.model, exp.baseline
     out: list[Layout] = []
     for tp in [t for t in (1, 2, 4, 8) if world % t == 0]:

@@ -2,26 +2,35 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field
+
+# The bounds an experiment's model section is validated against (spec/experiment.py reads this
+# class as the section's schema, so its fields live here only).
+Positive = Annotated[int, Field(gt=0)]
 
 
 @dataclass(frozen=True)
 class ModelArch:
     """A transformer MoE as Megatron-LM sees it. Sizes are the published ones of each model."""
 
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
     name: str
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_query_groups: int
-    ffn_hidden_size: int  # dense layers (and the first dense layers of DeepSeek-V3)
-    moe_ffn_hidden_size: int
-    num_experts: int
-    moe_router_topk: int
-    vocab_size: int
-    seq_length: int
+    num_layers: Positive
+    hidden_size: Positive
+    num_attention_heads: Positive
+    num_query_groups: Positive
+    ffn_hidden_size: Positive  # dense layers (and the first dense layers of DeepSeek-V3)
+    moe_ffn_hidden_size: Positive
+    num_experts: Annotated[int, Field(gt=1)]
+    moe_router_topk: Positive
+    vocab_size: Positive
+    seq_length: Positive
     kv_channels: int | None = None  # head dim, where it is not hidden/heads
     moe_shared_expert_intermediate_size: int | None = None
-    first_dense_layers: int = 0  # leading layers with a dense MLP (DeepSeek-V3: 3)
+    first_dense_layers: Annotated[int, Field(ge=0)] = 0  # leading layers with a dense MLP (DeepSeek-V3: 3)
     qk_layernorm: bool = False
     multi_latent_attention: bool = False
     q_lora_rank: int | None = None
@@ -30,13 +39,13 @@ class ModelArch:
     qk_pos_emb_head_dim: int | None = None
     v_head_dim: int | None = None
     rotary_base: int = 10000
-    moe_router_score_function: str = "softmax"  # DeepSeek-V3: sigmoid
-    mtp_num_layers: int = 0
+    moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"  # DeepSeek-V3: sigmoid
+    mtp_num_layers: Annotated[int, Field(ge=0)] = 0
     untie_embeddings: bool = True
     # DeepSeek-V3's router: node-limited (grouped) top-k, scaled weights, aux-loss-free bias
-    moe_router_num_groups: int | None = None
-    moe_router_group_topk: int | None = None
-    moe_router_topk_scaling_factor: float | None = None
+    moe_router_num_groups: Annotated[int, Field(gt=0)] | None = None
+    moe_router_group_topk: Annotated[int, Field(gt=0)] | None = None
+    moe_router_topk_scaling_factor: Annotated[float, Field(gt=0)] | None = None
     moe_router_enable_expert_bias: bool = False
 
     def to_dict(self) -> dict:

@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from pipeline.model import ModelArch
+from moetune.pipeline.spec.model import ModelArch
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
 FLEX_BACKENDS = ("deepep", "hybridep")
@@ -251,7 +251,7 @@ def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return out
 
 
-def run_args(folder: str | None = None) -> list[str]:
+def run_args() -> list[str]:
     """The fixed part of every trial's argv: mock data, a null tokenizer, logging, profiling."""
     return [
         "--mock-data", "--tokenizer-type", "NullTokenizer",

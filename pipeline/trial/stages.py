@@ -26,9 +26,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline import jobs, render
-from pipeline.section import as_dict
-from pipeline.store import now
+from moetune.pipeline.job import scheduler as jobs
+
+from moetune.pipeline.job import render
+from moetune.pipeline.spec.section import as_dict
+from moetune.pipeline.store import now
 
 STAGE_ORDER = ("render", "submit", "collect", "export", "analyze", "decide")
 TRACE_GLOBS = ("trace_*.nsys-rep", "trace_*.qdstrm")
@@ -72,7 +74,7 @@ class Trial:
 
     def __init__(self, store, trial_id: int, runs_root: str | Path | None = None,
                  executor: str | None = None):
-        from pipeline.store import Study
+        from moetune.pipeline.store import Study
         self.store = store
         self.row = store.trial(trial_id)
         with store.session() as s:
@@ -102,11 +104,11 @@ class Trial:
 
     def model_and_cluster(self):
         """(ModelArch, cluster mapping or object) of the study's experiment."""
-        from pipeline.model import ModelArch
+        from moetune.pipeline.spec.model import ModelArch
         exp = self.experiment
         if isinstance(exp.get("model"), dict) and isinstance(exp.get("cluster"), dict):
             return ModelArch.from_dict(exp["model"]), exp["cluster"]
-        from pipeline.runner import load_experiment
+        from moetune.pipeline.trial.run import load_experiment
         loaded = load_experiment(exp.get("experiment") or self.study.model)
         return loaded.model, loaded.cluster
 
@@ -132,7 +134,7 @@ def _launcher(t: Trial) -> str:
 
 
 def do_render(t: Trial) -> list[Path]:
-    from pipeline.config import TrainingConfig, run_args
+    from moetune.pipeline.spec.config import TrainingConfig, run_args
     model, cluster = t.model_and_cluster()
     config = TrainingConfig.from_dict(t.row.config)
     argv = config.to_args(model, has_apex=as_dict(cluster).get("has_apex", True)) + run_args()
@@ -277,7 +279,7 @@ def _analyze_inputs(t: Trial) -> tuple[list[Path], Any]:
 
 
 def do_analyze(t: Trial) -> list[Path]:
-    import analysis
+    from moetune import analysis
     traces = [str(p) for p in t.glob("trace_*.sqlite")]
     log = t.path("log.txt")
     if not traces and not log.exists():
@@ -307,7 +309,7 @@ Decider = Callable[[Any, Any, dict], dict]
 
 def default_decider() -> Decider:
     try:
-        from pipeline.tuner import decide_trial  # type: ignore[attr-defined]
+        from moetune.pipeline.tune.loop import decide_trial  # type: ignore[attr-defined]
     except ImportError:
         raise StageError("no decider: pipeline.tuner.decide_trial(store, trial, analysis) is not "
                          "there; the tuning loop (`moetune tune`) decides instead") from None

@@ -5,9 +5,9 @@ import argparse
 import json
 import sys
 
-from pipeline.cliutil import add_gpu_args, exit_code
-from pipeline.experiment import ConfigError, load_experiment
-from pipeline.memory import plan
+from moetune.pipeline.cli.common import add_gpu_args, exit_code
+from moetune.pipeline.spec.experiment import ConfigError, load_experiment
+from moetune.pipeline.spec.memory import plan
 
 
 def main(argv: list[str]) -> int:

@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from pipeline import tuner as tuner_mod
+from moetune.pipeline.tune import loop as tuner_mod
 
 
 def _ms(v) -> str:

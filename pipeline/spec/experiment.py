@@ -4,61 +4,28 @@ A wrong field raises ConfigError naming the file, the key and what is allowed.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.config import TrainingConfig
-from pipeline.model import ModelArch
+from moetune.pipeline.errors import MoetuneError
+from moetune.pipeline.paths import EXPERIMENTS
+from moetune.pipeline.spec import gpus
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.model import ModelArch
 
-REPO = Path(__file__).resolve().parents[1]
-EXPERIMENTS = REPO / "experiments"
-
-GPU_MEMORY_GB = {"H100": 80.0, "H200": 141.0, "B200": 180.0, "GB200": 186.0, "GB300": 279.0}
-GPU_GENERATION = {"H100": "hopper", "H200": "hopper", "B200": "blackwell", "GB200": "blackwell",
-                  "GB300": "blackwell"}
+GpuType = Literal[gpus.GPU_TYPES]  # type: ignore[valid-type]
 
 
-class ConfigError(Exception):
+class ConfigError(MoetuneError):
     """A malformed experiment (one line: file, key, what is allowed)."""
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class ModelSection(_Strict):
-    name: str
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_query_groups: int = Field(gt=0)
-    ffn_hidden_size: int = Field(gt=0)
-    moe_ffn_hidden_size: int = Field(gt=0)
-    num_experts: int = Field(gt=1)
-    moe_router_topk: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
-    seq_length: int = Field(gt=0)
-    kv_channels: int | None = None
-    moe_shared_expert_intermediate_size: int | None = None
-    first_dense_layers: int = Field(default=0, ge=0)
-    qk_layernorm: bool = False
-    multi_latent_attention: bool = False
-    q_lora_rank: int | None = None
-    kv_lora_rank: int | None = None
-    qk_head_dim: int | None = None
-    qk_pos_emb_head_dim: int | None = None
-    v_head_dim: int | None = None
-    rotary_base: int = 10000
-    moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"
-    mtp_num_layers: int = Field(default=0, ge=0)
-    untie_embeddings: bool = True
-    moe_router_num_groups: int | None = Field(default=None, gt=0)
-    moe_router_group_topk: int | None = Field(default=None, gt=0)
-    moe_router_topk_scaling_factor: float | None = Field(default=None, gt=0)
-    moe_router_enable_expert_bias: bool = False
 
 
 class Cluster(_Strict):
@@ -68,7 +35,7 @@ class Cluster(_Strict):
     account: str | None = None
     nodes: int = Field(default=1, gt=0)
     gpus_per_node: int = Field(default=8, gt=0)
-    gpu_type: Literal["H100", "H200", "B200", "GB200", "GB300"] = "H100"
+    gpu_type: GpuType = "H100"
     nvlink_domain: int = Field(default=8, gt=0)
     container_image: str | None = None
     container_mounts: list[str] = []
@@ -100,11 +67,11 @@ class Cluster(_Strict):
 
     @property
     def memory_gb(self) -> float:
-        return self.gpu_memory_gb or GPU_MEMORY_GB[self.gpu_type]
+        return self.gpu_memory_gb or gpus.GPUS[self.gpu_type].memory_gb
 
     @property
     def generation(self) -> str:
-        return GPU_GENERATION[self.gpu_type]
+        return gpus.GPUS[self.gpu_type].generation
 
 
 class Tuning(_Strict):
@@ -121,7 +88,7 @@ class Tuning(_Strict):
 class ExperimentFile(_Strict):
     name: str
     description: str = ""
-    model: ModelSection
+    model: ModelArch
     cluster: Cluster
     tuning: Tuning = Tuning()
     baseline: dict = {}
@@ -134,7 +101,7 @@ class Experiment:
         self.path = path
         self.name = data.name
         self.description = data.description
-        self.model = ModelArch.from_dict(data.model.model_dump())
+        self.model = data.model
         self.cluster = data.cluster
         self.tuning = data.tuning
         self.baseline = baseline
@@ -155,6 +122,12 @@ def _where(err: dict) -> str:
     return ".".join(str(x) for x in err["loc"])
 
 
+def _keys(section: str | None) -> list[str]:
+    if section == "model":
+        return [f.name for f in dataclasses.fields(ModelArch)]
+    return list({"cluster": Cluster, "tuning": Tuning}.get(section, ExperimentFile).model_fields)
+
+
 def load_experiment(name_or_path: str | Path) -> Experiment:
     path = experiment_path(name_or_path)
     if not path.exists():
@@ -172,10 +145,9 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
     except ValidationError as e:
         err = e.errors()[0]
         allowed = ""
-        if err["type"] == "extra_forbidden":
+        if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             section = err["loc"][0] if len(err["loc"]) > 1 else None
-            model = {"model": ModelSection, "cluster": Cluster, "tuning": Tuning}.get(section, ExperimentFile)
-            allowed = f"; allowed keys: {', '.join(model.model_fields)}"
+            allowed = f"; allowed keys: {', '.join(_keys(section))}"
         msg = err["msg"]
         if err["type"] == "literal_error":  # pydantic's message already lists what is allowed
             msg = f"{err.get('input')!r} is not allowed; use one of {err['ctx']['expected']}"

@@ -15,7 +15,7 @@ import shutil
 from functools import lru_cache
 from pathlib import Path
 
-from pipeline.config import TrainingConfig
+from moetune.pipeline.spec.config import TrainingConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BANK = Path(os.environ.get("MOETUNE_BANK") or REPO / "benchmarks" / "trial_bank")

@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from pipeline.config import (CUDA_GRAPH_MODULES, DISPATCHERS, FLEX_BACKENDS, OFFLOAD_MODULES, RECOMPUTE_MODULES,
+from moetune.pipeline.spec.config import (CUDA_GRAPH_MODULES, DISPATCHERS, FLEX_BACKENDS, OFFLOAD_MODULES, RECOMPUTE_MODULES,
                              TrainingConfig)
-from pipeline.section import gpu_count
+from moetune.pipeline.spec.gpus import generation
+from moetune.pipeline.spec.section import gpu_count
 
 WORKFLOW = "moe-optimization-workflow.md"
 OVERLAP = "moe-comm-overlap.txt"
@@ -218,9 +219,8 @@ RULES: tuple[Rule, ...] = (
 
 def env_of(model, cluster) -> Env:
     g = lambda k, d=None: (cluster.get(k, d) if isinstance(cluster, dict) else getattr(cluster, k, d))
-    from pipeline.experiment import GPU_GENERATION
     gpus = gpu_count(cluster, per_node=8)
-    return Env(m=model, gpus=gpus, generation=GPU_GENERATION.get(g("gpu_type", "H100"), "hopper"),
+    return Env(m=model, gpus=gpus, generation=generation(g("gpu_type", "H100"), default="hopper"),
                has_te=bool(g("has_transformer_engine", True)), has_deep_ep=bool(g("has_deep_ep", False)),
                nvlink_domain=int(g("nvlink_domain", 8) or 1), has_apex=bool(g("has_apex", True)))
 

@@ -22,12 +22,12 @@ from typing import Any, Mapping
 
 import jinja2
 
-from pipeline.section import get as _get
+from moetune.pipeline.spec.section import get as _get
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "sbatch_templates"
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE_FILES = {"venv": "venv.sh.j2", "container": "container.sh.j2"}
-WORKLOADS = {"megatron": "pipeline.train_moe", "cpu_stand_in": "pipeline.cpu_workload"}
+WORKLOADS = {"megatron": "moetune.pipeline.job.train_moe", "cpu_stand_in": "moetune.pipeline.job.cpu_workload"}
 
 # nsys trace types and capture: GPU training records CUDA + NVTX inside the capture range the
 # training opens (cudaProfilerStart/Stop around the profiled steps); the CPU stand-in has no CUDA

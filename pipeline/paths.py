@@ -1,0 +1,14 @@
+"""Where moetune's own files are. A checkout and an installed wheel lay them out alike:
+pipeline/ (moetune.pipeline) sits beside experiments/ and sbatch_templates/, so both are found
+from this file, wherever the package lives."""
+from __future__ import annotations
+
+from pathlib import Path
+
+PIPELINE = Path(__file__).resolve().parent
+ROOT = PIPELINE.parent  # the checkout (or site-packages/moetune when installed)
+EXPERIMENTS = ROOT / "experiments"
+TEMPLATES = ROOT / "sbatch_templates"
+RULES_FILE = PIPELINE / "decide" / "rules.yaml"
+WORKLOADS = PIPELINE / "job"  # scripts that run inside the job, by path (the image lacks moetune)
+TRIAL_BANK = ROOT / "benchmarks" / "trial_bank"  # in a checkout only: the demo's recorded trials
