@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.errors import TraceError
+from moetune.analysis.errors import TraceError
 
 TRACE_SUFFIXES = (".sqlite", ".sqlite.xz", ".nsys-rep")
 
@@ -63,9 +63,9 @@ def rank_frames(paths):
 
 def _ranks(paths):
     """rank_frames, plus the rank's GPU's SM-activity samples (gpu_metrics) as an eighth item."""
-    from analysis.gpu_metrics import for_device
-    from analysis.kernels import classify
-    from analysis.load import open_trace
+    from moetune.analysis.gpu_metrics import for_device
+    from moetune.analysis.kernels import classify
+    from moetune.analysis.load import open_trace
     rank = 0
     for path in trace_files(paths):
         t = open_trace(path)
@@ -100,13 +100,13 @@ def _split(df, cols: tuple[str, ...]) -> dict:
 
 
 def analyze(paths=(), log=None, gpu_memory_gb: float | None = None) -> dict:
-    from analysis.gpu_metrics import sm_active_share
-    from analysis.logs import parse_log
-    from analysis.kernels import A2A_CLASSES
-    from analysis.metrics import combine, rank_metrics
-    from analysis.skew import a2a_wait_ns
-    from analysis.walls import classify as classify_wall
-    from analysis.window import find_window
+    from moetune.analysis.gpu_metrics import sm_active_share
+    from moetune.analysis.logs import parse_log
+    from moetune.analysis.kernels import A2A_CLASSES
+    from moetune.analysis.metrics import combine, rank_metrics
+    from moetune.analysis.skew import a2a_wait_ns
+    from moetune.analysis.walls import classify as classify_wall
+    from moetune.analysis.window import find_window
     if not paths and not log:
         raise TraceError("nothing to analyze: give trace files and/or --log")
     parsed_log = parse_log(log) if log else None
@@ -142,5 +142,5 @@ def analyze(paths=(), log=None, gpu_memory_gb: float | None = None) -> dict:
 
 
 def cli_main(argv: list[str]) -> int:
-    from analysis.cli import main
+    from moetune.analysis.cli import main
     return main(argv)

@@ -5,8 +5,8 @@ import argparse
 import json
 import sys
 
-from analysis import TraceError, analyze
-from analysis.render import render_markdown, render_text
+from moetune.analysis import TraceError, analyze
+from moetune.analysis.render import render_markdown, render_text
 
 
 class _Parser(argparse.ArgumentParser):

@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.errors import TraceError
-from analysis.gpu_metrics import read_sm_active
+from moetune.analysis.errors import TraceError
+from moetune.analysis.nsys import nsys_binary
+from moetune.analysis.gpu_metrics import read_sm_active
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 PID_MASK = ~0xFFFFFF  # globalTid = globalPid | tid (low 24 bits)
@@ -106,9 +107,10 @@ def materialize(path: Path) -> Path:
 
 
 def export_sqlite(rep: Path, out: Path) -> None:
-    nsys = os.environ.get("NSYS") or shutil.which("nsys")
-    if not nsys:
-        raise TraceError(f"{rep}: exporting needs nsys on PATH or in $NSYS")
+    try:
+        nsys = nsys_binary()
+    except TraceError as e:
+        raise TraceError(f"{rep}: exporting needs {e}") from None
     proc = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
                            "-o", str(out), str(rep)], capture_output=True, text=True)
     if proc.returncode != 0 or not out.exists():

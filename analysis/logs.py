@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.errors import TraceError
+from moetune.analysis.errors import TraceError
 
 ITER = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|.*?elapsed time per iteration \(ms\):\s*([\d.]+)")
 TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")

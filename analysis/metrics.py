@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis import intervals as iv
-from analysis.kernels import A2A_CLASSES, CLASSES, COMM_CLASSES, NON_COMPUTE
-from analysis.load import LAUNCH_CALLS, SYNC_CALLS
-from analysis.window import Window
+from moetune.analysis import intervals as iv
+from moetune.analysis.kernels import A2A_CLASSES, CLASSES, COMM_CLASSES, NON_COMPUTE
+from moetune.analysis.load import LAUNCH_CALLS, SYNC_CALLS
+from moetune.analysis.window import Window
 
 GAP_THRESHOLDS_US = (10, 100, 1000)
 NS_PER_MS = 1e6

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.window import Window
+from moetune.analysis.window import Window
 
 
 def a2a_wait_ns(a2a: dict[int, pd.DataFrame], windows: dict[int, Window]) -> dict[int, float] | None:

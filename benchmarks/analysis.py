@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+import checkout  # noqa: E402,F401  (moetune from this checkout)
 from tests.nsys_fixture import PID, SCHEMA_2025  # noqa: E402
 
 NAMES = ["nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT", "moe_permute_kernel",

@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
+import checkout  # noqa: E402,F401  (moetune from this checkout)
 
-from pipeline.judge import compare, judged_step  # noqa: E402
-from pipeline.store import Store  # noqa: E402
+from moetune.pipeline.decide.judge import compare, judged_step  # noqa: E402
+from moetune.pipeline.store import Store  # noqa: E402
 from tuning import log_median_ms, publish  # noqa: E402
 
 RUN = REPO / "benchmarks" / "device_tuning"

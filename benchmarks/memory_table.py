@@ -9,12 +9,13 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+import checkout  # noqa: E402,F401  (moetune from this checkout)
 
-from pipeline.config import run_args  # noqa: E402
-from pipeline.experiment import load_experiment  # noqa: E402
-from pipeline.megatron_validate import theoretical_memory  # noqa: E402
-from pipeline.memory import estimate  # noqa: E402
+from moetune.pipeline.spec.config import run_args  # noqa: E402
+from moetune.pipeline.spec.experiment import load_experiment  # noqa: E402
+from moetune.pipeline.spec.megatron_validate import theoretical_memory  # noqa: E402
+from moetune.pipeline.spec.memory import estimate  # noqa: E402
 
 # (model, label, changes from the experiment's baseline)
 LAYOUTS = [
@@ -85,7 +86,7 @@ def main():
     proxy = load_experiment("moe_proxy")
     picked = [b for b in bank if b["state"] == "COMPLETED" and b["peak_memory_gb"]]
     measured = theoretical_memory([b["args"] for b in picked], [b["gpus"] for b in picked])
-    from pipeline.config import TrainingConfig
+    from moetune.pipeline.spec.config import TrainingConfig
     ours_d, theirs_d = [], []
     for b, t in zip(picked, measured):
         est = estimate(proxy.model, TrainingConfig.from_dict(b["config"]), b["gpus"])

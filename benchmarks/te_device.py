@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
+import checkout  # noqa: E402,F401  (moetune from this checkout)
 
-from pipeline.judge import compare, judged_step  # noqa: E402
+from moetune.pipeline.decide.judge import compare, judged_step  # noqa: E402
 from tuning import publish  # noqa: E402
 
 LEASE = REPO / "benchmarks" / "te_lease"
@@ -46,7 +46,7 @@ COMM = ("exposed_a2a_share", "a2a_transfer_ms", "a2a_wait_ms")
 
 
 def record(dirs: list[Path]) -> None:
-    import analysis
+    from moetune import analysis
     for i, d in enumerate(dirs, 1):
         out = LEASE / f"call{i}"
         out.mkdir(parents=True, exist_ok=True)

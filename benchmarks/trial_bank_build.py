@@ -19,12 +19,13 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+import checkout  # noqa: E402,F401  (moetune from this checkout)
 sys.path.insert(0, str(REPO / "benchmarks" / "device"))
 
-import analysis  # noqa: E402
+from moetune import analysis  # noqa: E402
 from bank_configs import BASE, CONFIGS, MODEL, argv  # noqa: E402
-from analysis.logs import parse_log  # noqa: E402
+from moetune.analysis.logs import parse_log  # noqa: E402
 
 BANK = REPO / "benchmarks" / "trial_bank"
 

@@ -22,12 +22,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+import checkout  # noqa: E402,F401  (moetune from this checkout)
 
-from pipeline import judge, tuner  # noqa: E402
-from pipeline.config import TrainingConfig  # noqa: E402
-from pipeline.replay import entry_hash, load_bank  # noqa: E402
-from pipeline.store import Store  # noqa: E402
+from moetune.pipeline.decide import judge
+from moetune.pipeline.tune import loop as tuner  # noqa: E402
+from moetune.pipeline.spec.config import TrainingConfig  # noqa: E402
+from moetune.pipeline.job.replay import entry_hash, load_bank  # noqa: E402
+from moetune.pipeline.store import Store  # noqa: E402
 
 SECTION = "## Tuning loop on the trial bank"
 TARGET_GAP, TARGET_SHARE = 0.03, 1 / 3
@@ -49,7 +51,7 @@ def log_median_ms(bank_dir: Path, e: dict, spread: bool = False):
         return (None, None) if spread else None
     import lzma
     import tempfile
-    from analysis.logs import parse_log
+    from moetune.analysis.logs import parse_log
     src = Path(bank_dir) / e["log"]
     text = lzma.open(src).read() if src.suffix == ".xz" else src.read_bytes()
     with tempfile.NamedTemporaryFile(suffix=".log") as f:

@@ -14,13 +14,20 @@ from typing import Any, Iterator
 
 from sqlalchemy import (JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint,
                         create_engine, event, inspect, select, text)
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from moetune.pipeline.errors import MoetuneError
+
 DEFAULT_DB = ".moetune/moetune.db"
+CONNECT_TIMEOUT_S = 10  # a server that does not answer is an error, not a hang
 
 
-class StoreError(Exception):
+def _connect_args(url: str) -> dict:
+    return {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}} if url.startswith("postgresql") else {}
+
+
+class StoreError(MoetuneError):
     """A store problem an engineer can act on (one line)."""
 
 
@@ -143,10 +150,22 @@ class Store:
 
     def __init__(self, url: str | None = None):
         self.url = database_url(url)
-        self.engine = create_engine(self.url, future=True)
-        if self.url.startswith("sqlite"):
-            event.listen(self.engine, "connect", _sqlite_pragmas)
-        self.migrate()
+        try:
+            self.engine = create_engine(self.url, future=True, **_connect_args(self.url))
+            self.url = self.engine.url.render_as_string(hide_password=True)  # messages name it
+            if self.url.startswith("sqlite"):
+                event.listen(self.engine, "connect", _sqlite_pragmas)
+            self.migrate()
+        except ArgumentError as e:
+            raise StoreError(f"{self.url}: not a database URL ({e}); give a SQLite path or a "
+                             "SQLAlchemy URL in --db or MOETUNE_DB") from None
+        except ModuleNotFoundError as e:
+            raise StoreError(f"{self.url}: its driver is not installed ({e.name}); "
+                             "pip install 'moetune[postgres]'") from None
+        except DBAPIError as e:
+            why = str(e.orig or e).strip().splitlines()[0] if str(e.orig or e).strip() else type(e).__name__
+            raise StoreError(f"{self.url}: cannot reach the database ({why}); start it or point "
+                             "MOETUNE_DB elsewhere") from None
 
     # -- schema --------------------------------------------------------------------------
     def schema_version(self) -> int:

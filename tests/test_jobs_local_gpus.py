@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from moetune.pipeline.job import scheduler as jobs
-
 from moetune.pipeline.job import render
 
 

@@ -75,7 +75,7 @@ def test_a_rule_whose_trial_crashed_is_not_tried_again_in_the_study(tmp_path):
     import shutil
 
     from moetune.pipeline.store import Store
-    from moetune.pipeline.tune.loop import study_state
+    from moetune.pipeline.tune.state import study_state
     db = tmp_path / "moetune.db"
     shutil.copyfile(PREV / "moetune.db", db)
     store = Store(str(db))
@@ -86,7 +86,7 @@ def test_a_rule_whose_trial_crashed_is_not_tried_again_in_the_study(tmp_path):
 
 
 def test_a_layout_megatron_refuses_is_not_a_crash():
-    from moetune.pipeline.tune.loop import crashed
+    from moetune.pipeline.tune.state import crashed
     refused = ["[rank0]: AssertionError: eval_global_batch_size (16) must be divisible by "
                "eval_micro_batch_size (16) * data_parallel_size (2)"]
     assert not crashed({"state": "failed", "last_lines": refused})
@@ -118,7 +118,7 @@ def test_a_cuda_error_far_from_the_log_end_is_still_a_crash():
     """The rank-test device run's trial 5 (local CUDA graphs): the CUDA error is 40 lines above the
     end, past two nsys epilogues, so the last lines alone miss it; the log parser names it."""
     from moetune.analysis.logs import parse_log
-    from moetune.pipeline.tune.loop import crashed
+    from moetune.pipeline.tune.state import crashed
     log = parse_log(RUNS / "5" / "log.txt.xz")
     assert log["failure"] == "cuda_error"
     assert "capturing stream" in log["failure_line"]

@@ -85,7 +85,7 @@ def test_estimate_within_10_percent_of_measured_peak():
     where the EP all-to-all overlap adds its buffers (not modelled), and the unfused attention's
     score matrix is what makes longer sequences cost more than linearly."""
     from moetune.pipeline.spec.config import TrainingConfig
-    from moetune.pipeline.spec.experiment import REPO
+    from moetune.pipeline.paths import ROOT as REPO
     bank = [json.loads(line) for line in (REPO / "benchmarks/trial_bank/bank.jsonl").read_text().splitlines()
             if line.strip()]
     proxy = load_experiment("moe_proxy")

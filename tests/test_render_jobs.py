@@ -35,7 +35,7 @@ def test_gpu_nsys_line_has_capture_range_and_per_rank_output(tmp_path):
     assert "-o " + shlex.quote(f"{spec.folder}/trace_%q{{SLURM_PROCID}}") in sh
     assert "local profile_ranks='0 8'" in sh
     assert "srun --ntasks=16 --ntasks-per-node=8" in sh
-    assert "pipeline.train_moe --train-iters 6" in " ".join(spec.command)
+    assert "pipeline/job/train_moe.py --train-iters 6" in " ".join(spec.command)
     sbatch = render.render_job(spec)["job.sbatch"]
     assert "#SBATCH --gpus-per-node=8" in sbatch and "#SBATCH --nodes=2" in sbatch
 
@@ -44,8 +44,8 @@ def test_cpu_stand_in_has_no_capture_range(tmp_path):
     spec = spec_of(tmp_path, stand_in_cluster())
     sh = render.render_job(spec)["job.sh"]
     assert "--capture-range" not in sh and "-t nvtx -s none" in sh
-    assert "\n    pipeline.cpu_workload\n" in sh
-    assert "pipeline.cpu_workload --train-iters 6" in " ".join(spec.command)
+    assert "/pipeline/job/cpu_workload.py\n" in sh
+    assert "pipeline/job/cpu_workload.py --train-iters 6" in " ".join(spec.command)
     assert " ".join(spec.command).endswith("--stand-in-ms-per-iter 40")
 
 

@@ -191,8 +191,7 @@ def test_checker_refusal_is_kept_with_reason():
 
 
 def test_real_constraint_checker_blocks_an_invalid_change():
-    constraints = pytest.importorskip("moetune.pipeline.spec.constraints",
-                                      reason="pipeline/constraints.py (issue 3) not in this checkout")
+    from moetune.pipeline.spec import constraints
     # TP=3 divides neither the 8 GPUs nor the 16 heads: the checker must refuse it
     bad = rules.Rule(id="tp3", wall="compute", change={"tp": 3}, priority=1, rationale="test",
                      source="moe-optimization-workflow.md")

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from moetune.pipeline.job import scheduler as jobs
-
 from moetune.pipeline.trial import stages
 from tests.conftest import REPO, kill_tuner_after_submit, stand_in_cluster
 
@@ -74,7 +73,7 @@ def test_job_over_its_memory_ends_out_of_memory(slurm, timeout_trial, make_trial
     cluster = stand_in_cluster(nsys="off", mem="300M", stand_in={"ms_per_iter": 50, "alloc_mb": 800})
     store, tid = make_trial(cluster=cluster, study="oom")
     submitted(store, tid)
-    stages.run_trial(store, tid, through="analyze", poll_s=1, timeout_s=120)
+    stages.run_stages(store, tid, through="analyze", poll_s=1, timeout_s=120)
     state = json.loads((Path(store.trial(tid).folder) / "state.json").read_text())
     assert state["state"] == "OUT_OF_MEMORY" and state["outcome"] == "oom" and not state["retry"]
     assert store.trial(tid).state == "oom"
@@ -144,7 +143,7 @@ def test_tuner_killed_between_submit_and_collect_resumes(slurm, timeout_trial, m
 def test_killed_right_after_sbatch_reattaches_not_resubmits(slurm, timeout_trial, make_trial):
     store, tid = make_trial(cluster=long_cluster(), study="lostid", train_iters=20)
     stages.run_stage(store, tid, "render")
-    t = stages.Trial(store, tid)
+    t = stages.TrialContext(store, tid)
     ref = jobs.submit(stages.load_spec(t), "slurm")  # the job exists; its id never reached the store
     stages.run_stage(store, tid, "submit")
     assert store.trial(tid).slurm_job_id == ref.job_id

@@ -13,13 +13,9 @@ from pathlib import Path
 import pytest
 
 from moetune.pipeline.tune import lock
-
 from moetune.pipeline.trial import stages
 from tests.conftest import REPO, kill_tuner_after_submit, stand_in_cluster
 
-
-def decider(store, trial, analysis):
-    return {"kind": "keep", "rule": None, "wall": analysis["wall"], "trial": trial.id}
 
 
 def local_trial(make_trial, **kw):
@@ -28,7 +24,7 @@ def local_trial(make_trial, **kw):
 
 def test_all_stages_locally_then_skip_and_force(make_trial):
     store, tid = local_trial(make_trial)
-    out = stages.run_trial(store, tid, through="decide", decider=decider, poll_s=0.3, timeout_s=120)
+    out = stages.run_stages(store, tid, through="decide", poll_s=0.3, timeout_s=120)
     assert [r.stage for r in store.stage_runs(tid)] == list(stages.STAGE_ORDER)
     assert all(r.status == "ok" for r in store.stage_runs(tid))
     folder = Path(store.trial(tid).folder)
@@ -38,7 +34,8 @@ def test_all_stages_locally_then_skip_and_force(make_trial):
     assert analysis["log"]["iterations"] == 8  # the stand-in printed every iteration line
     assert store.trial(tid).state == "completed"
     assert store.trial(tid).step_time_ms == pytest.approx(40, rel=0.5)
-    assert json.loads((folder / "decision.json").read_text())["trial"] == tid
+    decision = json.loads((folder / "decision.json").read_text())  # no tuner: no decisions yet
+    assert decision["trial"] == store.trial(tid).number and decision["decisions"] == []
     assert out["export"] == []  # nsys off: no report to export
 
     runs = len(store.stage_runs(tid))
@@ -52,7 +49,7 @@ def test_all_stages_locally_then_skip_and_force(make_trial):
 
 def test_analyze_recreated_identically_by_the_cli(make_trial, tmp_path):
     store, tid = local_trial(make_trial)
-    stages.run_trial(store, tid, through="analyze", poll_s=0.3, timeout_s=120)
+    stages.run_stages(store, tid, through="analyze", poll_s=0.3, timeout_s=120)
     out = Path(store.trial(tid).folder) / "analysis.json"
     before = out.read_bytes()
     out.unlink()
@@ -97,7 +94,7 @@ def test_second_tuner_on_a_study_is_refused(tmp_path):
 
 
 def test_lock_of_a_killed_tuner_is_free(tmp_path):
-    code = ("import sys, time; from pipeline import lock; "
+    code = ("import sys, time; from moetune.pipeline.tune import lock; "
             "lock.study_lock(sys.argv[1], 'qwen').acquire(); print('held', flush=True); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
                          text=True, cwd=REPO)

@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 
 from moetune.pipeline.decide import applied
-
 from moetune.pipeline.trial import run as runner
-
 from moetune.pipeline.tune import loop as tuner
+from moetune.pipeline.tune.state import JUDGED
 from moetune.pipeline.store import Store
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -31,7 +30,7 @@ def judged(store, study):
     ds = store.decisions(study.id)
     out = {}
     for d in ds:
-        if d.trial_id and d.kind in tuner.JUDGED:
+        if d.trial_id and d.kind in JUDGED:
             out.setdefault(d.trial_id, []).append(d.kind)
     return out
 
@@ -106,7 +105,7 @@ def test_slower_change_is_reverted_as_a_result(tmp_path):
                    bank_dir=bank_dir, progress=False)
     study = store.study(s["study"])
     mbs4 = next(t for t in store.trials(study.id) if t.fix == "larger_micro_batch")
-    d = next(d for d in store.decisions(study.id) if d.trial_id == mbs4.id and d.kind in tuner.JUDGED)
+    d = next(d for d in store.decisions(study.id) if d.trial_id == mbs4.id and d.kind in JUDGED)
     assert mbs4.state == "completed" and d.kind == "revert" and d.reason.startswith("slower")
     assert d.evidence["step_time_ms"] > d.evidence["parent_step_time_ms"]
     assert s["best_config_hash"] != mbs4.config_hash
@@ -120,7 +119,7 @@ def test_hung_trial_is_cancelled_recorded_and_reverted(tmp_path):
                    bank_dir=bank_dir, progress=False)
     study = store.study(s["study"])
     t = next(t for t in store.trials(study.id) if t.fix == "larger_micro_batch")
-    d = next(d for d in store.decisions(study.id) if d.trial_id == t.id and d.kind in tuner.JUDGED)
+    d = next(d for d in store.decisions(study.id) if d.trial_id == t.id and d.kind in JUDGED)
     assert t.state == "hung" and d.kind == "revert"
     assert any("Watchdog caught collective operation timeout" in ln for ln in d.evidence["last_lines"])
     assert s["best_config_hash"] != t.config_hash

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from moetune.pipeline.tune import loop as tuner
+from moetune.pipeline.tune.state import JUDGED
 from moetune.pipeline.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ def test_local_changes_are_judged_against_their_noise(tmp_path):
     study = store.study(s["study"])
     changed = [t for t in store.trials(study.id) if t.fix and t.state == "completed"]
     assert changed, "a rule should have been tried"
-    verdicts = {d.trial_id: d for d in store.decisions(study.id) if d.kind in tuner.JUDGED}
+    verdicts = {d.trial_id: d for d in store.decisions(study.id) if d.kind in JUDGED}
     for t in changed:
         d = verdicts[t.id]
         ev = d.evidence

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from moetune.pipeline.tune import loop as tuner
+from moetune.pipeline.tune.summary import summary
+from moetune.pipeline.tune.state import JUDGED
 from moetune.pipeline.store import Store
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -17,7 +19,7 @@ import standin_bank  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = str(REPO / "experiments" / "moe_proxy.yaml")
-SCRIPT = ("import sys; from moetune.pipeline.store import Store; from pipeline import tuner; "
+SCRIPT = ("import sys; from moetune.pipeline.store import Store; from moetune.pipeline.tune import loop as tuner; "
           "tuner.tune(sys.argv[1], Store(sys.argv[2]), executor='replay', runs_root=sys.argv[3], "
           "bank_dir=sys.argv[4], progress=False)")
 
@@ -58,7 +60,7 @@ def test_kill_and_restart_gives_same_best_and_no_repeat(tmp_path):
     assert proc.wait(timeout=300) == 0
 
     store = Store(str(db))
-    s = tuner.summary(store, ref["study"], runs)
+    s = summary(store, ref["study"], runs)
     assert s["best_config_hash"] == ref["best_config_hash"]
     assert s["best_step_time_ms"] == ref["best_step_time_ms"]
     study = store.study(ref["study"])
@@ -69,6 +71,6 @@ def test_kill_and_restart_gives_same_best_and_no_repeat(tmp_path):
         ref_store.study(ref["study"]).id))
     judged = {}
     for d in store.decisions(study.id):
-        if d.trial_id and d.kind in tuner.JUDGED:
+        if d.trial_id and d.kind in JUDGED:
             judged[d.trial_id] = judged.get(d.trial_id, 0) + 1
     assert judged == {t.id: 1 for t in trials}

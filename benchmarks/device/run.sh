@@ -14,7 +14,10 @@ if [ -d .whl ] && ! python3 -c 'import megatron.core' 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 fi
 # what benchmarks/device_setup.sh built (Transformer Engine, DeepEP) sits in /tmp/site-gpu
-export PYTHONPATH="/tmp/site-gpu:/tmp/site:$PWD"
+# `moetune` is not installed there: a folder holding a link named moetune to this checkout makes
+# moetune.pipeline and moetune.analysis importable from it (the same layout a wheel installs)
+mkdir -p /tmp/moetune-src && ln -sfn "$PWD" /tmp/moetune-src/moetune
+export PYTHONPATH="/tmp/site-gpu:/tmp/site:/tmp/moetune-src"
 NGPU=$(nvidia-smi -L | wc -l)
 
 # profile NAME CMD...: nsys around CMD, importer, export, slim, xz
@@ -67,11 +70,11 @@ case "${1:-}" in
       eval "set -- $args"
       if [ "$gpus" = 1 ]; then  # one-GPU configs run two at a time, one per GPU
         CUDA_VISIBLE_DEVICES=$slot profile "$name" torchrun --standalone --nproc_per_node=1 \
-          -m pipeline.train_moe "$@" < /dev/null &
+          pipeline/job/train_moe.py "$@" < /dev/null &
         slot=$(( (slot + 1) % NGPU )); [ "$slot" = 0 ] && wait
       else
         wait
-        profile "$name" torchrun --standalone --nproc_per_node="$gpus" -m pipeline.train_moe "$@" < /dev/null
+        profile "$name" torchrun --standalone --nproc_per_node="$gpus" pipeline/job/train_moe.py "$@" < /dev/null
       fi
     done 3< /tmp/bank.txt
     wait

@@ -32,7 +32,9 @@ setup() {
   chmod +x "$W/importer"
 }
 
-export PYTHONPATH="/tmp/site:$PWD" MOETUNE_QDSTRM_IMPORTER="$W/importer" MOETUNE_NSYS="$B/target-linux-x64/nsys"
+# `moetune` is not installed there: a link named moetune to this checkout makes it importable
+mkdir -p /tmp/moetune-src && ln -sfn "$PWD" /tmp/moetune-src/moetune
+export PYTHONPATH="/tmp/site:/tmp/moetune-src" MOETUNE_QDSTRM_IMPORTER="$W/importer" MOETUNE_NSYS="$B/target-linux-x64/nsys"
 
 case "${1:-}" in
   start)
@@ -41,7 +43,7 @@ case "${1:-}" in
     # the experiment as written, with nsys named by its path on this machine
     python3 - "$exp" "$MOETUNE_NSYS" "$W/experiment.yaml" <<'EOF' || exit 1
 import sys, yaml
-from pipeline.experiment import experiment_path
+from moetune.pipeline.spec.experiment import experiment_path
 d = yaml.safe_load(experiment_path(sys.argv[1]).read_text())
 d["cluster"]["nsys"] = sys.argv[2]
 open(sys.argv[3], "w").write(yaml.safe_dump(d, sort_keys=False))
@@ -53,7 +55,7 @@ EOF
       export PYTHONPATH="/tmp/site-gpu:$PYTHONPATH"
     fi
     date -u +%FT%TZ > "$W/started"
-    setsid nohup python3 -m pipeline.cli --db "$W/moetune.db" tune "$W/experiment.yaml" \
+    setsid nohup python3 -m moetune.pipeline.cli.main --db "$W/moetune.db" tune "$W/experiment.yaml" \
       --executor local --runs "$W/runs" --out "$W/reports" --no-progress > "$W/tune.log" 2>&1 &
     echo $! > "$W/pid"
     echo "tuner started (pid $(cat "$W/pid"))"
@@ -64,7 +66,7 @@ EOF
     if kill -0 "$(cat "$W/pid")" 2>/dev/null; then echo "tuner still running after ${limit}s"
     else date -u +%FT%TZ > "$W/ended"; echo "tuner ended"; fi
     tail -5 "$W/tune.log"
-    python3 -m pipeline.cli --db "$W/moetune.db" status 2>&1 | tail -25
+    python3 -m moetune.pipeline.cli.main --db "$W/moetune.db" status 2>&1 | tail -25
     if [ -f "$W/ended" ] && [ ! -e "$OUT/tune.tar.00" ]; then bash "$0" pack > "$W/pack.log" 2>&1; fi
     ;;
   pack)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from moetune.pipeline.spec.experiment import GPU_MEMORY_GB
+from moetune.pipeline.spec.gpus import GPU_TYPES
 
 
 def exit_code(fn: Callable[[list[str]], int], argv: list[str]) -> int:
@@ -17,4 +17,4 @@ def exit_code(fn: Callable[[list[str]], int], argv: list[str]) -> int:
 
 def add_gpu_args(p: argparse.ArgumentParser, gpus_help: str) -> None:
     p.add_argument("--gpus", type=int, help=gpus_help)
-    p.add_argument("--gpu-type", choices=tuple(GPU_MEMORY_GB))
+    p.add_argument("--gpu-type", choices=GPU_TYPES)

@@ -6,10 +6,15 @@ import os
 import sys
 from pathlib import Path
 
-STAGES = ("render", "submit", "collect", "export", "analyze", "decide")
+from moetune.analysis.errors import TraceError
+from moetune.pipeline.errors import MoetuneError
+
+# the stage names `moetune stage` takes, in their order (trial/stages.py STAGE_ORDER; a test keeps
+# the two equal, since importing the stages here would load the whole pipeline for `--help`)
+STAGE_NAMES = ("render", "submit", "collect", "export", "analyze", "decide")
 
 
-class UserError(Exception):
+class UserError(MoetuneError):
     """An error an engineer can fix; printed as one line, exit code 2."""
 
 
@@ -119,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     sp = add("stage", cmd_stage, "re-run one stage of one trial by hand")
-    sp.add_argument("stage", choices=STAGES)
+    sp.add_argument("stage", choices=STAGE_NAMES)
     sp.add_argument("--trial", type=int, required=True, help="trial id (moetune status lists them)")
     sp.add_argument("--force", action="store_true", help="re-run even when outputs are current")
 
@@ -174,10 +179,7 @@ def _first_command(argv: list[str]) -> int | None:
 
 
 def _is_user_error(e: Exception) -> bool:
-    names = {"UserError", "ConfigError", "StoreError", "DuplicateTrial", "TraceError",
-             "JobError", "LockError", "StageError", "TunerError", "ReplayError"}
-    return any(c.__name__ in names for c in type(e).__mro__) or isinstance(e, (FileNotFoundError,
-                                                                                 PermissionError))
+    return isinstance(e, (MoetuneError, TraceError, FileNotFoundError, PermissionError))
 
 
 if __name__ == "__main__":

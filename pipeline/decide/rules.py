@@ -19,22 +19,18 @@ from typing import Any, Callable
 
 import yaml
 
+from moetune.analysis.metrics import less_waiting
+from moetune.pipeline.errors import MoetuneError
+from moetune.pipeline.paths import RULES_FILE
+from moetune.pipeline.spec import gpus as gpu_table
 from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.constraints import check as constraint_check
 from moetune.pipeline.spec.section import as_dict, gpu_count
 
-RULES_FILE = Path(__file__).with_name("rules.yaml")
 WALLS = ("memory", "communication", "host_overhead", "compute")
 VERIFY_KINDS = ("flex_dispatch", "cuda_graphs", "fp8", "recompute", "overlap", "grouped_gemm", "none")
 
-# GPU memory (GB) by type, where the trace does not say.
-GPU_MEMORY_GB = {"A100": 80, "H100": 80, "H800": 80, "H200": 141, "GH200": 96, "B200": 180,
-                 "B300": 270, "GB200": 186, "GB300": 279}
-GPU_FAMILY = {"A100": "ampere", "H100": "hopper", "H800": "hopper", "H200": "hopper",
-              "GH200": "hopper", "B200": "blackwell", "B300": "blackwell", "GB200": "blackwell",
-              "GB300": "blackwell"}
-
-
-class RuleError(Exception):
+class RuleError(MoetuneError):
     """rules.yaml is malformed (one line: file, rule, key, what is allowed)."""
 
 
@@ -157,14 +153,14 @@ def derived(config: TrainingConfig, model: dict, cluster: dict, analysis: dict) 
     experts = int(model.get("num_experts") or 0)
     layers = int(model.get("num_layers") or 0)
     gpu_type = str(cluster.get("gpu_type") or "")
-    mem_gb = analysis.get("gpu_memory_gb") or GPU_MEMORY_GB.get(gpu_type)
+    mem_gb = analysis.get("gpu_memory_gb") or gpu_table.memory_gb(gpu_type)
     m = (analysis.get("metrics") or {}).get("combined") or {}
     peak = m.get("peak_memory_gb") or ((analysis.get("log") or {}).get("max_allocated_gb"))
     expert_dp = gpus // max(config.pp * config.ep * etp, 1)
     return {
         "gpus": gpus,
         "dp": dp,
-        "gpu_family": GPU_FAMILY.get(gpu_type, "unknown"),
+        "gpu_family": gpu_table.generation(gpu_type),
         "ep_in_nvlink": config.ep * etp <= nvl,
         "ep_cross_node": config.ep * etp > per_node,
         "vpp_ok": config.pp == 1 or config.vpp is not None,
@@ -209,7 +205,6 @@ def context(analysis: dict, config: TrainingConfig, model, cluster, tuning=None)
     metrics.setdefault("memory_used_share", d["memory_used_share"])
     if "exposed_a2a_share" in metrics and "exposed_a2a_share_net" not in metrics:
         # analyses made before the metric existed
-        from moetune.analysis.metrics import less_waiting
         metrics["exposed_a2a_share_net"] = less_waiting(metrics["exposed_a2a_share"],
                                                         metrics.get("a2a_wait_share") or 0.0)
     metrics["log_failure"] = (analysis.get("log") or {}).get("failure")
@@ -247,9 +242,7 @@ def matching(analysis: dict, config: TrainingConfig, model, cluster, tuning=None
 def proposals(analysis: dict, config: TrainingConfig, model, cluster, tuning=None,
               check: Callable | None = None, rules: list[Rule] | None = None) -> list[Proposal]:
     """Each matching rule's changed config, checked; a no-op change is dropped."""
-    if check is None:
-        from moetune.pipeline.trial.run import constraint_check
-        check = constraint_check
+    check = check or constraint_check
     out = []
     for rule in matching(analysis, config, model, cluster, tuning, rules):
         new = rule.apply(config)

@@ -22,12 +22,14 @@ from typing import Any, Mapping
 
 import jinja2
 
+from moetune.pipeline.errors import MoetuneError
+from moetune.pipeline.paths import TEMPLATES, WORKLOADS as WORKLOAD_DIR
 from moetune.pipeline.spec.section import get as _get
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "sbatch_templates"
-REPO = Path(__file__).resolve().parent.parent
 TEMPLATE_FILES = {"venv": "venv.sh.j2", "container": "container.sh.j2"}
-WORKLOADS = {"megatron": "moetune.pipeline.job.train_moe", "cpu_stand_in": "moetune.pipeline.job.cpu_workload"}
+# Each workload is one self-contained script (stdlib, torch, megatron-core): the job runs it by
+# its path, so the image needs no moetune installed, only the file system the login node shares.
+WORKLOADS = {"megatron": WORKLOAD_DIR / "train_moe.py", "cpu_stand_in": WORKLOAD_DIR / "cpu_workload.py"}
 
 # nsys trace types and capture: GPU training records CUDA + NVTX inside the capture range the
 # training opens (cudaProfilerStart/Stop around the profiled steps); the CPU stand-in has no CUDA
@@ -50,7 +52,7 @@ ENV_RULES: tuple[tuple[Any, dict[str, str], str], ...] = (
 )
 
 
-class RenderError(Exception):
+class RenderError(MoetuneError):
     """A job script cannot be rendered from these values (one line, names the key)."""
 
 
@@ -148,7 +150,7 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
     # the interpreter of the container or of cluster.venv; with neither, the one running moetune
     own_python = template == "venv" and not _get(cluster, "venv")
     python = str(_get(cluster, "python", sys.executable if own_python else "python"))
-    command = [python, "-u", "-m", WORKLOADS[workload], *argv]
+    command = [python, "-u", str(WORKLOADS[workload]), *argv]
     if workload == "cpu_stand_in":
         s = _get(cluster, "stand_in", {}) or {}
         for key in ("ms_per_iter", "busy", "alloc_mb"):
@@ -164,7 +166,7 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
                         output=folder.replace("%", "%%") + f"/trace_%q{{{rank_var}}}")
     venv = _get(cluster, "venv")
     return JobSpec(
-        name=name, folder=folder, workdir=str(_get(cluster, "workdir", REPO)), template=template,
+        name=name, folder=folder, workdir=str(_get(cluster, "workdir", Path.cwd())), template=template,
         launcher=launcher, nodes=int(_get(cluster, "nodes", 1)), ntasks_per_node=tasks,
         gpus_per_node=gpus, cpus_per_task=int(_get(cluster, "cpus_per_task", 1)),
         mem=_get(cluster, "mem", _get(cluster, "mem_per_node")), time_min=time_minutes(_get(cluster, "time_limit", 30)),

@@ -15,13 +15,14 @@ import shutil
 from functools import lru_cache
 from pathlib import Path
 
+from moetune.pipeline.errors import MoetuneError
+from moetune.pipeline.paths import TRIAL_BANK
 from moetune.pipeline.spec.config import TrainingConfig
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_BANK = Path(os.environ.get("MOETUNE_BANK") or REPO / "benchmarks" / "trial_bank")
+DEFAULT_BANK = Path(os.environ.get("MOETUNE_BANK") or TRIAL_BANK)
 
 
-class ReplayError(Exception):
+class ReplayError(MoetuneError):
     """The trial bank cannot answer this job (one line)."""
 
 

@@ -6,7 +6,6 @@ accounting has not seen a new job yet) and map to trial outcomes through `OUTCOM
     submit(spec, kind)                  -> JobRef (job id, kind, folder, name)
     slurm_state(job_id)                 -> JobState
     job_state(ref)                      -> JobState (Slurm or local)
-    reattach(job_id, folder, kind)      -> submitit job handle
     find_slurm_job(name)                -> job id of a job of that name, if Slurm has one
     wait(ref, poll_s, timeout_s)        -> terminal JobState
 """
@@ -23,32 +22,33 @@ from pathlib import Path
 
 import submitit
 
+from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job.render import JobSpec
 
 
-class JobError(Exception):
+class JobError(MoetuneError):
     """A job could not be submitted or looked up (one line, says what to do)."""
 
 
 @dataclass(frozen=True)
-class Outcome:
+class JobOutcome:
     trial_state: str  # the trial's state in the store
     retry: bool  # not the config's fault: the same trial may run again
     measured: bool  # the job ran to its end: a measurement to analyze
 
 
 # Slurm job state → trial outcome. CANCELLED is someone's decision: never retried.
-OUTCOMES: dict[str, Outcome] = {
-    "COMPLETED": Outcome("completed", retry=False, measured=True),
-    "FAILED": Outcome("failed", retry=False, measured=False),
-    "OUT_OF_MEMORY": Outcome("oom", retry=False, measured=False),
-    "TIMEOUT": Outcome("timeout", retry=False, measured=False),
-    "DEADLINE": Outcome("timeout", retry=False, measured=False),
-    "CANCELLED": Outcome("cancelled", retry=False, measured=False),
-    "NODE_FAIL": Outcome("node_fail", retry=True, measured=False),
-    "BOOT_FAIL": Outcome("node_fail", retry=True, measured=False),
-    "PREEMPTED": Outcome("preempted", retry=True, measured=False),  # requeue
-    "REVOKED": Outcome("preempted", retry=True, measured=False),
+OUTCOMES: dict[str, JobOutcome] = {
+    "COMPLETED": JobOutcome("completed", retry=False, measured=True),
+    "FAILED": JobOutcome("failed", retry=False, measured=False),
+    "OUT_OF_MEMORY": JobOutcome("oom", retry=False, measured=False),
+    "TIMEOUT": JobOutcome("timeout", retry=False, measured=False),
+    "DEADLINE": JobOutcome("timeout", retry=False, measured=False),
+    "CANCELLED": JobOutcome("cancelled", retry=False, measured=False),
+    "NODE_FAIL": JobOutcome("node_fail", retry=True, measured=False),
+    "BOOT_FAIL": JobOutcome("node_fail", retry=True, measured=False),
+    "PREEMPTED": JobOutcome("preempted", retry=True, measured=False),  # requeue
+    "REVOKED": JobOutcome("preempted", retry=True, measured=False),
 }
 # States of a job that is still the scheduler's business.
 ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
@@ -88,8 +88,8 @@ class JobState:
         return self.state not in ACTIVE
 
     @property
-    def outcome(self) -> Outcome:
-        return OUTCOMES.get(self.state, Outcome(self.state.lower(), retry=False, measured=False))
+    def outcome(self) -> JobOutcome:
+        return OUTCOMES.get(self.state, JobOutcome(self.state.lower(), retry=False, measured=False))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -261,14 +261,6 @@ def local_state(ref: JobRef) -> JobState:
 
 def job_state(ref: JobRef) -> JobState:
     return slurm_state(ref.job_id) if ref.kind == "slurm" else local_state(ref)
-
-
-def reattach(job_id: str, folder: str | Path, kind: str = "slurm"):
-    """A submitit handle on a job submitted earlier (by this process or a killed one)."""
-    if kind == "slurm":
-        return submitit.SlurmJob(folder=str(folder), job_id=str(job_id))
-    from submitit.local.local import LocalJob
-    return LocalJob(folder=str(folder), job_id=str(job_id))
 
 
 def cancel(ref: JobRef) -> None:

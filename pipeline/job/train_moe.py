@@ -1,6 +1,6 @@
 """The training job's entry point: a thin Megatron-Core MoE pretrain on mock data.
 
-Runs inside the job (Python 3.12, torch, megatron-core 0.19): `torchrun ... -m pipeline.train_moe
+Runs inside the job (Python 3.12, torch, megatron-core 0.19): `torchrun ... pipeline/job/train_moe.py
 <Megatron args>`. It prints Megatron's usual iteration lines, wraps every iteration in an NVTX
 range `iteration N`, and opens the profiler's capture range (cudaProfilerStart/Stop) around
 iterations --profile-step-start..--profile-step-end (inclusive, numbered as the log numbers

@@ -4,7 +4,8 @@
 """
 from __future__ import annotations
 
-from moetune.pipeline.tune import loop as tuner_mod
+from moetune.pipeline.tune.state import JUDGED
+from moetune.pipeline.tune.summary import summary
 
 
 def _ms(v) -> str:
@@ -25,7 +26,7 @@ def _evidence(d) -> str:
 
 def render_study(store, name: str) -> str:
     study = store.study(name)
-    s = tuner_mod.summary(store, name)
+    s = summary(store, name)
     lines = [f"study {study.name} ({study.state}) model {study.model}: {s['trials']} trials run, "
              f"{s['skipped']} skipped; baseline {_ms(s['baseline_step_time_ms'])} ms, best "
              f"{_ms(s['best_step_time_ms'])} ms (trial {s['best_trial'] or '-'})"]

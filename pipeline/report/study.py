@@ -17,7 +17,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from moetune.pipeline.tune import loop as tuner_mod
+from moetune import analysis
+from moetune.analysis.metrics import in_window
+from moetune.analysis.window import find_window
+from moetune.pipeline.tune.state import JUDGED
+from moetune.pipeline.tune.summary import summary
 
 CLASS_COLORS = {"gemm": "#4c72b0", "grouped_gemm": "#3a5a8c", "attention": "#8172b3",
                 "te": "#64b5cd", "other": "#9fa8b3", "moe_permute": "#ccb974",
@@ -73,7 +77,7 @@ def gather(store, study_name: str) -> tuple[object, list[TrialView], list]:
             cmd = (folder / "command.txt").read_text().strip()
         mine = [d for d in decisions if d.trial_id == t.id]
         views.append(TrialView(t, an, next((d for d in mine if d.kind == "apply"), None),
-                               next((d for d in mine if d.kind in tuner_mod.JUDGED), None), cmd, folder,
+                               next((d for d in mine if d.kind in JUDGED), None), cmd, folder,
                                store.metrics(t.id).get("judged_step_time_ms")))
     return study, views, decisions
 
@@ -106,9 +110,6 @@ def _window_kernels(folder: Path | None) -> list:
     key = tuple((str(p), p.stat().st_mtime) for p in traces)
     if key in _WINDOW_CACHE:
         return _WINDOW_CACHE[key]
-    from moetune import analysis
-    from moetune.analysis.metrics import in_window
-    from moetune.analysis.window import find_window
     out = []
     try:
         for rank, k, _c, rt, nvtx, _m, _g in analysis.rank_frames([str(p) for p in traces]):
@@ -343,7 +344,7 @@ def tree_lines(views: list[TrialView]) -> list[tuple[int, TrialView]]:
 
 def study_markdown(store, study_name: str) -> str:
     study, views, decisions = gather(store, study_name)
-    s = tuner_mod.summary(store, study_name)
+    s = summary(store, study_name)
     best = next((v for v in views if v.trial.number == s.get("best_trial")), None)
     out = [f"# moetune study {md(study.name)}", "",
            f"Model {md(study.model)}; {s['trials']} trials run ({s['skipped']} skipped); "
@@ -448,7 +449,7 @@ def trial_html(v: TrialView, parent_number: int | None) -> str:
 
 def study_html(store, study_name: str) -> str:
     study, views, decisions = gather(store, study_name)
-    s = tuner_mod.summary(store, study_name)
+    s = summary(store, study_name)
     best = next((v for v in views if v.trial.number == s.get("best_trial")), None)
     number = {v.trial.id: v.trial.number for v in views}
     rows = [["\u00a0\u00a0" * d + ("└ " if d else "") + str(v.trial.number), v.trial.fix or "baseline",

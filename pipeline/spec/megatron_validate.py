@@ -13,11 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-VENV_PYTHON = Path(os.environ.get("MEGATRON_VENV", REPO / ".venv-megatron")) / "bin" / "python"
+from moetune.pipeline.errors import MoetuneError
+from moetune.pipeline.paths import ROOT
+
+VENV_PYTHON = Path(os.environ.get("MEGATRON_VENV", ROOT / ".venv-megatron")) / "bin" / "python"
 
 
-class MegatronUnavailable(Exception):
+class MegatronUnavailable(MoetuneError):
     """The megatron venv is missing; build it with scripts/megatron-venv."""
 
 

@@ -5,7 +5,7 @@
     collect : job.json                         → state.json, log.txt, trace_*.nsys-rep
     export  : trace_*.nsys-rep                 → trace_*.sqlite (nsys export, on this node)
     analyze : trace_*.sqlite, log.txt          → analysis.json (analysis.analyze)
-    decide  : analysis.json, config.json       → decision.json (the tuner's decider)
+    decide  : analysis.json, config.json       → decision.json (the decisions the store holds)
 
 Every run is recorded in the store with the hash of its inputs (names and contents). A stage is
 skipped when its last good run had the same inputs hash and its outputs are all there;
@@ -26,17 +26,22 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from moetune.pipeline.job import scheduler as jobs
-
+from moetune import analysis
+from moetune.analysis.nsys import nsys_binary, qdstrm_importer
+from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job import render
+from moetune.pipeline.job import scheduler as jobs
+from moetune.pipeline.spec.config import TrainingConfig, run_args
+from moetune.pipeline.spec.experiment import load_experiment
+from moetune.pipeline.spec.model import ModelArch
 from moetune.pipeline.spec.section import as_dict
-from moetune.pipeline.store import now
+from moetune.pipeline.store import Study, now
 
 STAGE_ORDER = ("render", "submit", "collect", "export", "analyze", "decide")
 TRACE_GLOBS = ("trace_*.nsys-rep", "trace_*.qdstrm")
 
 
-class StageError(Exception):
+class StageError(MoetuneError):
     """A stage cannot run or failed (one line: which trial, which stage, what to do)."""
 
 
@@ -69,12 +74,11 @@ def current(store, trial_id: int, stage: str, key: str):
 
 
 # -- the trial's context -----------------------------------------------------------------------
-class Trial:
+class TrialContext:
     """One trial with what its stages read: store rows, experiment parts, folder."""
 
     def __init__(self, store, trial_id: int, runs_root: str | Path | None = None,
                  executor: str | None = None):
-        from moetune.pipeline.store import Study
         self.store = store
         self.row = store.trial(trial_id)
         with store.session() as s:
@@ -104,11 +108,9 @@ class Trial:
 
     def model_and_cluster(self):
         """(ModelArch, cluster mapping or object) of the study's experiment."""
-        from moetune.pipeline.spec.model import ModelArch
         exp = self.experiment
         if isinstance(exp.get("model"), dict) and isinstance(exp.get("cluster"), dict):
             return ModelArch.from_dict(exp["model"]), exp["cluster"]
-        from moetune.pipeline.trial.run import load_experiment
         loaded = load_experiment(exp.get("experiment") or self.study.model)
         return loaded.model, loaded.cluster
 
@@ -120,7 +122,7 @@ class Trial:
 
 
 # -- the stages ------------------------------------------------------------------------------
-def _render_inputs(t: Trial) -> tuple[list[Path], Any]:
+def _render_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     model, cluster = t.model_and_cluster()
     cluster_d = as_dict(cluster)
     return [], {"config": t.row.config, "model": model.to_dict(), "cluster": cluster_d,
@@ -128,13 +130,12 @@ def _render_inputs(t: Trial) -> tuple[list[Path], Any]:
 
 
 
-def _launcher(t: Trial) -> str:
+def _launcher(t: TrialContext) -> str:
     slurm = t.executor == "slurm" or (t.executor == "auto" and jobs.slurm_available())
     return "srun" if slurm else "local"
 
 
-def do_render(t: Trial) -> list[Path]:
-    from moetune.pipeline.spec.config import TrainingConfig, run_args
+def do_render(t: TrialContext) -> list[Path]:
     model, cluster = t.model_and_cluster()
     config = TrainingConfig.from_dict(t.row.config)
     argv = config.to_args(model, has_apex=as_dict(cluster).get("has_apex", True)) + run_args()
@@ -150,7 +151,7 @@ def do_render(t: Trial) -> list[Path]:
     return out
 
 
-def load_spec(t: Trial) -> render.JobSpec:
+def load_spec(t: TrialContext) -> render.JobSpec:
     d = json.loads(t.need("spec.json", "render").read_text())
     nsys = render.NsysSpec(**{**d["nsys"], "options": tuple(d["nsys"]["options"]),
                               "ranks": tuple(d["nsys"]["ranks"])}) if d.get("nsys") else None
@@ -159,11 +160,11 @@ def load_spec(t: Trial) -> render.JobSpec:
     return render.JobSpec(**{**d, **tuples, "nsys": nsys})
 
 
-def _submit_inputs(t: Trial) -> tuple[list[Path], Any]:
+def _submit_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     return [t.need("job.sh", "render"), t.need("spec.json", "render")], None
 
 
-def _set_aside(t: Trial, job_id: str) -> None:
+def _set_aside(t: TrialContext, job_id: str) -> None:
     """A forced re-submit keeps the earlier attempt's files under previous/<job id>/."""
     dest = t.path(f"previous/{job_id}")
     dest.mkdir(parents=True, exist_ok=True)
@@ -172,7 +173,7 @@ def _set_aside(t: Trial, job_id: str) -> None:
         shutil.move(str(p), str(dest / p.name))
 
 
-def do_submit(t: Trial, force: bool = False) -> list[Path]:
+def do_submit(t: TrialContext, force: bool = False) -> list[Path]:
     spec = load_spec(t)
     out = t.path("job.json")
     earlier = {p.name for p in t.glob("previous/*")}
@@ -196,16 +197,16 @@ def do_submit(t: Trial, force: bool = False) -> list[Path]:
     return [out]
 
 
-def _collect_inputs(t: Trial) -> tuple[list[Path], Any]:
+def _collect_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     return [t.need("job.json", "submit")], None
 
 
-def load_ref(t: Trial) -> jobs.JobRef:
+def load_ref(t: TrialContext) -> jobs.JobRef:
     d = json.loads(t.need("job.json", "submit").read_text())
     return jobs.JobRef(job_id=d["job_id"], kind=d["kind"], folder=d["folder"], name=d["name"])
 
 
-def do_collect(t: Trial, wait: bool = True, poll_s: float = 2.0,
+def do_collect(t: TrialContext, wait: bool = True, poll_s: float = 2.0,
                timeout_s: float | None = None) -> list[Path]:
     ref = load_ref(t)
     if wait:
@@ -220,29 +221,24 @@ def do_collect(t: Trial, wait: bool = True, poll_s: float = 2.0,
     return [state] + t.glob("log.txt", *TRACE_GLOBS)
 
 
-def _export_inputs(t: Trial) -> tuple[list[Path], Any]:
+def _export_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     t.need("state.json", "collect")
     return t.glob(*TRACE_GLOBS), None
 
 
-def nsys_binary() -> str:
-    found = os.environ.get("MOETUNE_NSYS") or shutil.which("nsys")
-    if not found:
-        raise StageError("nsys not found: install Nsight Systems (scripts/nsys-up) or set MOETUNE_NSYS")
-    return found
+def _nsys(t: TrialContext) -> str:
+    try:
+        return nsys_binary()
+    except analysis.TraceError as e:
+        raise StageError(f"trial {t.id}: {e}") from None
 
 
-def qdstrm_importer() -> str | None:
-    """nsys's QdstrmImporter: beside the host tools of the nsys in use (Debian:
-    /usr/lib/nsight-systems/host-linux-x64), or MOETUNE_QDSTRM_IMPORTER."""
-    candidates = [os.environ.get("MOETUNE_QDSTRM_IMPORTER", "")]
-    real = Path(os.path.realpath(nsys_binary()))
-    candidates += [str(real.parent.parent / "host-linux-x64" / "QdstrmImporter"),
-                   "/usr/lib/nsight-systems/host-linux-x64/QdstrmImporter"]
-    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+def _importer(t: TrialContext) -> str | None:
+    _nsys(t)  # the importer is looked for beside nsys: say so when nsys itself is missing
+    return qdstrm_importer()
 
 
-def _tool(cmd: list[str], what: str, t: Trial) -> None:
+def _tool(cmd: list[str], what: str, t: TrialContext) -> None:
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     except subprocess.TimeoutExpired:
@@ -252,7 +248,7 @@ def _tool(cmd: list[str], what: str, t: Trial) -> None:
         raise StageError(f"trial {t.id}: {what} failed: {tail[0][:200]}")
 
 
-def do_export(t: Trial) -> list[Path]:
+def do_export(t: TrialContext) -> list[Path]:
     """Each rank's report → SQLite. A bare .qdstrm (nsys could not run its importer inside the
     job) is imported to .nsys-rep first."""
     imported = []
@@ -260,7 +256,7 @@ def do_export(t: Trial) -> list[Path]:
         rep = raw.with_suffix(".nsys-rep")
         if not rep.exists():
             imported.append(rep)
-            importer = qdstrm_importer()
+            importer = _importer(t)
             if not importer:
                 raise StageError(f"trial {t.id}: {raw.name} needs nsys's QdstrmImporter; set "
                                  "MOETUNE_QDSTRM_IMPORTER")
@@ -268,18 +264,17 @@ def do_export(t: Trial) -> list[Path]:
     out = []
     for rep in t.glob("trace_*.nsys-rep"):
         sqlite = rep.with_suffix(".sqlite")
-        _tool([nsys_binary(), "export", "--type", "sqlite", "--force-overwrite", "true",
+        _tool([_nsys(t), "export", "--type", "sqlite", "--force-overwrite", "true",
                "-o", str(sqlite), str(rep)], f"nsys export of {rep.name}", t)
         out.append(sqlite)
     return imported + out
 
 
-def _analyze_inputs(t: Trial) -> tuple[list[Path], Any]:
+def _analyze_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     return [t.need("state.json", "collect")] + t.glob("log.txt", "trace_*.sqlite"), None
 
 
-def do_analyze(t: Trial) -> list[Path]:
-    from moetune import analysis
+def do_analyze(t: TrialContext) -> list[Path]:
     traces = [str(p) for p in t.glob("trace_*.sqlite")]
     log = t.path("log.txt")
     if not traces and not log.exists():
@@ -300,26 +295,23 @@ def do_analyze(t: Trial) -> list[Path]:
     return [out]
 
 
-def _decide_inputs(t: Trial) -> tuple[list[Path], Any]:
+def _decide_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     return [t.need("analysis.json", "analyze"), t.need("config.json", "render")], None
 
 
-Decider = Callable[[Any, Any, dict], dict]
+def recorded_decisions(store, trial, analysis_result: dict) -> dict:
+    """The decide stage's content: the decisions the store holds for this trial (the tuning loop
+    makes them; this stage writes them beside the trial's other files)."""
+    ds = [d for d in store.decisions(trial.study_id) if d.trial_id == trial.id]
+    return {"trial": trial.number, "config_hash": trial.config_hash, "fix": trial.fix,
+            "wall": analysis_result.get("wall"),
+            "decisions": [{"kind": d.kind, "rule": d.rule, "reason": d.reason,
+                           "evidence": d.evidence, "at": d.created_at} for d in ds]}
 
 
-def default_decider() -> Decider:
-    try:
-        from moetune.pipeline.tune.loop import decide_trial  # type: ignore[attr-defined]
-    except ImportError:
-        raise StageError("no decider: pipeline.tuner.decide_trial(store, trial, analysis) is not "
-                         "there; the tuning loop (`moetune tune`) decides instead") from None
-    return decide_trial
-
-
-def do_decide(t: Trial, decider: Decider | None = None) -> list[Path]:
-    decider = decider or default_decider()
+def do_decide(t: TrialContext) -> list[Path]:
     result = json.loads(t.path("analysis.json").read_text())
-    decision = decider(t.store, t.row, result)
+    decision = recorded_decisions(t.store, t.row, result)
     out = t.path("decision.json")
     out.write_text(json.dumps(decision, indent=1, sort_keys=True, default=str) + "\n")
     return [out]
@@ -334,7 +326,7 @@ STAGES: dict[str, tuple[Callable, Callable]] = {
     "analyze": (_analyze_inputs, do_analyze),
     "decide": (_decide_inputs, do_decide),
 }
-OPTIONS = {"submit": ("force",), "collect": ("wait", "poll_s", "timeout_s"), "decide": ("decider",)}
+OPTIONS = {"submit": ("force",), "collect": ("wait", "poll_s", "timeout_s")}
 
 
 def run_stage(store, trial_id: int, stage: str, force: bool = False, *,
@@ -342,11 +334,11 @@ def run_stage(store, trial_id: int, stage: str, force: bool = False, *,
               **options: Any) -> list[str]:
     """Run one stage of one trial (skipped when current unless force); its output paths.
 
-    Options: collect(wait=True, poll_s=2.0, timeout_s=None), decide(decider=fn(store, trial,
-    analysis) -> dict). Raises StageError (NotReady for a job still running)."""
+    Options: collect(wait=True, poll_s=2.0, timeout_s=None). Raises StageError (NotReady for a
+    job still running)."""
     if stage not in STAGES:
         raise StageError(f"unknown stage {stage!r}; stages: {', '.join(STAGE_ORDER)}")
-    t = Trial(store, trial_id, runs_root, executor)
+    t = TrialContext(store, trial_id, runs_root, executor)
     inputs_of, do = STAGES[stage]
     files, extra = inputs_of(t)
     key = inputs_hash(stage, files, extra)
@@ -362,14 +354,14 @@ def run_stage(store, trial_id: int, stage: str, force: bool = False, *,
         outputs = do(t, **kwargs)
     except NotReady:
         raise
-    except (StageError, jobs.JobError, render.RenderError) as e:
+    except MoetuneError as e:
         store.record_stage(trial_id, stage, key, [], status="failed", error=str(e), started_at=started)
         raise StageError(str(e)) from None
     store.record_stage(trial_id, stage, key, [str(p) for p in outputs], started_at=started)
     return [str(p) for p in outputs]
 
 
-def run_trial(store, trial_id: int, through: str = "analyze", **options: Any) -> dict[str, list[str]]:
+def run_stages(store, trial_id: int, through: str = "analyze", **options: Any) -> dict[str, list[str]]:
     """Every stage of a trial in order up to `through`; {stage: outputs}."""
     out = {}
     for stage in STAGE_ORDER[:STAGE_ORDER.index(through) + 1]:

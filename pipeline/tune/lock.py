@@ -8,8 +8,10 @@ import socket
 from datetime import datetime, timezone
 from pathlib import Path
 
+from moetune.pipeline.errors import MoetuneError
 
-class LockError(Exception):
+
+class LockError(MoetuneError):
     """Another tuner holds this study (one line: who, since when, what to do)."""
 
 

@@ -17,94 +17,38 @@ Decisions (store.decisions, each with its evidence):
 from __future__ import annotations
 
 import json
+import shutil
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqdm import tqdm
+
 from moetune.pipeline.decide import applied
-
 from moetune.pipeline.decide import rules as rules_mod
-
-from moetune.pipeline.trial import run as runner
 from moetune.pipeline.decide.judge import compare, judged_step
+from moetune.pipeline.errors import MoetuneError
+from moetune.pipeline.job.replay import DEFAULT_BANK, load_bank
 from moetune.pipeline.spec.config import TrainingConfig
-from moetune.pipeline.trial.run import TunerError, attr
-from moetune.pipeline.spec.section import as_dict
+from moetune.pipeline.spec.constraints import check
+from moetune.pipeline.spec.experiment import Tuning, load_experiment
+from moetune.pipeline.spec.section import as_dict, get as attr, gpu_count
+from moetune.pipeline.store import now
+from moetune.pipeline.trial import run as runner
+from moetune.pipeline.tune.lock import study_lock
+from moetune.pipeline.tune.state import StudyState, image_of, study_state
+from moetune.pipeline.tune.summary import summary
 
-JUDGED = ("keep", "revert", "not_applied", "skip")
-DEFAULTS = {"budget_trials": 8, "budget_gpu_hours": 10.0, "noise_threshold": 0.02, "patience": 3,
-            "hang_timeout_s": 600.0, "significance": 0.05}
 
-
-@dataclass
-class StudyState:
-    incumbent: object | None = None
-    pending: object | None = None
-    tried: dict = field(default_factory=dict)  # parent config hash -> {rule ids}
-    blocked: set = field(default_factory=set)  # rules not applied on this cluster + image
-    crashed: dict = field(default_factory=dict)  # rule -> trial number whose job crashed (CRASH_MARKS)
-    runs: int = 0  # trials whose job ran
-    gpu_hours: float = 0.0
-    since_keep: int = 0
-    stopped: object | None = None
-    trials: list = field(default_factory=list)
+class TunerError(MoetuneError):
+    """A problem with the study an engineer can act on (one line)."""
 
 
 def tuning_value(experiment, key: str, override=None):
+    """The experiment's tuning value; the schema's default where the section lacks it."""
     if override is not None:
         return override
     v = attr(experiment.tuning, key)
-    return DEFAULTS[key] if v is None else v
-
-
-# What a failed job's last lines show when the fix itself broke the run (a CUDA error during graph
-# capture, a native crash), rather than a layout Megatron refused, which another parent may not hit.
-# Looser than analysis/logs.py's FAILURES on purpose: those scan whole logs of runs that may have
-# finished, these only the tail of a job already known to have failed.
-CRASH_MARKS = ("CUDA error", "AcceleratorError", "cudaError", "SIGSEGV", "SIGABRT", "SIGBUS",
-               "Segmentation fault", "illegal memory access")
-CRASH_FAILURES = ("crash", "cuda_error")  # analysis/logs.py's names for the same
-
-
-def crashed(evidence: dict) -> bool:
-    """A reverted trial whose job failed with a native crash or a CUDA error: the log parser named
-    it so, or one of CRASH_MARKS is in the last lines."""
-    lines = evidence.get("last_lines") or []
-    text = "\n".join(lines) if isinstance(lines, list) else str(lines)
-    return evidence.get("state") == "failed" and (
-        evidence.get("failure") in CRASH_FAILURES or any(m in text for m in CRASH_MARKS))
-
-
-def study_state(store, study, cluster) -> StudyState:
-    st = StudyState(trials=store.trials(study.id))
-    by_id = {t.id: t for t in st.trials}
-    decisions = store.decisions(study.id)
-    judged = {d.trial_id for d in decisions if d.kind in JUDGED and d.trial_id}
-    for d in decisions:
-        parent = (d.evidence or {}).get("parent")
-        if d.rule and parent and d.kind in ("apply",) + JUDGED:
-            st.tried.setdefault(parent, set()).add(d.rule)
-        if d.kind == "keep" and d.trial_id in by_id:
-            st.incumbent, st.since_keep = by_id[d.trial_id], 0
-        elif d.kind in ("revert", "not_applied") or (d.kind == "skip" and d.trial_id):
-            st.since_keep += 1 if d.kind != "skip" else 0
-        if d.kind == "stop":
-            st.stopped = d
-        if d.kind == "revert" and d.rule and crashed(d.evidence or {}):
-            st.crashed.setdefault(d.rule, by_id[d.trial_id].number if d.trial_id in by_id else "?")
-    for t in st.trials:
-        if t.id not in judged:
-            st.pending = t
-        if t.state not in ("skipped", "pending"):
-            st.runs += 1
-            st.gpu_hours += store.metrics(t.id).get("gpu_hours", 0.0)
-    name, image = attr(cluster, "name", "cluster"), runner.image_of(cluster)
-    for s in store.studies():
-        for d in store.decisions(s.id):
-            ev = d.evidence or {}
-            if d.kind == "not_applied" and ev.get("cluster") == name and ev.get("image") == image:
-                st.blocked.add(d.rule)
-    return st
+    return Tuning.model_fields[key].default if v is None else v
 
 
 def _combined(analysis: dict | None) -> dict:
@@ -141,7 +85,7 @@ class Tuner:
             "replay": executor == "replay", "model": experiment.model.to_dict(),
             "cluster": as_dict(experiment.cluster), "tuning": as_dict(experiment.tuning),
             "baseline": experiment.baseline.to_dict()})
-        self.gpus = runner.gpus_of(experiment.baseline, experiment.cluster)
+        self.gpus = gpu_count(experiment.cluster)
 
     # -- output -------------------------------------------------------------------------
     def say(self, msg: str) -> None:
@@ -212,7 +156,7 @@ class Tuner:
         config = TrainingConfig.from_dict(inc.config)
         tried = st.tried.get(inc.config_hash, set())
         props = rules_mod.proposals(analysis, config, self.exp.model, self.exp.cluster,
-                                    self.exp.tuning, check=runner.constraint_check, rules=self.rules)
+                                    self.exp.tuning, check=check, rules=self.rules)
         ev = {"parent": inc.config_hash, "wall": analysis.get("wall"),
               "confidence": analysis.get("confidence")}
         for p in props:
@@ -258,7 +202,7 @@ class Tuner:
         values = {"state": out.state, "wall": (out.analysis or {}).get("wall"),
                   "step_time_ms": m.get("step_time_ms"), "step_time_std_ms": m.get("step_time_std_ms"),
                   "tflops_per_gpu": m.get("tflops_per_gpu") or ((out.analysis or {}).get("log") or {}).get("tflops_per_gpu"),
-                  "peak_memory_gb": m.get("peak_memory_gb"), "ended_at": runner._now()}
+                  "peak_memory_gb": m.get("peak_memory_gb"), "ended_at": now()}
         self.store.update_trial(trial.id, **values)
         scalars = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         scalars["gpu_hours"] = _gpu_hours(out.analysis, self.gpus)
@@ -296,7 +240,7 @@ class Tuner:
         if not verdict.applied:
             self.decide("not_applied", verdict.reason, trial, rid,
                         cluster=attr(self.exp.cluster, "name", "cluster"),
-                        image=runner.image_of(self.exp.cluster), **ev)
+                        image=image_of(self.exp.cluster), **ev)
             self.say(f"trial {trial.number}: {rid} not applied ({verdict.reason})")
             return
         c = compare(parent_an, out.analysis, self.rel_noise, self.alpha)
@@ -309,65 +253,18 @@ class Tuner:
             self.say(f"trial {trial.number}: {rid} reverted, {c.why()}")
 
 
-def decide_trial(store, trial, analysis: dict) -> dict:
-    """The decide stage's content (pipeline.stages): this trial's stored decisions."""
-    ds = [d for d in store.decisions(trial.study_id) if d.trial_id == trial.id]
-    return {"trial": trial.number, "config_hash": trial.config_hash, "fix": trial.fix,
-            "wall": analysis.get("wall"),
-            "decisions": [{"kind": d.kind, "rule": d.rule, "reason": d.reason,
-                           "evidence": d.evidence, "at": d.created_at} for d in ds]}
-
-
-def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
-    """The study in one dict: budget used, baseline and best, how it stopped."""
-    study = store.study(study_name)
-    trials = store.trials(study.id)
-    decisions = store.decisions(study.id)
-    kept = [d.trial_id for d in decisions if d.kind == "keep"]
-    by_id = {t.id: t for t in trials}
-    best = by_id.get(kept[-1]) if kept else None
-    base = trials[0] if trials else None
-    stop = next((d.reason for d in reversed(decisions) if d.kind == "stop"), None)
-    out = {"study": study_name, "state": study.state,
-           "trials": sum(1 for t in trials if t.state not in ("skipped", "pending")),
-           "trials_total": len(trials),
-           "skipped": sum(1 for t in trials if t.state == "skipped"),
-           "baseline_step_time_ms": base.step_time_ms if base else None,
-           "best_step_time_ms": best.step_time_ms if best else None,
-           "best_trial": best.number if best else None,
-           "best_config_hash": best.config_hash if best else None,
-           "best_config": best.config if best else None,
-           "kept_fixes": [by_id[i].fix for i in kept if i in by_id and by_id[i].fix],
-           "stop_reason": stop}
-    judged = lambda t: store.metrics(t.id).get("judged_step_time_ms") if t else None
-    out["baseline_judged_step_time_ms"] = judged(base)
-    out["best_judged_step_time_ms"] = judged(best)
-    if best and base and base.step_time_ms and best.step_time_ms:
-        out["speedup"] = round(base.step_time_ms / best.step_time_ms, 4)
-    if out["baseline_judged_step_time_ms"] and out["best_judged_step_time_ms"]:
-        out["judged_speedup"] = round(out["baseline_judged_step_time_ms"]
-                                      / out["best_judged_step_time_ms"], 4)
-    if best and runs_root is not None:
-        cmd = runner.trial_folder(runs_root, study_name, store.trial(best.id)) / "command.txt"
-        out["best_command"] = cmd.read_text().strip() if cmd.exists() else None
-    return out
-
-
 def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs",
          max_trials=None, progress: bool = True, bank_dir=None, study_name: str | None = None) -> dict:
     """Run (or resume) the study of an experiment; returns `summary`."""
-    import shutil
-    exp = runner.load_experiment(experiment_name)
+    exp = load_experiment(experiment_name)
     if executor == "auto":
         executor = "slurm" if shutil.which("sbatch") else "local"
     if executor not in ("slurm", "local", "replay"):
         raise TunerError(f"executor {executor!r}: use auto, slurm, local or replay")
     if executor == "replay":
-        from moetune.pipeline.job.replay import DEFAULT_BANK, load_bank
         bank_dir = Path(bank_dir or DEFAULT_BANK)
         load_bank(bank_dir)  # a clear error now rather than in every job
     name = study_name or (f"{exp.name}-replay" if executor == "replay" else exp.name)
-    from moetune.pipeline.tune.lock import study_lock
     with study_lock(runs_root, name):  # one tuner per study; a killed one's lock goes with it
         t = Tuner(exp, store, executor=executor, runs_root=Path(runs_root), study_name=name,
                   max_trials=max_trials, bank_dir=bank_dir, progress=progress)
@@ -376,6 +273,5 @@ def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs
 
 def _progress_bar(total: int, enabled: bool):
     """A progress bar over the trial budget (stderr; off with progress=False or no terminal)."""
-    from tqdm import tqdm
     return tqdm(total=total, desc="trials", unit="trial", disable=not enabled or not sys.stderr.isatty(),
                 leave=False)

@@ -1,0 +1,27 @@
+"""Where Nsight Systems' tools are: the one lookup every part of moetune uses.
+
+`nsys` is $MOETUNE_NSYS, else the `nsys` on PATH. Its QdstrmImporter (which turns a raw .qdstrm
+into a .nsys-rep when nsys could not run it inside the job) is $MOETUNE_QDSTRM_IMPORTER, else the
+host tools beside that nsys (Debian: /usr/lib/nsight-systems/host-linux-x64)."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from moetune.analysis.errors import TraceError
+
+
+def nsys_binary() -> str:
+    found = os.environ.get("MOETUNE_NSYS") or shutil.which("nsys")
+    if not found:
+        raise TraceError("nsys not found: install Nsight Systems (scripts/nsys-up) or set MOETUNE_NSYS")
+    return found
+
+
+def qdstrm_importer() -> str | None:
+    candidates = [os.environ.get("MOETUNE_QDSTRM_IMPORTER", "")]
+    real = Path(os.path.realpath(nsys_binary()))
+    candidates += [str(real.parent.parent / "host-linux-x64" / "QdstrmImporter"),
+                   "/usr/lib/nsight-systems/host-linux-x64/QdstrmImporter"]
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)

@@ -1,0 +1,86 @@
+"""A study's state, read from the store alone: the incumbent, the trial to judge, what was tried
+from which parent, which rules are barred and why, the budget spent. The loop keeps nothing else,
+so a tuner killed anywhere and started again sees the same state."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from moetune.pipeline.spec.section import get as attr
+
+JUDGED = ("keep", "revert", "not_applied", "skip")
+
+
+def image_of(cluster) -> str:
+    """What identifies the software on a cluster: a rule not applied is retried when it changes."""
+    for key in ("image", "container_image", "template"):
+        v = attr(cluster, key)
+        if v:
+            return str(v)
+    return "default"
+
+
+# -- one trial's stages ------------------------------------------------------------------------
+
+
+@dataclass
+class StudyState:
+    incumbent: object | None = None
+    pending: object | None = None
+    tried: dict = field(default_factory=dict)  # parent config hash -> {rule ids}
+    blocked: set = field(default_factory=set)  # rules not applied on this cluster + image
+    crashed: dict = field(default_factory=dict)  # rule -> trial number whose job crashed (CRASH_MARKS)
+    runs: int = 0  # trials whose job ran
+    gpu_hours: float = 0.0
+    since_keep: int = 0
+    stopped: object | None = None
+    trials: list = field(default_factory=list)
+
+
+# What a failed job's last lines show when the fix itself broke the run (a CUDA error during graph
+# capture, a native crash), rather than a layout Megatron refused, which another parent may not hit.
+# Looser than analysis/logs.py's FAILURES on purpose: those scan whole logs of runs that may have
+# finished, these only the tail of a job already known to have failed.
+CRASH_MARKS = ("CUDA error", "AcceleratorError", "cudaError", "SIGSEGV", "SIGABRT", "SIGBUS",
+               "Segmentation fault", "illegal memory access")
+CRASH_FAILURES = ("crash", "cuda_error")  # analysis/logs.py's names for the same
+
+
+def crashed(evidence: dict) -> bool:
+    """A reverted trial whose job failed with a native crash or a CUDA error: the log parser named
+    it so, or one of CRASH_MARKS is in the last lines."""
+    lines = evidence.get("last_lines") or []
+    text = "\n".join(lines) if isinstance(lines, list) else str(lines)
+    return evidence.get("state") == "failed" and (
+        evidence.get("failure") in CRASH_FAILURES or any(m in text for m in CRASH_MARKS))
+
+
+def study_state(store, study, cluster) -> StudyState:
+    st = StudyState(trials=store.trials(study.id))
+    by_id = {t.id: t for t in st.trials}
+    decisions = store.decisions(study.id)
+    judged = {d.trial_id for d in decisions if d.kind in JUDGED and d.trial_id}
+    for d in decisions:
+        parent = (d.evidence or {}).get("parent")
+        if d.rule and parent and d.kind in ("apply",) + JUDGED:
+            st.tried.setdefault(parent, set()).add(d.rule)
+        if d.kind == "keep" and d.trial_id in by_id:
+            st.incumbent, st.since_keep = by_id[d.trial_id], 0
+        elif d.kind in ("revert", "not_applied") or (d.kind == "skip" and d.trial_id):
+            st.since_keep += 1 if d.kind != "skip" else 0
+        if d.kind == "stop":
+            st.stopped = d
+        if d.kind == "revert" and d.rule and crashed(d.evidence or {}):
+            st.crashed.setdefault(d.rule, by_id[d.trial_id].number if d.trial_id in by_id else "?")
+    for t in st.trials:
+        if t.id not in judged:
+            st.pending = t
+        if t.state not in ("skipped", "pending"):
+            st.runs += 1
+            st.gpu_hours += store.metrics(t.id).get("gpu_hours", 0.0)
+    name, image = attr(cluster, "name", "cluster"), image_of(cluster)
+    for s in store.studies():
+        for d in store.decisions(s.id):
+            ev = d.evidence or {}
+            if d.kind == "not_applied" and ev.get("cluster") == name and ev.get("image") == image:
+                st.blocked.add(d.rule)
+    return st

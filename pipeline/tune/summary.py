@@ -1,0 +1,42 @@
+"""A study in one dict: budget used, baseline and best, how it stopped (what `moetune status`,
+the reports and `moetune tune` print)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from moetune.pipeline.trial.run import trial_folder
+
+
+def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
+    """The study in one dict: budget used, baseline and best, how it stopped."""
+    study = store.study(study_name)
+    trials = store.trials(study.id)
+    decisions = store.decisions(study.id)
+    kept = [d.trial_id for d in decisions if d.kind == "keep"]
+    by_id = {t.id: t for t in trials}
+    best = by_id.get(kept[-1]) if kept else None
+    base = trials[0] if trials else None
+    stop = next((d.reason for d in reversed(decisions) if d.kind == "stop"), None)
+    out = {"study": study_name, "state": study.state,
+           "trials": sum(1 for t in trials if t.state not in ("skipped", "pending")),
+           "trials_total": len(trials),
+           "skipped": sum(1 for t in trials if t.state == "skipped"),
+           "baseline_step_time_ms": base.step_time_ms if base else None,
+           "best_step_time_ms": best.step_time_ms if best else None,
+           "best_trial": best.number if best else None,
+           "best_config_hash": best.config_hash if best else None,
+           "best_config": best.config if best else None,
+           "kept_fixes": [by_id[i].fix for i in kept if i in by_id and by_id[i].fix],
+           "stop_reason": stop}
+    judged = lambda t: store.metrics(t.id).get("judged_step_time_ms") if t else None
+    out["baseline_judged_step_time_ms"] = judged(base)
+    out["best_judged_step_time_ms"] = judged(best)
+    if best and base and base.step_time_ms and best.step_time_ms:
+        out["speedup"] = round(base.step_time_ms / best.step_time_ms, 4)
+    if out["baseline_judged_step_time_ms"] and out["best_judged_step_time_ms"]:
+        out["judged_speedup"] = round(out["baseline_judged_step_time_ms"]
+                                      / out["best_judged_step_time_ms"], 4)
+    if best and runs_root is not None:
+        cmd = trial_folder(runs_root, study_name, store.trial(best.id)) / "command.txt"
+        out["best_command"] = cmd.read_text().strip() if cmd.exists() else None
+    return out
