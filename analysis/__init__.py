@@ -3,7 +3,6 @@
 Public API
     analyze(paths, log=None, gpu_memory_gb=None) -> dict   # wall, confidence, evidence, metrics, log
     TraceError                                              # one-line message naming the file
-    cli_main(argv) -> int                                   # `moetune analyze ...`; 0 ok, 2 bad input
     logs.parse_log(path) -> dict                            # Megatron log (plain or .xz)
 
 `paths`: .sqlite, .sqlite.xz or .nsys-rep files, or folders of them; one file per rank or node, and
@@ -35,7 +34,7 @@ from moetune.analysis.errors import TraceError
 
 TRACE_SUFFIXES = (".sqlite", ".sqlite.xz", ".nsys-rep")
 
-__all__ = ["analyze", "TraceError", "trace_files", "cli_main"]
+__all__ = ["analyze", "TraceError", "trace_files"]
 
 
 def trace_files(paths) -> list[Path]:
@@ -139,8 +138,3 @@ def analyze(paths=(), log=None, gpu_memory_gb: float | None = None) -> dict:
         "gpu_memory_gb": gpu_memory_gb,
         "sources": [str(p) for p in trace_files(paths)] + ([str(log)] if log else []),
     }
-
-
-def cli_main(argv: list[str]) -> int:
-    from moetune.analysis.cli import main
-    return main(argv)

@@ -1,10 +1,11 @@
-"""`moetune analyze` as a function (analysis.cli_main): formats, folders of rank files, log-only
+"""`moetune analyze` as a function (moetune.analysis.cli.main): formats, folders of rank files, log-only
 runs, --gpu-memory-gb, and one-line errors with exit 2."""
 import json
 
 import pytest
 
 from moetune import analysis
+from moetune.analysis.cli import main as analyze_main
 from tests.nsys_fixture import PID, TraceBuilder
 
 GEMM = "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT"
@@ -24,7 +25,7 @@ def _rank(path, a2a_us):
 
 
 def _one_line_error(capsys, argv, *must_contain):
-    assert analysis.cli_main(argv) == 2
+    assert analyze_main(argv) == 2
     cap = capsys.readouterr()
     err = cap.err.strip()
     assert len(err.splitlines()) == 1, err
@@ -39,7 +40,7 @@ def test_folder_is_one_rank_per_file_and_formats(tmp_path, capsys):
     d.mkdir()
     _rank(d / "trace_0.sqlite", a2a_us=500)
     _rank(d / "trace_1.sqlite", a2a_us=300)
-    assert analysis.cli_main([str(d), "--format", "json"]) == 0
+    assert analyze_main([str(d), "--format", "json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert set(r["metrics"]["per_rank"]) == {"0", "1"}
     c = r["metrics"]["combined"]
@@ -49,10 +50,10 @@ def test_folder_is_one_rank_per_file_and_formats(tmp_path, capsys):
     assert c["a2a_wait_ms"] == pytest.approx((0.2 + 0.0) / 2, abs=1e-3)
     assert r["metrics"]["per_rank"]["0"]["a2a_wait_ms"] == pytest.approx(0.2, abs=1e-3)
     assert r["wall"] == "communication"
-    assert analysis.cli_main([str(d), "--format", "markdown"]) == 0
+    assert analyze_main([str(d), "--format", "markdown"]) == 0
     md = capsys.readouterr().out
     assert md.startswith("**Wall: communication**") and "| exposed_comm_share |" in md
-    assert analysis.cli_main([str(d)]) == 0
+    assert analyze_main([str(d)]) == 0
     text = capsys.readouterr().out
     assert text.splitlines()[0].startswith("wall: communication")
 
@@ -60,9 +61,9 @@ def test_folder_is_one_rank_per_file_and_formats(tmp_path, capsys):
 def test_gpu_memory_gb_option_sets_capacity(tmp_path, capsys):
     b = TraceBuilder(gpu_memory_gb=80).kernel(GEMM, 0, 1000).alloc(0, 9 * 2**30)
     p = b.write(tmp_path / "m.sqlite")
-    assert analysis.cli_main([str(p), "--format", "json"]) == 0
+    assert analyze_main([str(p), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["wall"] != "memory"  # 9 of 80 GB
-    assert analysis.cli_main([str(p), "--format", "json", "--gpu-memory-gb", "9.5"]) == 0
+    assert analyze_main([str(p), "--format", "json", "--gpu-memory-gb", "9.5"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["wall"] == "memory"
     assert any(e["metric"] == "memory_used_share" for e in r["evidence"])
@@ -73,7 +74,7 @@ def test_log_only_run(tmp_path, capsys):
     log.write_text("[2026-11-22 10:00:00] iteration        1/      20 | consumed samples:            8 |"
                    " elapsed time per iteration (ms): 900.0 | throughput per GPU (TFLOP/s/GPU): 35.1 |\n"
                    "slurmstepd: error: *** JOB 12 ON node1 CANCELLED AT 2026-11-22T10:05:00 DUE TO TIME LIMIT ***\n")
-    assert analysis.cli_main(["--log", str(log), "--format", "json"]) == 0
+    assert analyze_main(["--log", str(log), "--format", "json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["log"]["failure"] == "time_limit" and r["log"]["tflops_per_gpu"] == pytest.approx(35.1)
     assert r["wall"] == "unknown"

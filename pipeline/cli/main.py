@@ -34,8 +34,8 @@ def cmd_check(args, rest):
 
 
 def cmd_analyze(args, rest):
-    from moetune import analysis
-    return analysis.cli_main(rest)
+    from moetune.analysis import cli
+    return cli.main(rest)
 
 
 def cmd_tune(args, _rest):
