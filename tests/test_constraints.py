@@ -174,3 +174,15 @@ def test_check_cli_usage_errors_and_no_separator(capsys):
     assert main(["--gpus", "6", "--num-layers", "8", "--num-attention-heads", "16", "--num-experts", "16",
                  "--expert-model-parallel-size", "4", "--micro-batch-size", "1", "--global-batch-size", "6"]) == 1
     assert "expert_folding" in capsys.readouterr().out
+
+
+def test_check_cli_names_an_argument_megatron_lacks(capsys):
+    """A mistyped flag is named (with the flag meant), not read as absent: EP is not taken as 1,
+    so the overlap flag is not blamed for it. Megatron's recorded option strings, no venv needed."""
+    from moetune.pipeline.cli.check import main
+    assert main(["--gpus", "16", "--no-megatron-parser", "--", "--num-layers", "8",
+                 "--num-attention-heads", "16", "--num-experts", "16", "--expert-model-paralel-size", "8",
+                 "--overlap-moe-expert-parallel-comm", "--stand-in-busy=0.5"]) == 1
+    assert capsys.readouterr().out.strip().splitlines() == [
+        "not a Megatron argument: --expert-model-paralel-size (did you mean --expert-model-parallel-size?)",
+        "not a Megatron argument: --stand-in-busy"]

@@ -85,3 +85,17 @@ def test_the_device_te_configs_are_accepted_by_megatron():
     named = dict(zip((n for n, _ in bank_configs.TE_CONFIGS), argvs))
     no_te = mv.validate([named["te_gg_overlap_wgrad"], named["te_gg_fp8"]], 2, has_te=False)
     assert all(no_te), no_te
+
+
+def test_recorded_flags_are_megatrons_parser():
+    """spec/megatron_flags.txt (what `moetune check` reads without the venv) is Megatron's parser."""
+    assert mv.recorded_flags() == mv.known_flags()
+
+
+def test_check_cli_reports_what_megatrons_parser_refuses(capsys):
+    from moetune.pipeline.cli.check import main
+    assert main(["--gpus", "8", "--", "--num-layers", "8", "--num-attention-heads", "16",
+                 "--num-experts", "16", "--moe-token-dispatcher-type", "alltoal"]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("Megatron's parser refuses it:")
+    assert "--moe-token-dispatcher-type: invalid choice: 'alltoal'" in out[0]

@@ -4,9 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from moetune.pipeline.cli.common import add_gpu_args, exit_code
+from moetune.pipeline.spec import megatron_validate as megatron
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.constraints import check
-from moetune.pipeline.cli.common import add_gpu_args, exit_code
 from moetune.pipeline.spec.experiment import ConfigError, load_experiment
 from moetune.pipeline.spec.model import ModelArch
 
@@ -19,24 +20,28 @@ def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="moetune check",
                                 description="Check a Megatron command line against the combinations "
                                             "Megatron and the MoE guidance forbid. Prints ok, or one "
-                                            "line per violation (exit 1).")
+                                            "line per violation (exit 1). An argument Megatron does "
+                                            "not have is a violation; where .venv-megatron exists, "
+                                            "Megatron's own parser reads the arguments too.")
     add_gpu_args(p, "world size (default: the experiment's, else 8)")
     p.add_argument("--experiment", help="take the model and cluster from experiments/NAME.yaml")
     p.add_argument("--no-te", action="store_true", help="the image has no Transformer Engine")
     p.add_argument("--deep-ep", action="store_true", help="the image has deep_ep")
+    p.add_argument("--no-megatron-parser", action="store_true",
+                   help="skip Megatron's own parser even where .venv-megatron exists (it takes ~10 s)")
     if "--" in argv:
         i = argv.index("--")
-        args, megatron = p.parse_args(argv[:i]), argv[i + 1:]
+        args, argv = p.parse_args(argv[:i]), argv[i + 1:]
     else:  # no separator: moetune's own options where they are given, the rest is Megatron's
-        args, megatron = p.parse_known_args(argv)
-    if not megatron:
+        args, argv = p.parse_known_args(argv)
+    if not argv:
         p.error("give the Megatron arguments after --")
     try:
         exp = load_experiment(args.experiment) if args.experiment else None
     except ConfigError as e:
         print(f"moetune check: {e}", file=sys.stderr)
         return 2
-    model = exp.model if exp else ModelArch.from_args(megatron)
+    model = exp.model if exp else ModelArch.from_args(argv)
     cluster = dict(exp.cluster.model_dump()) if exp else {"nodes": 1, "gpus_per_node": 8,
                                                          "gpu_type": "H100", "has_deep_ep": False}
     if args.gpus:
@@ -47,15 +52,24 @@ def _main(argv: list[str]) -> int:
         cluster["has_transformer_engine"] = False
     if args.deep_ep:
         cluster["has_deep_ep"] = True
-    try:
-        config = TrainingConfig.from_args(megatron)
-    except (TypeError, ValueError) as e:
-        print(f"moetune check: cannot read the arguments: {e}", file=sys.stderr)
-        return 2
-    violations = check(config, model, cluster)
-    if not violations:
+    # a mistyped flag would be read as absent and its default blamed: name it, and judge nothing
+    # else of an argv that is not the one meant
+    problems = [f"not a Megatron argument: {flag}" for flag in megatron.unknown_flags(argv)]
+    if not args.no_megatron_parser and megatron.available():
+        refusal = megatron.parser_refusal(argv)
+        if refusal:
+            problems.append(f"Megatron's parser refuses it: {refusal}")
+    if not problems:
+        try:
+            config = TrainingConfig.from_args(argv)
+        except (TypeError, ValueError) as e:
+            print(f"moetune check: cannot read the arguments: {e}", file=sys.stderr)
+            return 2
+        problems = [str(v) for v in check(config, model, cluster)]
+    if not problems:
         print("ok")
         return 0
-    for v in violations:
-        print(v)
+    for line in problems:
+        print(line)
     return 1
+

@@ -7,6 +7,7 @@ Each argv gets `None` (accepted) or the first line of Megatron's refusal.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import subprocess
@@ -131,6 +132,67 @@ def known_flags() -> set[str]:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise MegatronUnavailable(f"megatron parser did not run: {tail}")
     return set(json.loads(marker[-1][2:]))
+
+
+_PARSE_PROBE = r'''
+import contextlib, io, json, sys
+import megatron.training.arguments as arguments
+sys.argv = ["pretrain_gpt.py"] + json.loads(sys.stdin.read())
+err = io.StringIO()
+try:
+    with contextlib.redirect_stderr(err):
+        arguments.parse_args()
+    print("@@" + json.dumps(None))
+except SystemExit:
+    lines = [l for l in err.getvalue().splitlines() if l.strip()]
+    print("@@" + json.dumps(lines[-1] if lines else "refused"))
+'''
+
+
+def parser_refusal(argv: list[str]) -> str | None:
+    """What Megatron's own argument parser says of an argv (an unknown argument, a value of the
+    wrong type or outside its choices), or None; only parsing, not validate_args."""
+    if not available():
+        raise MegatronUnavailable(f"{VENV_PYTHON} missing; run scripts/megatron-venv")
+    proc = subprocess.run([str(VENV_PYTHON), "-c", _PARSE_PROBE], input=json.dumps(list(argv)),
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
+    if not marker:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise MegatronUnavailable(f"megatron parser did not run: {tail}")
+    return json.loads(marker[-1][2:])
+
+
+# Megatron's option strings, recorded from its parser (known_flags) so that a check needs no venv
+FLAGS_FILE = Path(__file__).with_name("megatron_flags.txt")
+
+
+def recorded_flags() -> frozenset[str]:
+    lines = FLAGS_FILE.read_text().splitlines()
+    return frozenset(ln.strip() for ln in lines if ln.strip() and not ln.startswith("#"))
+
+
+def unknown_flags(argv: list[str]) -> list[str]:
+    """The options in an argv that Megatron's parser does not have (it allows no abbreviations),
+    each with the closest known one where there is one: ["--x (did you mean --y?)"]."""
+    known = recorded_flags()
+    out = []
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        if not flag.startswith("-") or flag in known or _is_number(flag):
+            continue
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.8)
+        out.append(flag + (f" (did you mean {close[0]}?)" if close else ""))
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
 
 
 if __name__ == "__main__":
