@@ -3,12 +3,14 @@ pipeline/ (moetune.pipeline) sits beside experiments/ and sbatch_templates/, so 
 from this file, wherever the package lives."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PIPELINE = Path(__file__).resolve().parent
 ROOT = PIPELINE.parent  # the checkout (or site-packages/moetune when installed)
 EXPERIMENTS = ROOT / "experiments"
 TEMPLATES = ROOT / "sbatch_templates"
-RULES_FILE = PIPELINE / "decide" / "rules.yaml"
+# the fixes the tuner may try; a team may keep its own table ($MOETUNE_RULES)
+RULES_FILE = Path(os.environ.get("MOETUNE_RULES") or PIPELINE / "decide" / "rules.yaml")
 WORKLOADS = PIPELINE / "job"  # scripts that run inside the job, by path (the image lacks moetune)
 TRIAL_BANK = ROOT / "benchmarks" / "trial_bank"  # in a checkout only: the demo's recorded trials

@@ -106,8 +106,8 @@ class Proposal:
         return not self.refused
 
 
-def load_rules(path: str | Path = RULES_FILE) -> list[Rule]:
-    path = Path(path)
+def load_rules(path: str | Path | None = None) -> list[Rule]:
+    path = Path(path or RULES_FILE)
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
