@@ -118,3 +118,8 @@ def test_local_job_outlives_a_killed_tuner_and_is_collected(make_trial):
     stages.resume(store, study_id, poll_s=0.3, timeout_s=60)
     assert store.trial(tid).state == "completed"
     assert "iteration       30/      30" in (Path(store.trial(tid).folder) / "log.txt").read_text()
+
+
+def test_the_cli_offers_the_stages_in_their_order():
+    from moetune.pipeline.cli.main import STAGE_NAMES
+    assert STAGE_NAMES == stages.STAGE_ORDER == tuple(stages.STAGES)

@@ -1,0 +1,71 @@
+"""A regular install works from anywhere: the wheel built from this checkout, installed into a
+fresh venv, plans, checks and tunes the CPU stand-in from another directory, with the experiments
+and job templates it ships; and it claims no top-level name but `moetune`."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(cmd, cwd, timeout=600):
+    r = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"{cmd}: {r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(the wheel, the fresh venv's bin folder)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp / "dist", REPO], cwd=tmp)
+    wheel, = (tmp / "dist").glob("moetune-*.whl")
+    run([sys.executable, "-m", "venv", tmp / "venv"], cwd=tmp)
+    run([tmp / "venv" / "bin" / "python", "-m", "pip", "install", "-q", wheel], cwd=tmp)
+    return wheel, tmp / "venv" / "bin"
+
+
+def test_the_wheel_claims_only_moetune(installed):
+    wheel, _ = installed
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"moetune"}
+    for shipped in ("moetune/experiments/qwen3_235b.yaml", "moetune/sbatch_templates/sbatch.j2",
+                    "moetune/pipeline/decide/rules.yaml", "moetune/pipeline/spec/megatron_flags.txt",
+                    "moetune/pipeline/job/cpu_workload.py", "moetune/analysis/__init__.py"):
+        assert shipped in names
+
+
+def test_plan_and_check_from_another_directory(installed, tmp_path):
+    _, bin_ = installed
+    out = run([bin_ / "moetune", "plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100"], cwd=tmp_path)
+    assert out.startswith("qwen3_235b on 256x H100") and "GB/GPU" in out
+    out = run([bin_ / "moetune", "check", "--gpus", "8", "--", "--num-layers", "8", "--num-attention-heads",
+               "16", "--num-experts", "16", "--expert-model-parallel-size", "8", "--micro-batch-size", "1",
+               "--global-batch-size", "64"], cwd=tmp_path)
+    assert out.strip() == "ok"
+
+
+def test_tune_the_cpu_stand_in_from_another_directory(installed, tmp_path):
+    _, bin_ = installed
+    exp = yaml.safe_load((REPO / "experiments" / "moe_proxy.yaml").read_text())
+    exp["name"] = "wheel_stand_in"
+    exp["cluster"] = {"name": "cpu-1node", "template": "venv", "workload": "cpu_stand_in", "nodes": 1,
+                      "gpus_per_node": 2, "ntasks_per_node": 1, "time_limit": "00:05:00", "nsys": "off",
+                      "has_transformer_engine": False, "stand_in": {"ms_per_iter": 30}}
+    exp["tuning"] = {"budget_trials": 2, "patience": 1}
+    exp["baseline"] = dict(exp["baseline"], train_iters=10, profile_step_start=4, profile_step_end=7)
+    (tmp_path / "wheel_stand_in.yaml").write_text(yaml.safe_dump(exp))
+    out = run([bin_ / "moetune", "tune", "wheel_stand_in.yaml", "--executor", "local", "--no-progress"],
+              cwd=tmp_path)
+    assert "study wheel_stand_in:" in out
+    assert (tmp_path / "reports" / "wheel_stand_in.md").exists()
+    assert (tmp_path / ".moetune" / "moetune.db").exists()
+    log = next((tmp_path / "runs" / "wheel_stand_in").glob("*/log.txt")).read_text()
+    assert "iteration" in log  # the installed workload script ran as the job
