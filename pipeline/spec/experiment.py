@@ -16,6 +16,7 @@ from moetune.pipeline.paths import EXPERIMENTS
 from moetune.pipeline.spec import gpus
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.model import ModelArch
+from moetune.pipeline.spec.section import gpu_count
 
 GpuType = Literal[gpus.GPU_TYPES]  # type: ignore[valid-type]
 
@@ -63,7 +64,7 @@ class Cluster(_Strict):
 
     @property
     def gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return gpu_count(self)
 
     @property
     def memory_gb(self) -> float:
