@@ -51,11 +51,8 @@ class NotReady(StageError):
 
 # -- hashing and currency ----------------------------------------------------------------------
 def file_hash(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def inputs_hash(stage: str, files: list[Path], extra: Any = None) -> str:
