@@ -14,3 +14,12 @@ TEMPLATES = ROOT / "sbatch_templates"
 RULES_FILE = Path(os.environ.get("MOETUNE_RULES") or PIPELINE / "decide" / "rules.yaml")
 WORKLOADS = PIPELINE / "job"  # scripts that run inside the job, by path (the image lacks moetune)
 TRIAL_BANK = ROOT / "benchmarks" / "trial_bank"  # in a checkout only: the demo's recorded trials
+
+
+def trial_folder(runs_root, study_name: str, trial) -> Path:
+    """A trial's files: the folder its render stage recorded, else <runs>/<study>/<trial id>/
+    (runs: the runs_root given, else $MOETUNE_RUNS, else runs/ here)."""
+    if getattr(trial, "folder", None):
+        return Path(trial.folder)
+    root = Path(runs_root or os.environ.get("MOETUNE_RUNS", "runs"))
+    return (root / study_name / str(trial.id)).resolve()

@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-from moetune.pipeline.tune.state import JUDGED
 from moetune.pipeline.tune.summary import summary
 
 

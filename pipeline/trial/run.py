@@ -20,7 +20,6 @@ import submitit
 
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.job.replay import replay_job
-from moetune.pipeline.spec.section import get as attr
 from moetune.pipeline.store import now
 from moetune.pipeline.trial import stages
 
@@ -34,13 +33,6 @@ class TrialOutcome:
     analysis: dict | None = None
     error: str | None = None
     last_lines: list[str] = field(default_factory=list)
-
-
-def trial_folder(runs_root: Path, study: str, trial) -> Path:
-    """Where the trial's stages keep its files."""
-    if getattr(trial, "folder", None):
-        return Path(trial.folder)
-    return (Path(runs_root) / study / str(trial.id)).resolve()
 
 
 def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path, force: bool = False) -> None:

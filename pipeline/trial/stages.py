@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 from dataclasses import asdict
@@ -30,6 +29,7 @@ from moetune import analysis
 from moetune.analysis.nsys import nsys_binary, qdstrm_importer
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job import render
+from moetune.pipeline.paths import trial_folder
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.spec.config import TrainingConfig, run_args
 from moetune.pipeline.spec.experiment import load_experiment
@@ -81,9 +81,7 @@ class TrialContext:
         with store.session() as s:
             self.study = s.get(Study, self.row.study_id)
         self.experiment = dict(self.study.experiment or {})
-        root = Path(runs_root or os.environ.get("MOETUNE_RUNS", "runs"))
-        self.folder = Path(self.row.folder) if self.row.folder else \
-            (root / self.study.name / str(self.row.id)).resolve()
+        self.folder = trial_folder(runs_root, self.study.name, self.row)
         self.executor = executor or self.experiment.get("executor") or "auto"
 
     @property

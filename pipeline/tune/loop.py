@@ -28,6 +28,7 @@ from moetune.pipeline.decide import rules as rules_mod
 from moetune.pipeline.decide.judge import compare, judged_step
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job.replay import DEFAULT_BANK, load_bank
+from moetune.pipeline.paths import trial_folder
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.constraints import check
 from moetune.pipeline.spec.experiment import Tuning, load_experiment
@@ -56,7 +57,7 @@ def _combined(analysis: dict | None) -> dict:
 
 
 def _load_analysis(store, runs_root: Path, study: str, trial) -> dict | None:
-    p = runner.trial_folder(runs_root, study, store.trial(trial.id)) / "analysis.json"
+    p = trial_folder(runs_root, study, store.trial(trial.id)) / "analysis.json"
     return json.loads(p.read_text()) if p.exists() else None
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moetune.pipeline.trial.run import trial_folder
+from moetune.pipeline.paths import trial_folder
 
 
 def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
