@@ -56,7 +56,10 @@ def test_container_template_uses_pyxis(tmp_path):
     sh = render.render_job(spec)["job.sh"]
     bash_parses(sh)
     assert "--container-image=nvcr.io/nvidia/pytorch:25.01-py3" in sh
-    assert f"--container-mounts={spec.folder}:{spec.folder},{spec.workdir}:{spec.workdir},/lustre/data:/data" in sh
+    # the trial folder, where the job runs, and the workload scripts (they run by their path)
+    assert (f"--container-mounts={spec.folder}:{spec.folder},{spec.workdir}:{spec.workdir},"
+            f"{spec.workload_dir}:{spec.workload_dir},/lustre/data:/data") in sh
+    assert spec.command[2].startswith(spec.workload_dir + "/")
     assert "source " not in sh  # no venv inside a container
     venv = render.render_job(spec_of(tmp_path, {"venv": "/opt/venv", "modules": ["cuda/12.8"]}))["job.sh"]
     assert "module load cuda/12.8" in venv and "source /opt/venv/bin/activate" in venv

@@ -9,9 +9,9 @@ from pathlib import Path
 from moetune.analysis.errors import TraceError
 from moetune.pipeline.errors import MoetuneError
 
-# the stage names `moetune stage` takes, in their order (trial/stages.py STAGE_ORDER; a test keeps
-# the two equal, since importing the stages here would load the whole pipeline for `--help`)
-STAGE_NAMES = ("render", "submit", "collect", "export", "analyze", "decide")
+# the stage names `moetune stage` takes, in their order (trial/stages.py FIT and STAGE_ORDER; a
+# test keeps them equal, since importing the stages here would load the whole pipeline for `--help`)
+STAGE_NAMES = ("fit", "render", "submit", "collect", "export", "analyze", "decide")
 
 
 class UserError(MoetuneError):
@@ -36,6 +36,14 @@ def cmd_check(args, rest):
 def cmd_analyze(args, rest):
     from moetune.analysis import cli
     return cli.main(rest)
+
+
+def cmd_fit(args, _rest):
+    from moetune.pipeline.cli import fit
+    fitted, tid = fit.run(_store(args), args)
+    layout = ", ".join(f"{k}={getattr(args, k)}" for k in fit.LAYOUT_OPTIONS if getattr(args, k) is not None)
+    print(fit.render(fitted, f"{args.model} ({layout or 'baseline layout'}), trial {tid}"))
+    return 0 if fitted["fits"] else 1
 
 
 def cmd_tune(args, _rest):
@@ -122,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--max-trials", type=int, default=None,
                         help="override the experiment's trial budget")
         sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    sp = add("fit", cmd_fit, "measure a layout's memory-bounding ranks on one GPU each (Megatron's "
+             "fake process group) and say whether it fits; exit 1 when it does not")
+    from moetune.pipeline.cli.fit import add_arguments
+    add_arguments(sp)
 
     sp = add("stage", cmd_stage, "re-run one stage of one trial by hand")
     sp.add_argument("stage", choices=STAGE_NAMES)

@@ -148,6 +148,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stand-in-ms-per-iter", type=float, default=50.0)
     p.add_argument("--stand-in-busy", type=float, default=1.0)
     p.add_argument("--stand-in-alloc-mb", type=int, default=0)
+    p.add_argument("--fake-process-group", action="store_true")  # a fit: this rank runs alone
     args, _megatron_flags = p.parse_known_args(argv)
     return args
 
@@ -179,12 +180,13 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(rest)
         nvtx.pop()
         ms = (time.perf_counter() - t0) * 1000
-        if rank == 0:
+        if rank == 0 or args.fake_process_group:  # alone in a fit, a rank reports as Megatron's would
             print(iteration_line(it, args.train_iters, ms, args.global_batch_size), flush=True)
             if it == 1:
                 max_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
                 print(f"[Rank {rank}] (after {it} iterations) memory (MB) | allocated: "
-                      f"{max_mb:.1f} | max allocated: {max_mb:.1f}", flush=True)
+                      f"{max_mb:.1f} | max allocated: {max_mb:.1f} | reserved: {max_mb:.1f} | "
+                      f"max reserved: {max_mb:.1f}", flush=True)
     return 0
 
 

@@ -86,6 +86,10 @@ class JobSpec:
     container_mounts: tuple[str, ...] = ()
     modules: tuple[str, ...] = ()
     venv: str | None = None
+    workload_dir: str = str(WORKLOAD_DIR)  # mounted into a container: the workload runs by its path
+    # a fit (spec/fit.py): these ranks of a world of fit_world, one after another on one GPU
+    fit_ranks: tuple[int, ...] = ()
+    fit_world: int = 0
 
     @property
     def ntasks(self) -> int:
@@ -131,8 +135,10 @@ def config_env(config: Mapping[str, Any], extra: Mapping[str, Any] | None = None
 
 
 def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[str], cluster: Any,
-             launcher: str = "srun") -> JobSpec:
-    """Everything one trial's job needs. `argv`: the Megatron argv (TrainingConfig.to_args)."""
+             launcher: str = "srun", fit: tuple[tuple[int, ...], int] | None = None) -> JobSpec:
+    """Everything one trial's job needs. `argv`: the Megatron argv (TrainingConfig.to_args).
+    `fit`: (ranks, world size): the job is a fit, those ranks one after another on one GPU of one
+    node (spec/fit.py), not profiled."""
     template = str(_get(cluster, "template", "venv"))
     if template not in TEMPLATE_FILES:
         raise RenderError(f"cluster.template {template!r}: allowed {sorted(TEMPLATE_FILES)}")
@@ -147,6 +153,9 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
     if workload == "cpu_stand_in":
         gpus = 0
     tasks = int(_get(cluster, "ntasks_per_node", gpus or 1))
+    nodes = int(_get(cluster, "nodes", 1))
+    if fit:
+        nodes, tasks, gpus = 1, 1, min(gpus, 1)
     # the interpreter of the container or of cluster.venv; with neither, the one running moetune
     own_python = template == "venv" and not _get(cluster, "venv")
     python = str(_get(cluster, "python", sys.executable if own_python else "python"))
@@ -160,21 +169,22 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
     rank_var = "SLURM_PROCID" if launcher == "srun" else "RANK"
     ranks = tuple(int(r) for r in _get(cluster, "profile_ranks", [0, 1]))  # ranks a job lacks never match
     nsys = None
-    if _get(cluster, "nsys", "nsys") not in ("", "off", False):
+    if _get(cluster, "nsys", "nsys") not in ("", "off", False) and not fit:
         nsys = NsysSpec(binary=str(_get(cluster, "nsys", "nsys")), options=NSYS_MODES[workload],
                         ranks=ranks,
                         output=folder.replace("%", "%%") + f"/trace_%q{{{rank_var}}}")
     venv = _get(cluster, "venv")
     return JobSpec(
         name=name, folder=folder, workdir=str(_get(cluster, "workdir", Path.cwd())), template=template,
-        launcher=launcher, nodes=int(_get(cluster, "nodes", 1)), ntasks_per_node=tasks,
+        launcher=launcher, nodes=nodes, ntasks_per_node=tasks,
         gpus_per_node=gpus, cpus_per_task=int(_get(cluster, "cpus_per_task", 1)),
         mem=_get(cluster, "mem", _get(cluster, "mem_per_node")), time_min=time_minutes(_get(cluster, "time_limit", 30)),
         partition=_get(cluster, "partition"), account=_get(cluster, "account"),
         command=tuple(command), env=tuple(sorted(config_env(config, _get(cluster, "env", {})).items())),
         nsys=nsys, container_image=_get(cluster, "container_image"),
         container_mounts=tuple(_get(cluster, "container_mounts", ())),
-        modules=tuple(_get(cluster, "modules", ())), venv=str(venv) if venv else None)
+        modules=tuple(_get(cluster, "modules", ())), venv=str(venv) if venv else None,
+        fit_ranks=tuple(fit[0]) if fit else (), fit_world=int(fit[1]) if fit else 0)
 
 
 def shell_word(value: Any) -> str:

@@ -84,6 +84,9 @@ class Tuning(_Strict):
     patience: int = Field(default=3, gt=0)
     hang_timeout_s: float = Field(default=900.0, gt=0)
     allow_token_drop: bool = False  # token drop changes the model's quality: opt in
+    # fit each multi-GPU layout on one GPU before it is submitted (spec/fit.py); None: when the
+    # workload is a real training (the CPU stand-in's memory means nothing)
+    fit_first: bool | None = None
 
 
 class ExperimentFile(_Strict):

@@ -33,6 +33,7 @@ class TrialOutcome:
     analysis: dict | None = None
     error: str | None = None
     last_lines: list[str] = field(default_factory=list)
+    fit: dict | None = None  # the fit that let the trial onto the cluster (or kept it off)
 
 
 def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path, force: bool = False) -> None:
@@ -151,8 +152,28 @@ def record_decide(store, trial, runs_root: Path, executor: str) -> None:
 
 
 def run_trial(store, trial, experiment, *, executor: str, runs_root: Path, study: str,
-              bank_dir: Path | None = None, hang_timeout_s: float = 600.0) -> TrialOutcome:
-    """All stages of one trial (the demo's submit replays the bank); the outcome the tuner judges."""
+              bank_dir: Path | None = None, hang_timeout_s: float = 600.0,
+              fit_first: bool = False) -> TrialOutcome:
+    """All stages of one trial (the demo's submit replays the bank); the outcome the tuner judges.
+    `fit_first`: measure the layout on one GPU first and submit nothing that does not fit."""
+    kind = "local" if executor == "replay" else executor
+    opts = {"runs_root": runs_root, "executor": kind}
+    fitted = None
+    if fit_first:
+        try:
+            stages.run_stage(store, trial.id, stages.FIT, **opts)
+            fitted = stages.load_fit(stages.TrialContext(store, trial.id, runs_root, kind))
+        except stages.StageError as e:
+            return TrialOutcome("failed", error=f"fit: {e}")
+        if not fitted["fits"]:
+            return TrialOutcome("no_fit", error=f"fit: {fitted['reason']}", fit=fitted)
+    out = _run_on_cluster(store, trial, executor, runs_root, bank_dir, hang_timeout_s)
+    out.fit = fitted
+    return out
+
+
+def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path | None,
+                    hang_timeout_s: float) -> TrialOutcome:
     kind = "local" if executor == "replay" else executor
     opts = {"runs_root": runs_root, "executor": kind}
     stages.run_stage(store, trial.id, "render", **opts)

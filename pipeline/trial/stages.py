@@ -7,6 +7,11 @@
     analyze : trace_*.sqlite, log.txt          → analysis.json (analysis.analyze)
     decide  : analysis.json, config.json       → decision.json (the decisions the store holds)
 
+and, before render when the tuner fits first (spec/fit.py):
+
+    fit     : config (+ experiment, templates) → fit/job.sh, fit/log_rank_R.txt, fit/fit.json
+              (the layout's memory-bounding ranks, one after another on one GPU, fake process group)
+
 Every run is recorded in the store with the hash of its inputs (names and contents). A stage is
 skipped when its last good run had the same inputs hash and its outputs are all there;
 `force=True` runs it anyway. `run_stage(store, trial_id, stage)` is what `moetune stage` calls.
@@ -26,18 +31,21 @@ from pathlib import Path
 from typing import Any, Callable
 
 from moetune import analysis
+from moetune.analysis.logs import parse_log
 from moetune.analysis.nsys import nsys_binary, qdstrm_importer
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job import render
 from moetune.pipeline.paths import trial_folder
 from moetune.pipeline.job import scheduler as jobs
+from moetune.pipeline.spec import fit, gpus
 from moetune.pipeline.spec.config import TrainingConfig, run_args
 from moetune.pipeline.spec.experiment import load_experiment
 from moetune.pipeline.spec.model import ModelArch
-from moetune.pipeline.spec.section import as_dict
+from moetune.pipeline.spec.section import as_dict, gpu_count
 from moetune.pipeline.store import Study, now
 
-STAGE_ORDER = ("render", "submit", "collect", "export", "analyze", "decide")
+STAGE_ORDER = ("render", "submit", "collect", "export", "analyze", "decide")  # one run of a trial
+FIT = "fit"  # before render, where the tuner fits first
 TRACE_GLOBS = ("trace_*.nsys-rep", "trace_*.qdstrm")
 
 
@@ -146,12 +154,59 @@ def do_render(t: TrialContext) -> list[Path]:
     return out
 
 
+def do_fit(t: TrialContext) -> list[Path]:
+    """The layout's memory-bounding ranks, one after another on one GPU under Megatron's fake
+    process group, as a job of its own in fit/ (rendered from the same templates, submitted the
+    same way); each rank's peak and step time, and whether the layout fits (fit/fit.json)."""
+    model, cluster = t.model_and_cluster()
+    cluster_d = as_dict(cluster)
+    folder = t.path("fit")
+    if folder.exists():  # a fit is measured whole, never half from an earlier run
+        shutil.rmtree(folder)
+    config = fit.fit_config(TrainingConfig.from_dict(t.row.config))
+    world = gpu_count(cluster)
+    ranks = fit.bounding_ranks(config, world)
+    argv = config.to_args(model, has_apex=cluster_d.get("has_apex", True)) + run_args() + \
+        list(fit.FAKE_GROUP_ARGS)
+    spec = render.job_spec(name=t.job_name() + ".fit", folder=folder, config=config.to_dict(),
+                           argv=argv, cluster=cluster, launcher=_launcher(t), fit=(ranks, world))
+    render.write_job(spec)
+    ref = jobs.submit(spec, jobs.resolve_kind(t.executor))
+    state = jobs.wait(ref, poll_s=1.0)
+    measured = {r: _fit_rank(folder / f"log_rank_{r}.txt") for r in ranks}
+    capacity = cluster_d.get("gpu_memory_gb") or gpus.memory_gb(cluster_d.get("gpu_type"))
+    if not capacity:
+        raise StageError(f"trial {t.id}: cluster.gpu_type {cluster_d.get('gpu_type')!r} has no known "
+                         "memory; set cluster.gpu_memory_gb")
+    v = fit.verdict(measured, capacity)
+    out = folder / "fit.json"
+    out.write_text(json.dumps({**v.to_dict(), "world": world, "job": {"job_id": ref.job_id,
+                               "state": state.state}, "ranks": {str(r): m for r, m in measured.items()}},
+                              indent=1, sort_keys=True) + "\n")
+    return [out]
+
+
+def _fit_rank(log: Path) -> dict:
+    """One fit rank's measurement from its log: peak memory after the optimizer states exist,
+    steady step time (the rank's compute alone: the fake group skips every collective), failure."""
+    if not log.exists():
+        return {"failure": "no log", "max_allocated_gb": None}
+    p = parse_log(log)
+    return {k: p.get(k) for k in ("max_allocated_gb", "max_reserved_gb", "step_time_ms", "iterations",
+                                  "failure", "failure_line")}
+
+
+def load_fit(t: TrialContext) -> dict:
+    return json.loads(t.need("fit/fit.json", FIT).read_text())
+
+
 def load_spec(t: TrialContext) -> render.JobSpec:
     d = json.loads(t.need("spec.json", "render").read_text())
     nsys = render.NsysSpec(**{**d["nsys"], "options": tuple(d["nsys"]["options"]),
                               "ranks": tuple(d["nsys"]["ranks"])}) if d.get("nsys") else None
     tuples = {k: tuple(tuple(x) if isinstance(x, list) else x for x in d[k])
-              for k in ("command", "env", "container_mounts", "modules")}
+              for k in ("command", "env", "container_mounts", "modules", "fit_ranks")
+              if k in d}
     return render.JobSpec(**{**d, **tuples, "nsys": nsys})
 
 
@@ -314,6 +369,7 @@ def do_decide(t: TrialContext) -> list[Path]:
 
 # stage → (its inputs: (files, extra), what it does)
 STAGES: dict[str, tuple[Callable, Callable]] = {
+    FIT: (_render_inputs, do_fit),
     "render": (_render_inputs, do_render),
     "submit": (_submit_inputs, do_submit),
     "collect": (_collect_inputs, do_collect),

@@ -87,6 +87,11 @@ class Tuner:
             "cluster": as_dict(experiment.cluster), "tuning": as_dict(experiment.tuning),
             "baseline": experiment.baseline.to_dict()})
         self.gpus = gpu_count(experiment.cluster)
+        # fit first (spec/fit.py): every multi-GPU layout measured on one GPU before it is submitted
+        fit_first = attr(experiment.tuning, "fit_first")
+        if fit_first is None:
+            fit_first = attr(experiment.cluster, "workload", "megatron") == "megatron"
+        self.fit_first = bool(fit_first) and executor != "replay" and self.gpus > 1
 
     # -- output -------------------------------------------------------------------------
     def say(self, msg: str) -> None:
@@ -198,7 +203,8 @@ class Tuner:
     def _judge(self, trial) -> None:
         out = runner.run_trial(self.store, trial, self.exp, executor=self.executor,
                                runs_root=self.runs_root, study=self.study_name,
-                               bank_dir=self.bank_dir, hang_timeout_s=self.hang_timeout_s)
+                               bank_dir=self.bank_dir, hang_timeout_s=self.hang_timeout_s,
+                               fit_first=self.fit_first)
         m = _combined(out.analysis)
         values = {"state": out.state, "wall": (out.analysis or {}).get("wall"),
                   "step_time_ms": m.get("step_time_ms"), "step_time_std_ms": m.get("step_time_std_ms"),
@@ -210,9 +216,13 @@ class Tuner:
         judged_ms = judged_step(out.analysis).get("step_time_ms")
         if judged_ms is not None:
             scalars["judged_step_time_ms"] = judged_ms
+        if out.fit:
+            scalars.update(fit_metrics(out.fit))
         self.store.set_metrics(trial.id, scalars)
         parent = self.store.trial(trial.parent_id) if trial.parent_id else None
         ev = {"parent": parent.config_hash if parent else None, "state": out.state}
+        if out.fit:  # the measurement that let the trial onto the cluster, or kept it off
+            ev["fit"] = {k: out.fit.get(k) for k in ("fits", "reason", "peak_gb", "headroom_gb", "capacity_gb")}
         rid = trial.fix
         if parent is None:  # the baseline
             if out.state == "completed":
@@ -270,6 +280,16 @@ def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs
         t = Tuner(exp, store, executor=executor, runs_root=Path(runs_root), study_name=name,
                   max_trials=max_trials, bank_dir=bank_dir, progress=progress)
         return t.run()
+
+
+def fit_metrics(fitted: dict) -> dict:
+    """A fit's figures as trial metrics: the bounding ranks' peak, and the slowest one's step time
+    alone on one GPU (its compute floor: no communication, no waiting, no pipeline bubble)."""
+    steps = [r.get("step_time_ms") for r in (fitted.get("ranks") or {}).values() if r.get("step_time_ms")]
+    out = {"fit_peak_gb": fitted.get("peak_gb"), "fit_fits": 1.0 if fitted.get("fits") else 0.0}
+    if steps:
+        out["fit_compute_ms"] = max(steps)
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _progress_bar(total: int, enabled: bool):

@@ -1,0 +1,81 @@
+"""Fit first, on one GPU: which ranks of a layout bound its memory, how they run alone, and when a
+measured fit lets a layout onto the cluster.
+
+megatron-core 0.19.2's `--fake-process-group` runs one rank of any layout in one process: with
+WORLD_SIZE and RANK set to the target job's, every collective and point-to-point transfer is
+skipped, so that rank's memory and kernels are real at the production shapes
+(moe-optimization-workflow.md, Phase 1 "make the run memory-feasible"; the Megatron-Core MoE README,
+Step 1). ../shared/device-notes.md says what it takes there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moetune.pipeline.spec.config import TrainingConfig
+
+FIT_ITERS = 4  # the optimizer states exist from the first step; Megatron reports memory after it
+FAKE_GROUP_ARGS = ("--fake-process-group",)
+
+# What the fake group does not allocate, added to the measured peak before it is compared with the
+# GPU's memory: NCCL's buffers (per communicator; a rank of TP, EP, DP and PP groups holds several)
+# and uneven routing (the fit routes statically, perfectly balanced; real routing sends some experts
+# more tokens than others, and the allocator's fragmentation grows with it).
+NCCL_BUFFERS_GB = 3.0
+ROUTING_IMBALANCE_SHARE = 0.05  # of the GPU's memory
+
+
+def fit_config(config: TrainingConfig) -> TrainingConfig:
+    """The config a fit runs: the same layout with static routing (the dropless all-to-all sizes
+    its buffers from token counts that the skipped collectives never fill: capacity 1.0 with
+    padding makes them fixed), the all-to-all dispatcher (Megatron refuses the flex dispatcher under
+    the fake group), and a few iterations."""
+    return config.replace(dispatcher="alltoall", flex_backend=None, deepep_num_sms=None,
+                          hybridep_num_sms=None, capacity_factor=1.0, pad_to_capacity=True,
+                          train_iters=FIT_ITERS, profile_step_start=FIT_ITERS - 1,
+                          profile_step_end=FIT_ITERS - 1)
+
+
+def bounding_ranks(config: TrainingConfig, world: int) -> tuple[int, ...]:
+    """The ranks whose memory bounds the layout's: the first pipeline stage (embedding, and the
+    most micro-batches in flight) and the last (output layer and loss). Megatron orders ranks
+    tp-cp-ep-dp-pp, so a stage is a block of world/PP ranks and its first rank is TP, CP, EP and DP
+    rank 0 (the one that prints Megatron's memory report)."""
+    if config.pp <= 1 or world < config.pp:
+        return (0,)
+    return (0, world - world // config.pp)
+
+
+def headroom_gb(capacity_gb: float) -> float:
+    return NCCL_BUFFERS_GB + ROUTING_IMBALANCE_SHARE * capacity_gb
+
+
+@dataclass(frozen=True)
+class FitVerdict:
+    fits: bool
+    reason: str
+    peak_gb: float | None  # the largest measured peak of the bounding ranks
+    headroom_gb: float
+    capacity_gb: float
+
+    def to_dict(self) -> dict:
+        return {"fits": self.fits, "reason": self.reason, "peak_gb": self.peak_gb,
+                "headroom_gb": round(self.headroom_gb, 2), "capacity_gb": self.capacity_gb}
+
+
+def verdict(ranks: dict, capacity_gb: float) -> FitVerdict:
+    """Does the layout fit, from each bounding rank's measurement ({rank: {max_allocated_gb,
+    max_reserved_gb, failure}})? A rank that ran out of memory, or that reported no peak, does not."""
+    room = headroom_gb(capacity_gb)
+    for rank, r in sorted(ranks.items()):
+        if r.get("failure") == "oom":
+            return FitVerdict(False, f"rank {rank} ran out of memory on one GPU", None, room, capacity_gb)
+        if not r.get("max_allocated_gb"):
+            why = r.get("failure") or "no memory report in its log"
+            return FitVerdict(False, f"rank {rank} did not measure ({why})", None, room, capacity_gb)
+    peak_rank, peak = max(((rank, max(r["max_allocated_gb"], r.get("max_reserved_gb") or 0.0))
+                           for rank, r in ranks.items()), key=lambda x: x[1])
+    total = peak + room
+    fits = total <= capacity_gb
+    reason = (f"rank {peak_rank} peaks at {peak:.1f} GB; with {room:.1f} GB headroom (NCCL buffers, "
+              f"uneven routing) {total:.1f} GB {'fits' if fits else 'exceeds'} the GPU's {capacity_gb:.0f} GB")
+    return FitVerdict(fits, reason, round(peak, 3), room, capacity_gb)
