@@ -109,3 +109,13 @@ def test_moetune_fit_by_hand(tmp_path, capsys):
     assert main(argv) == 0  # again: the same trial, measured anew
     store = Store(str(tmp_path / "db.sqlite"))
     assert len(store.trials(store.study("fit_stand_in-fit").id)) == 1
+
+
+def test_the_report_shows_the_fit_and_the_compute_floor(tmp_path):
+    from moetune.pipeline.report.study import study_markdown
+    store = Store(str(tmp_path / "db.sqlite"))
+    s = tuner.tune(stand_in_experiment(tmp_path), store, executor="local", runs_root=tmp_path / "runs",
+                   progress=False)
+    text = study_markdown(store, s["study"])
+    assert "Fit on one GPU first: rank" in text and "fits the GPU" in text
+    assert "ms is this rank's compute measured alone on one GPU" in text

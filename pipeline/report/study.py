@@ -58,6 +58,19 @@ class TrialView:
     command: str | None
     folder: Path | None
     judged_ms: float | None = None  # the step time the tuner judged by (log median or trace)
+    fit: dict | None = None  # fit/fit.json: the layout measured on one GPU first
+
+    def fit_sentence(self) -> str | None:
+        """The fit's verdict and, beside the trial's step time, its compute floor."""
+        if not self.fit:
+            return None
+        text = f"Fit on one GPU first: {self.fit.get('reason')}."
+        alone = [r.get("step_time_ms") for r in (self.fit.get("ranks") or {}).values() if r.get("step_time_ms")]
+        step = self.judged_ms or self.combined.get("step_time_ms")
+        if alone and step:
+            text += (f" Of {step:.1f} ms per step, {max(alone):.1f} ms is this rank's compute measured "
+                     "alone on one GPU; the rest is communication, waiting and pipeline bubbles.")
+        return text
 
     @property
     def combined(self) -> dict:
@@ -75,10 +88,12 @@ def gather(store, study_name: str) -> tuple[object, list[TrialView], list]:
             an = json.loads((folder / "analysis.json").read_text())
         if folder and (folder / "command.txt").exists():
             cmd = (folder / "command.txt").read_text().strip()
+        fitted = folder / "fit" / "fit.json" if folder else None
         mine = [d for d in decisions if d.trial_id == t.id]
         views.append(TrialView(t, an, next((d for d in mine if d.kind == "apply"), None),
                                next((d for d in mine if d.kind in JUDGED), None), cmd, folder,
-                               store.metrics(t.id).get("judged_step_time_ms")))
+                               store.metrics(t.id).get("judged_step_time_ms"),
+                               json.loads(fitted.read_text()) if fitted and fitted.exists() else None))
     return study, views, decisions
 
 
@@ -280,6 +295,8 @@ def trial_markdown(v: TrialView, parent_number: int | None) -> str:
         last = (v.verdict.evidence or {}).get("last_lines")
         if last:
             out += ["", "Last log lines:", "```", *[str(x) for x in last], "```"]
+    if v.fit_sentence():
+        out.append(md(v.fit_sentence()))
     out.append("")
     if not an:
         return "\n".join(out + ["(no analysis)", ""])
@@ -411,6 +428,8 @@ def trial_html(v: TrialView, parent_number: int | None) -> str:
         last = (v.verdict.evidence or {}).get("last_lines")
         if last:
             parts.append("<p>Last log lines:</p><pre>" + esc("\n".join(map(str, last))) + "</pre>")
+    if v.fit_sentence():
+        parts.append(f"<p>{esc(v.fit_sentence())}</p>")
     if an:
         hidden = max(0.0, (c.get("comm_share") or 0) - (c.get("exposed_comm_share") or 0))
         parts.append(_table(["wall", "confidence", "step ms", "± ms", "TFLOP/s/GPU", "exposed comm",
