@@ -15,8 +15,9 @@ def render_text(r: dict) -> str:
     c = r["metrics"]["combined"]
     lines = [f"wall: {r['wall']} (confidence {r['confidence']:.2f})"]
     for e in r["evidence"][:4]:
-        lines.append(f"  because {e.get('metric')} = {_fmt(e.get('value'))} "
-                     f"(threshold {_fmt(e.get('threshold'))}; rule {e['rule']})")
+        lines.append(f"  {'limit' if e.get('limits') else 'because'} {e.get('metric')} = "
+                     f"{_fmt(e.get('value'))} (threshold {_fmt(e.get('threshold'))}; rule {e['rule']})"
+                     + (f": {e['limits']}" if e.get("limits") else ""))
     for key in HEADLINE:
         if key in c:
             lines.append(f"  {key:<22} {_fmt(c[key])}")

@@ -4,6 +4,11 @@
 threshold, and the guidance it comes from. A row fires when its metric crosses its threshold; its
 strength is how far past (value / threshold). The strongest firing wall wins; ties go by
 `WALL_ORDER` (fit first). No row fires: `compute` if the GPU is busy, else `unknown`.
+
+A run is memory-walled when it ran out of memory, as the guidance means it ("make the run
+memory-feasible"). A run that completed with its allocator peak near the GPU's capacity is not:
+its wall is whatever else holds it back, and the `LIMITS` row it fires stands in the evidence
+with `limits` instead of a wall (the rules read it to leave out fixes that grow memory).
 """
 from __future__ import annotations
 
@@ -27,6 +32,10 @@ THRESHOLDS: tuple[tuple[str, str, str, str, float, str], ...] = (
     ("busy_compute", "compute", "sm_util_estimate", ">=", 0.70,
      WORKFLOW + ": busy GPU; next fixes are kernel-level (grouped GEMM, fusion, FP8)"),
 )
+
+# rows that limit the next fixes instead of naming a wall: rule -> what they bar
+LIMITS = {"memory_near_capacity": "memory: fixes that grow memory (a larger micro batch, less "
+                                  "recompute) would not fit"}
 
 MIN_WINDOW_MS = 0.05  # below this the trace cannot decide
 
@@ -57,8 +66,11 @@ def classify(metrics: dict, log: dict | None = None, gpu_memory_gb: float | None
         if v is None or not _ops(float(v), op, thr):
             continue
         strength = float(v) / thr if thr else float(v)
-        fired.append({"rule": rule, "wall": wall, "metric": metric, "value": round(float(v), 4),
-                      "threshold": thr, "strength": round(strength, 3), "source": src})
+        row = {"rule": rule, "wall": wall, "metric": metric, "value": round(float(v), 4),
+               "threshold": thr, "strength": round(strength, 3), "source": src}
+        if rule in LIMITS:  # evidence, but no wall: see the module's docstring
+            row.update(wall=None, limits=LIMITS[rule])
+        fired.append(row)
     memory = [f for f in fired if f["wall"] == "memory"]
     if memory:  # the first wall: nothing else matters until the run fits
         return {"wall": "memory", "confidence": 0.95 if d["log_oom"] else 0.8,
@@ -71,7 +83,7 @@ def classify(metrics: dict, log: dict | None = None, gpu_memory_gb: float | None
         return {"wall": "unknown", "confidence": 0.0,
                 "evidence": [{"rule": "no_window", "wall": "unknown", "metric": "window_ms",
                               "value": window, "threshold": MIN_WINDOW_MS, "reason": why}]}
-    non_compute = [f for f in fired if f["wall"] != "compute"]
+    non_compute = [f for f in fired if f["wall"] in WALL_ORDER and f["wall"] != "compute"]
     if non_compute:
         best = max(non_compute, key=lambda f: (f["strength"], -WALL_ORDER.index(f["wall"])))
         runner_up = max([f["strength"] for f in non_compute if f["wall"] != best["wall"]], default=0.0)
@@ -79,10 +91,12 @@ def classify(metrics: dict, log: dict | None = None, gpu_memory_gb: float | None
         conf = min(0.95, 0.55 + 0.4 * min(1.0, margin / 1.0)) if runner_up < best["strength"] else 0.5
         ordered = sorted(fired, key=lambda f: -f["strength"])
         return {"wall": best["wall"], "confidence": round(conf, 3), "evidence": ordered}
-    if fired:
-        return {"wall": "compute", "confidence": round(min(0.9, 0.5 + 0.4 * (fired[0]["strength"] - 1) * 3), 3),
-                "evidence": fired}
+    limits = [f for f in fired if f["wall"] is None]
+    compute = [f for f in fired if f["wall"] == "compute"]
+    if compute:
+        return {"wall": "compute", "confidence": round(min(0.9, 0.5 + 0.4 * (compute[0]["strength"] - 1) * 3), 3),
+                "evidence": compute + limits}
     return {"wall": "compute", "confidence": 0.4,
             "evidence": [{"rule": "nothing_else", "wall": "compute", "metric": "sm_util_estimate",
                           "value": metrics.get("sm_util_estimate"), "threshold": None,
-                          "reason": "no communication, idle or memory row fired"}]}
+                          "reason": "no communication, idle or memory row fired"}] + limits}

@@ -65,8 +65,11 @@ def test_gpu_memory_gb_option_sets_capacity(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["wall"] != "memory"  # 9 of 80 GB
     assert analyze_main([str(p), "--format", "json", "--gpu-memory-gb", "9.5"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert r["wall"] == "memory"
-    assert any(e["metric"] == "memory_used_share" for e in r["evidence"])
+    assert r["wall"] == "compute"  # it completed: near capacity limits the next fixes, no wall
+    assert any(e["metric"] == "memory_used_share" and e["value"] == pytest.approx(9 / 9.5, abs=1e-3)
+               for e in r["evidence"])
+    assert analyze_main([str(p), "--gpu-memory-gb", "9.5"]) == 0
+    assert "limit memory_used_share = " in capsys.readouterr().out
 
 
 def test_log_only_run(tmp_path, capsys):

@@ -65,10 +65,14 @@ def test_oom_log_is_memory_without_trace(tmp_path):
     assert r["log"]["failure"] == "oom"
 
 
-def test_memory_near_capacity_from_trace(tmp_path):
+def test_memory_near_capacity_is_a_limit_not_a_wall(tmp_path):
+    """A completed run whose GPU is busy on GEMMs and whose allocator peaks at 95 % of capacity is
+    compute-walled; the near-capacity row stands in its evidence as a limit on the next fixes."""
     b = TraceBuilder(gpu_memory_gb=10).kernel(GEMM, 0, 1000).alloc(0, int(9.5 * 2**30))
     r = analysis.analyze([b.write(tmp_path / "m.sqlite")])
-    assert r["wall"] == "memory"
+    assert r["wall"] == "compute"
+    limit = next(e for e in r["evidence"] if e["rule"] == "memory_near_capacity")
+    assert limit["wall"] is None and limit["limits"].startswith("memory") and limit["value"] == 0.95
 
 
 def test_parse_megatron_log(tmp_path):
