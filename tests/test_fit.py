@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from moetune.pipeline.decide import rules
 from moetune.pipeline.spec import fit
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.store import Store
@@ -82,19 +83,25 @@ def test_a_layout_that_fits_is_measured_then_submitted(tmp_path):
 
 
 def test_a_layout_that_does_not_fit_never_reaches_the_cluster(tmp_path):
+    """2 GB of GPU: the headroom alone (NCCL buffers, uneven routing) is more, so neither the
+    baseline nor any memory fix fits; each is measured on one GPU, none is rendered for the cluster,
+    and the study stops when the table has no memory fix left."""
     store = Store(str(tmp_path / "db.sqlite"))
-    # 2 GB of GPU: the headroom alone (NCCL buffers, uneven routing) is more
     s = tuner.tune(stand_in_experiment(tmp_path, gpu_memory_gb=2), store, executor="local",
                    runs_root=tmp_path / "runs", progress=False)
     study = store.study(s["study"])
-    base, = store.trials(study.id)
-    assert base.state == "no_fit"
-    assert [r.stage for r in store.stage_runs(base.id)] == ["fit"]  # never rendered nor submitted
-    assert not (Path(stages.TrialContext(store, base.id, tmp_path / "runs").folder) / "job.sh").exists()
-    revert = next(d for d in store.decisions(study.id) if d.trial_id == base.id)
-    assert revert.kind == "revert" and "exceeds the GPU's 2 GB" in revert.reason
-    assert revert.evidence["fit"]["fits"] is False
-    assert "baseline trial did not complete (no_fit)" in s["stop_reason"]
+    trials = store.trials(study.id)
+    assert len(trials) > 2 and {t.state for t in trials} == {"no_fit"}
+    for t in trials:
+        assert [r.stage for r in store.stage_runs(t.id)] == ["fit"]  # never rendered nor submitted
+        assert not (Path(stages.TrialContext(store, t.id, tmp_path / "runs").folder) / "job.sh").exists()
+    first = next(d for d in store.decisions(study.id) if d.trial_id == trials[0].id)
+    assert first.kind == "unfit" and "exceeds the GPU's 2 GB" in first.reason
+    assert first.evidence["fit"]["fits"] is False
+    fixes = [t.fix for t in trials[1:]]
+    order = [rid for rid in rules.load_fit_order() if rid in fixes]
+    assert fixes == order  # the guidance's order, each on top of the last
+    assert "no memory fix left to try" in s["stop_reason"]
 
 
 def test_moetune_fit_by_hand(tmp_path, capsys):
@@ -119,3 +126,29 @@ def test_the_report_shows_the_fit_and_the_compute_floor(tmp_path):
     text = study_markdown(store, s["study"])
     assert "Fit on one GPU first: rank" in text and "fits the GPU" in text
     assert "ms is this rank's compute measured alone on one GPU" in text
+
+
+def test_memory_fixes_are_fitted_in_the_guidance_order_until_one_fits(tmp_path):
+    """The baseline (EP 2) does not fit a 10 GB GPU: the distributed optimizer (first in the table's
+    fit_order) leaves the stand-in's memory as it was, so it does not fit either; raising EP on top
+    of it halves the rank's share of the model and fits; only that layout reaches the cluster, and it
+    is kept as the first layout that fits."""
+    exp = yaml.safe_load(Path(stand_in_experiment(tmp_path, gpu_memory_gb=10,
+                                                  stand_in={"ms_per_iter": 20, "model_mb": 16000})).read_text())
+    exp["tuning"]["budget_trials"] = 1
+    exp["baseline"].update(tp=1, pp=1, ep=2, micro_batch=1, distributed_optimizer=False)
+    path = tmp_path / "fit_stand_in.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    store = Store(str(tmp_path / "db.sqlite"))
+    s = tuner.tune(str(path), store, executor="local", runs_root=tmp_path / "runs", progress=False)
+    study = store.study(s["study"])
+    trials = store.trials(study.id)
+    assert [(t.fix, t.state) for t in trials] == [(None, "no_fit"), ("distributed_optimizer", "no_fit"),
+                                                  ("raise_ep", "completed")]
+    kinds = [(d.kind, d.rule) for d in store.decisions(study.id) if d.trial_id]
+    assert kinds == [("unfit", None), ("apply", "distributed_optimizer"), ("unfit", "distributed_optimizer"),
+                     ("apply", "raise_ep"), ("keep", "raise_ep")]
+    assert [r.stage for r in store.stage_runs(trials[1].id)] == ["fit"]  # never submitted
+    assert TrainingConfig.from_dict(trials[2].config).ep == 4
+    assert trials[2].parent_id == trials[1].id  # fixes stack until one fits
+    assert s["best_trial"] == 3 and "trial budget spent (1 of 1)" in s["stop_reason"]

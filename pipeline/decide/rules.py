@@ -142,6 +142,18 @@ def load_rules(path: str | Path | None = None) -> list[Rule]:
     return out
 
 
+def load_fit_order(path: str | Path | None = None, rules: list[Rule] | None = None) -> tuple[str, ...]:
+    """The table's `fit_order`: memory rules in the order a layout that does not fit tries them."""
+    path = Path(path or RULES_FILE)
+    rules = load_rules(path) if rules is None else rules
+    memory = {r.id for r in rules if r.wall == "memory"}
+    order = tuple((yaml.safe_load(path.read_text()) or {}).get("fit_order") or ())
+    bad = [rid for rid in order if rid not in memory]
+    if bad:
+        raise RuleError(f"{path}: fit_order names {bad}, which are not memory rules of the table")
+    return order
+
+
 # -- the context conditions read ------------------------------------------------------------
 def derived(config: TrainingConfig, model: dict, cluster: dict, analysis: dict) -> dict:
     """Quantities the table's preconditions use that no single field holds."""

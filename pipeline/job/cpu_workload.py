@@ -10,6 +10,9 @@ iteration lines. Its own knobs:
     --stand-in-ms-per-iter MS   wall time of one iteration (default 50)
     --stand-in-busy FRACTION    share of each iteration spent burning CPU, the rest sleeps (1.0)
     --stand-in-alloc-mb MB      memory to hold (touched) for the whole run, to test --mem limits
+    --stand-in-model-mb MB      memory a rank of the layout would need at micro batch 1 on one GPU,
+                                reported (never held) as MB x micro batch / (TP x PP x EP), so that
+                                fits of different layouts differ as real ones do
 """
 from __future__ import annotations
 
@@ -148,9 +151,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stand-in-ms-per-iter", type=float, default=50.0)
     p.add_argument("--stand-in-busy", type=float, default=1.0)
     p.add_argument("--stand-in-alloc-mb", type=int, default=0)
+    p.add_argument("--stand-in-model-mb", type=float, default=0.0)
+    for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                 "--expert-model-parallel-size", "--micro-batch-size"):
+        p.add_argument(flag, type=int, default=1)
     p.add_argument("--fake-process-group", action="store_true")  # a fit: this rank runs alone
     args, _megatron_flags = p.parse_known_args(argv)
     return args
+
+
+def model_mb(args: argparse.Namespace) -> float:
+    shards = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * \
+        args.expert_model_parallel_size
+    return args.stand_in_model_mb * args.micro_batch_size / max(shards, 1)
 
 
 def iteration_line(it: int, total: int, ms: float, gbs: int) -> str:
@@ -183,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0 or args.fake_process_group:  # alone in a fit, a rank reports as Megatron's would
             print(iteration_line(it, args.train_iters, ms, args.global_batch_size), flush=True)
             if it == 1:
-                max_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+                max_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 + model_mb(args)
                 print(f"[Rank {rank}] (after {it} iterations) memory (MB) | allocated: "
                       f"{max_mb:.1f} | max allocated: {max_mb:.1f} | reserved: {max_mb:.1f} | "
                       f"max reserved: {max_mb:.1f}", flush=True)

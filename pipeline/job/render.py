@@ -162,7 +162,7 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
     command = [python, "-u", str(WORKLOADS[workload]), *argv]
     if workload == "cpu_stand_in":
         s = _get(cluster, "stand_in", {}) or {}
-        for key in ("ms_per_iter", "busy", "alloc_mb"):
+        for key in ("ms_per_iter", "busy", "alloc_mb", "model_mb"):
             if key in s:
                 command += [f"--stand-in-{key.replace('_', '-')}", str(s[key])]
     folder = str(Path(folder).resolve())

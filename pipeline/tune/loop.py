@@ -61,6 +61,28 @@ def _load_analysis(store, runs_root: Path, study: str, trial) -> dict | None:
     return json.loads(p.read_text()) if p.exists() else None
 
 
+def _load_fit(store, runs_root: Path, study: str, trial) -> dict:
+    p = trial_folder(runs_root, study, store.trial(trial.id)) / "fit" / "fit.json"
+    if not p.exists():
+        raise TunerError(f"trial {trial.number}: fit/fit.json is missing; run "
+                         f"`moetune stage fit --trial {trial.id}`")
+    return json.loads(p.read_text())
+
+
+def fit_analysis(fitted: dict) -> dict:
+    """A fit that did not fit, as the analysis the rule table reads: the memory wall, with the
+    measured peak against what the GPU leaves after the headroom (spec/fit.py)."""
+    room = (fitted.get("capacity_gb") or 0) - (fitted.get("headroom_gb") or 0)
+    oom = any(r.get("failure") == "oom" for r in (fitted.get("ranks") or {}).values())
+    return {"wall": "memory", "confidence": 1.0, "gpu_memory_gb": fitted.get("capacity_gb"),
+            "evidence": [{"rule": "fit_exceeds", "wall": "memory", "metric": "fit_peak_gb",
+                          "value": fitted.get("peak_gb"), "threshold": round(room, 2),
+                          "source": "moe-optimization-workflow.md (Phase 1: make the run memory-feasible)",
+                          "reason": fitted.get("reason")}],
+            "metrics": {"combined": {"peak_memory_gb": fitted.get("peak_gb")}},
+            "log": {"failure": "oom" if oom else None}}
+
+
 def _gpu_hours(analysis: dict | None, gpus: int) -> float:
     its = ((analysis or {}).get("log") or {}).get("iteration_ms") or []
     return sum(its) / 3.6e6 * gpus
@@ -75,6 +97,7 @@ class Tuner:
         self.progress = progress
         self.rules = rules if rules is not None else rules_mod.load_rules()
         self.rule_by_id = {r.id: r for r in self.rules}
+        self.fit_order = rules_mod.load_fit_order(rules=self.rules)
         self.max_trials = int(tuning_value(experiment, "budget_trials", max_trials))
         self.budget_gpu_hours = float(tuning_value(experiment, "budget_gpu_hours"))
         self.rel_noise = float(tuning_value(experiment, "noise_threshold"))
@@ -121,6 +144,12 @@ class Tuner:
                 self.judge(st.pending)
                 continue
             if st.incumbent is None:
+                if st.trials and st.unfit is not None and self.propose_fit(st):
+                    continue
+                if st.unfit is not None:
+                    self.stop(f"no memory fix left to try on trial {st.unfit.number}, which does not fit "
+                              "one GPU; add GPUs or change the layout")
+                    continue
                 if st.trials:  # the baseline ran and was not kept
                     self.stop(f"baseline trial did not complete ({st.trials[0].state}); "
                               "fix the baseline first")
@@ -159,11 +188,28 @@ class Tuner:
         if analysis is None:
             raise TunerError(f"trial {inc.number}: analysis.json is missing; run "
                              f"`moetune stage analyze --trial {inc.id}`")
-        config = TrainingConfig.from_dict(inc.config)
-        tried = st.tried.get(inc.config_hash, set())
-        props = rules_mod.proposals(analysis, config, self.exp.model, self.exp.cluster,
-                                    self.exp.tuning, check=check, rules=self.rules)
-        ev = {"parent": inc.config_hash, "wall": analysis.get("wall"),
+        props = rules_mod.proposals(analysis, TrainingConfig.from_dict(inc.config), self.exp.model,
+                                    self.exp.cluster, self.exp.tuning, check=check, rules=self.rules)
+        return self._propose(st, inc, analysis, props)
+
+    def propose_fit(self, st: StudyState) -> bool:
+        """Nothing fits yet: the next memory fix on top of the last trial that did not fit, in the
+        table's fit order, to be fitted on one GPU in its turn. False: none left."""
+        parent = st.unfit
+        fitted = _load_fit(self.store, self.runs_root, self.study_name, parent)
+        analysis = fit_analysis(fitted)
+        props = rules_mod.proposals(analysis, TrainingConfig.from_dict(parent.config), self.exp.model,
+                                    self.exp.cluster, self.exp.tuning, check=check, rules=self.rules)
+        order = {rid: i for i, rid in enumerate(self.fit_order)}
+        props = sorted((p for p in props if p.rule.id in order), key=lambda p: order[p.rule.id])
+        return self._propose(st, parent, analysis, props)
+
+    def _propose(self, st: StudyState, parent, analysis: dict, props: list) -> bool:
+        """Add the trial of the first proposal not tried from this parent, not barred, not refused
+        and not run before; record every one passed over."""
+        config = TrainingConfig.from_dict(parent.config)
+        tried = st.tried.get(parent.config_hash, set())
+        ev = {"parent": parent.config_hash, "wall": analysis.get("wall"),
               "confidence": analysis.get("confidence")}
         for p in props:
             rid = p.rule.id
@@ -186,7 +232,7 @@ class Tuner:
             if seen is not None:
                 self.decide("skip", f"its config already ran as trial {seen.number}", rule=rid, **ev)
                 continue
-            trial = self.store.add_trial(self.study.id, p.config.to_dict(), h, parent_id=inc.id,
+            trial = self.store.add_trial(self.study.id, p.config.to_dict(), h, parent_id=parent.id,
                                          fix=rid)
             change = {k: list(v) for k, v in config.diff(p.config).items()}
             self.decide("apply", f"{analysis.get('wall')} wall: {p.rule.rationale}", trial, rid,
@@ -224,6 +270,10 @@ class Tuner:
         if out.fit:  # the measurement that let the trial onto the cluster, or kept it off
             ev["fit"] = {k: out.fit.get(k) for k in ("fits", "reason", "peak_gb", "headroom_gb", "capacity_gb")}
         rid = trial.fix
+        if out.state == "no_fit":  # never reached the cluster; a memory fix is fitted next
+            self.decide("unfit", out.error or "does not fit", trial, rid, **ev)
+            self.say(f"trial {trial.number}: {out.error}")
+            return
         if parent is None:  # the baseline
             if out.state == "completed":
                 self.decide("keep", "baseline", trial, None, step_time_ms=m.get("step_time_ms"),
@@ -237,6 +287,11 @@ class Tuner:
         if out.state == "skipped":
             self.decide("skip", out.error or "skipped", trial, rid, **ev)
             self.say(f"trial {trial.number}: skipped ({out.error})")
+            return
+        if parent.state == "no_fit" and out.state == "completed":  # nothing ran before it to beat
+            self.decide("keep", f"the first layout that fits: {rid} on top of trial {parent.number}",
+                        trial, rid, step_time_ms=m.get("step_time_ms"), **ev)
+            self.say(f"trial {trial.number}: {rid} fits, {m.get('step_time_ms')} ms/step")
             return
         if out.state != "completed":
             log = (out.analysis or {}).get("log") or {}

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from moetune.pipeline.spec.section import get as attr
 
-JUDGED = ("keep", "revert", "not_applied", "skip")
+JUDGED = ("keep", "revert", "not_applied", "skip", "unfit")
 
 
 def image_of(cluster) -> str:
@@ -19,17 +19,17 @@ def image_of(cluster) -> str:
     return "default"
 
 
-# -- one trial's stages ------------------------------------------------------------------------
-
-
 @dataclass
 class StudyState:
     incumbent: object | None = None
+    # before any trial ran: the last trial whose fit kept it off the cluster, the parent of the
+    # next memory fix (spec/fit.py; the rule table's fit_order)
+    unfit: object | None = None
     pending: object | None = None
     tried: dict = field(default_factory=dict)  # parent config hash -> {rule ids}
     blocked: set = field(default_factory=set)  # rules not applied on this cluster + image
     crashed: dict = field(default_factory=dict)  # rule -> trial number whose job crashed (CRASH_MARKS)
-    runs: int = 0  # trials whose job ran
+    runs: int = 0  # trials whose job ran on the cluster (a fit alone is one GPU's minutes)
     gpu_hours: float = 0.0
     since_keep: int = 0
     stopped: object | None = None
@@ -65,8 +65,10 @@ def study_state(store, study, cluster) -> StudyState:
             st.tried.setdefault(parent, set()).add(d.rule)
         if d.kind == "keep" and d.trial_id in by_id:
             st.incumbent, st.since_keep = by_id[d.trial_id], 0
-        elif d.kind in ("revert", "not_applied") or (d.kind == "skip" and d.trial_id):
+        elif d.kind in ("revert", "not_applied", "unfit") or (d.kind == "skip" and d.trial_id):
             st.since_keep += 1 if d.kind != "skip" else 0
+        if d.kind == "unfit" and st.incumbent is None and d.trial_id in by_id:
+            st.unfit = by_id[d.trial_id]
         if d.kind == "stop":
             st.stopped = d
         if d.kind == "revert" and d.rule and crashed(d.evidence or {}):
@@ -74,7 +76,7 @@ def study_state(store, study, cluster) -> StudyState:
     for t in st.trials:
         if t.id not in judged:
             st.pending = t
-        if t.state not in ("skipped", "pending"):
+        if t.state not in ("skipped", "pending", "no_fit"):
             st.runs += 1
             st.gpu_hours += store.metrics(t.id).get("gpu_hours", 0.0)
     name, image = attr(cluster, "name", "cluster"), image_of(cluster)
