@@ -34,7 +34,7 @@ def test_gpu_nsys_line_has_capture_range_and_per_rank_output(tmp_path):
         assert part in line
     assert "-o " + shlex.quote(f"{spec.folder}/trace_%q{{SLURM_PROCID}}") in sh
     assert "local profile_ranks='0 8'" in sh
-    assert "srun --ntasks=16 --ntasks-per-node=8" in sh
+    assert "srun --nodes=2 --ntasks=16 --ntasks-per-node=8" in sh
     assert "pipeline/job/train_moe.py --train-iters 6" in " ".join(spec.command)
     sbatch = render.render_job(spec)["job.sbatch"]
     assert "#SBATCH --gpus-per-node=8" in sbatch and "#SBATCH --nodes=2" in sbatch

@@ -1,14 +1,15 @@
-"""Failure modes against the real one-node Slurm, each leaving the store consistent and the study
-resumable: OUT_OF_MEMORY, CANCELLED (not retried), slurmctld restarted while a job runs, the
-tuner SIGKILLed between submit and collect, TIMEOUT, NODE_FAIL. The TIMEOUT job (a minute, Slurm's
-least) is submitted first and runs beside the others; NODE_FAIL runs last, alone on the node."""
+"""Failure modes against the real Slurm of scripts/slurm-up (3 nodes), each leaving the store
+consistent and the study resumable: OUT_OF_MEMORY, CANCELLED (not retried), slurmctld restarted
+while a job runs, the tuner SIGKILLed between submit and collect, TIMEOUT (of a one-node and of a
+2-node trial), NODE_FAIL. The TIMEOUT jobs (a minute, Slurm's least) are submitted first and run
+beside the others; NODE_FAIL runs last, its job's node set down. (A node dying under a 2-node
+trial of a tuning study: tests/test_slurm_node_failure.py.)"""
 from __future__ import annotations
 
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.trial import stages
-from tests.conftest import REPO, kill_tuner_after_submit, stand_in_cluster
+from tests.conftest import kill_tuner_after_submit, stand_in_cluster
 
 pytestmark = pytest.mark.slurm
 LONG = {"ms_per_iter": 100, "busy": 0.05}  # a long, mostly idle stand-in: 100 ms an iteration
@@ -53,7 +54,26 @@ def jobs_named(name: str, wait_s: float = 30) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def timeout_trial(slurm, tmp_path_factory):
+def multinode_timeout_trial(slurm, tmp_path_factory):
+    """A 2-node trial (one task on each node) past its time limit: submitted when the module
+    starts, beside timeout_trial, checked near its end."""
+    from moetune.pipeline.spec.config import TrainingConfig
+    from moetune.pipeline.store import Store
+    from tests.conftest import proxy_model
+    tmp = tmp_path_factory.mktemp("timeout2")
+    store = Store(str(tmp / "store.db"))
+    cluster = long_cluster(time_limit=1, nodes=2, ntasks_per_node=1, name="test-2node")
+    st = store.create_study("timeout2", "moe_proxy", {"model": proxy_model(), "executor": "slurm",
+                                                      "cluster": cluster})
+    cfg = TrainingConfig(train_iters=100000)
+    tid = store.add_trial(st.id, cfg.to_dict(), cfg.config_hash()).id
+    store.update_trial(tid, folder=str(tmp / "runs" / "timeout2" / str(tid)))
+    submitted(store, tid)
+    return store, tid
+
+
+@pytest.fixture(scope="module")
+def timeout_trial(slurm, tmp_path_factory, multinode_timeout_trial):
     """Submitted when the module starts, checked near its end."""
     from moetune.pipeline.spec.config import TrainingConfig
     from moetune.pipeline.store import Store
@@ -159,11 +179,46 @@ def test_job_past_its_time_limit_ends_timeout(timeout_trial):
     assert not state["retry"]
 
 
+def hostnames(nodelist: str) -> list[str]:
+    return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                          text=True, check=True).stdout.split()
+
+
+def rank_running(pid: int) -> bool:
+    try:
+        return b"moetune.pipeline.job.cpu_workload" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def test_multinode_job_past_its_time_limit_ends_timeout_on_every_node(multinode_timeout_trial):
+    store, tid = multinode_timeout_trial
+    stages.run_stage(store, tid, "collect", poll_s=2, timeout_s=240)
+    folder = Path(store.trial(tid).folder)
+    state = json.loads((folder / "state.json").read_text())
+    assert state["state"] == "TIMEOUT" and store.trial(tid).state == "timeout"
+    assert not state["retry"]
+    nodes = hostnames(state["node"])
+    assert len(nodes) == 2
+    seen = [json.loads((folder / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    assert [s["slurm_node"] for s in seen] == nodes  # a rank ran on each node
+    # the time limit ended the training on both nodes: no rank is left running on either
+    deadline = time.monotonic() + 30
+    while any(rank_running(s["pid"]) for s in seen) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [s["slurm_node"] for s in seen if rank_running(s["pid"])]
+    out = subprocess.run(["sacct", "-n", "-P", "-j", f"{state['job_id']}.0", "-o", "State,NodeList"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    step_state, step_nodes = out[0].split("|")
+    assert hostnames(step_nodes) == nodes and step_state.split()[0] in ("CANCELLED", "TIMEOUT")
+
+
 def test_node_down_while_a_job_runs_is_node_fail_then_resumes(slurm, make_trial):
-    node = slurm["node"]
     store, tid = make_trial(cluster=long_cluster(), study="nodefail", train_iters=100000)
     job = submitted(store, tid)
     wait_running(job)
+    node = jobs.slurm_state(job).node  # that job's node only: other jobs run on the others
+    assert node in slurm["nodes"]
     try:
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=test"],
                        check=True)

@@ -1,29 +1,42 @@
-"""scripts/slurm-up: idempotent (a second run leaves running daemons alone) and the configuration
-the tests rely on (accounting through slurmdbd, cgroup v1 memory limits, no overtime)."""
+"""scripts/slurm-up: idempotent (a second run with the same node count leaves running daemons
+alone) and the configuration the tests rely on (accounting through slurmdbd, cgroup v1 memory
+limits, no overtime, TEST_NODES nodes each with its own hostname, no requeue, a short
+SlurmdTimeout)."""
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, TEST_NODES
 
 pytestmark = pytest.mark.slurm
-PIDS = ("slurmctld", "slurmd", "slurmdbd")
+PIDS = ("slurmctld", "slurmdbd")
 
 
 def pids() -> dict[str, str]:
-    return {d: Path(f"/run/slurm/{d}.pid").read_text().strip() for d in PIDS}
+    run = Path("/run/slurm")
+    out = {d: (run / f"{d}.pid").read_text().strip() for d in PIDS}
+    out.update({p.stem: p.read_text().strip() for p in run.glob("slurmd-*.pid")})
+    return out
 
 
 def test_second_slurm_up_changes_nothing(slurm):
     before = pids()
-    r = subprocess.run(["bash", str(REPO / "scripts/slurm-up")], capture_output=True, text=True,
-                       timeout=300)
+    assert sorted(k for k in before if k.startswith("slurmd-")) == \
+        sorted(f"slurmd-{n}" for n in slurm["nodes"])
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", str(REPO / "scripts/slurm-up"), "--nodes", str(TEST_NODES)],
+                       capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - t0
     assert r.returncode == 0, r.stderr
-    assert "is idle" in r.stdout or "is mixed" in r.stdout or "is allocated" in r.stdout
+    states = dict(x.split() for x in r.stdout.split(":")[-1].strip().split(","))
+    assert sorted(states) == sorted(slurm["nodes"])
+    assert all(s.rstrip("*") in ("idle", "mixed", "allocated", "completing") for s in states.values())
     assert pids() == before
+    assert took < 10, f"a second slurm-up took {took:.1f} s"
 
 
 def test_configuration_the_tests_rely_on(slurm):
@@ -36,6 +49,22 @@ def test_configuration_the_tests_rely_on(slurm):
     assert settings["TaskPlugin"] == "task/cgroup"
     assert settings["OverTimeLimit"] == "0 min"
     assert settings["SelectTypeParameters"] == "CR_CORE_MEMORY"
+    assert settings["JobRequeue"] == "0"  # the tuner decides what runs again (slurm-up says why)
+    assert int(settings["SlurmdTimeout"].split()[0]) <= 15
     clusters = subprocess.run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"],
                               capture_output=True, text=True, check=True).stdout.split()
     assert settings["ClusterName"] in clusters
+    assert len(slurm["nodes"]) == TEST_NODES
+
+
+def test_every_node_runs_tasks_under_its_own_name(slurm):
+    n = len(slurm["nodes"])
+    r = subprocess.run(["srun", f"--nodes={n}", "--ntasks-per-node=1", "--mem=100M", "-t", "1",
+                        "bash", "-c", 'echo "$SLURMD_NODENAME $(hostname) $(getent hosts "$SLURMD_NODENAME")"'],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = sorted(line.split()[:3] for line in r.stdout.splitlines())
+    assert [row[0] for row in rows] == sorted(slurm["nodes"])
+    for node, host, addr in rows:
+        assert host == node  # unshare --uts: each slurmd has its node's hostname
+        assert addr == "127.0.0.1"  # node names resolve, as a job's rendezvous address needs

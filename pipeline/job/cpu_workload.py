@@ -13,6 +13,12 @@ iteration lines. Its own knobs:
     --stand-in-model-mb MB      memory a rank of the layout would need at micro batch 1 on one GPU,
                                 reported (never held) as MB x micro batch / (TP x PP x EP), so that
                                 fits of different layouts differ as real ones do
+
+With more than one rank (WORLD_SIZE > 1) the ranks first meet at MASTER_ADDR:MASTER_PORT over TCP,
+as torch.distributed's rendezvous does (rank 0 listens, the others connect and send their rank and
+node), so a wrong rendezvous address fails the job as it would fail training. Each rank writes
+what it saw (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, node, pid, the ranks met) to
+`rank_<RANK>.json` in MOETUNE_TRIAL_DIR (the job script sets it to the trial folder).
 """
 from __future__ import annotations
 
@@ -20,8 +26,10 @@ import argparse
 import ctypes
 import ctypes.util
 import os
+import json
 import resource
 import shutil
+import socket
 import sys
 import time
 from datetime import datetime
@@ -174,9 +182,86 @@ def iteration_line(it: int, total: int, ms: float, gbs: int) -> str:
             f"number of skipped iterations:   0 | number of nan iterations:   0 |")
 
 
+RENDEZVOUS_S = 120.0  # how long ranks wait for each other (a trial's nsys start can take ~20 s)
+
+
+def _send(conn: socket.socket, obj) -> None:
+    conn.sendall(json.dumps(obj).encode() + b"\n")
+
+
+def _recv(conn: socket.socket):
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ConnectionError("peer closed the rendezvous connection")
+        data += chunk
+    return json.loads(data)
+
+
+def rendezvous(rank: int, world: int, addr: str, port: int, me: dict) -> list[dict]:
+    """Every rank's `me`, in rank order, met over TCP at addr:port (rank 0 listens)."""
+    deadline = time.monotonic() + RENDEZVOUS_S
+    if rank == 0:
+        with socket.create_server(("", port), backlog=world) as srv:
+            srv.settimeout(RENDEZVOUS_S)
+            peers, conns = {0: me}, []
+            while len(peers) < world:
+                conn, _ = srv.accept()
+                conn.settimeout(max(1.0, deadline - time.monotonic()))
+                peer = _recv(conn)
+                peers[int(peer["rank"])] = peer
+                conns.append(conn)
+            met = [peers[r] for r in sorted(peers)]
+            for conn in conns:
+                _send(conn, met)
+                conn.close()
+            return met
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=5) as conn:
+                conn.settimeout(max(1.0, deadline - time.monotonic()))
+                _send(conn, me)
+                return _recv(conn)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def launch_env() -> dict:
+    """What the launcher gave this rank, and where it runs."""
+    env = os.environ
+    rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
+    return {"rank": rank, "local_rank": int(env.get("LOCAL_RANK", "0")),
+            "world_size": int(env.get("WORLD_SIZE", "1")),
+            "master_addr": env.get("MASTER_ADDR"), "master_port": env.get("MASTER_PORT"),
+            "hostname": socket.gethostname(), "slurm_node": env.get("SLURMD_NODENAME"),
+            "slurm_procid": env.get("SLURM_PROCID"), "slurm_localid": env.get("SLURM_LOCALID"),
+            "slurm_job_id": env.get("SLURM_JOB_ID"), "pid": os.getpid(),
+            "profiled": bool(env.get("NVTX_INJECTION64_PATH"))}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
-    rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
+    me = launch_env()
+    rank = me["rank"]
+    # a fit's rank runs alone, its peers skipped as Megatron's fake process group skips them
+    if me["world_size"] > 1 and me["master_addr"] and me["master_port"] and not args.fake_process_group:
+        try:
+            me["met"] = [{"rank": p["rank"], "slurm_node": p["slurm_node"], "hostname": p["hostname"]}
+                         for p in rendezvous(rank, me["world_size"], me["master_addr"],
+                                             int(me["master_port"]), me)]
+        except (OSError, ValueError) as e:
+            print(f"[Rank {rank}] rendezvous at {me['master_addr']}:{me['master_port']} failed: {e}",
+                  file=sys.stderr, flush=True)
+            return 1
+    folder = os.environ.get("MOETUNE_TRIAL_DIR")
+    if folder:
+        path = os.path.join(folder, f"rank_{rank}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(me, f, indent=1, sort_keys=True)
+        os.replace(path + ".tmp", path)
     nvtx = nvtx_api()
     hold = b"\x01" * (args.stand_in_alloc_mb * 2**20) if args.stand_in_alloc_mb else b""
     if rank == 0:
