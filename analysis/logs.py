@@ -13,6 +13,7 @@ ITER = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|.*?elapsed time per iterat
 TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")
 TOKENS = re.compile(r"tokens per (?:sec|second)[^:]*:\s*([\d.]+)", re.IGNORECASE)
 MAX_ALLOC = re.compile(r"max allocated:\s*([\d.]+)")
+MAX_RESERVED = re.compile(r"max reserved:\s*([\d.]+)")  # the caching allocator's peak (what nvidia-smi sees, less context)
 GLOBAL_BATCH = re.compile(r"global batch size:\s*(\d+)")
 SEQ_LENGTH = re.compile(r"^\s*seq_length\s*\.+\s*(\d+)\s*$", re.MULTILINE)  # Megatron's argument dump
 
@@ -72,6 +73,7 @@ def parse_log(path: str | Path, steady_skip: int = 2) -> dict:
         if t:
             tokens.append(float(t.group(1)))
     alloc = [float(x) for x in MAX_ALLOC.findall(text)]
+    reserved = [float(x) for x in MAX_RESERVED.findall(text)]
     failure = failure_line = None
     for name, rx in FAILURES:
         m = rx.search(text)
@@ -93,6 +95,7 @@ def parse_log(path: str | Path, steady_skip: int = 2) -> dict:
         "tflops_per_gpu": round(float(np.mean(tflops[steady_skip:] or tflops)), 3) if tflops else None,
         "tokens_per_s": round(float(np.mean(tokens)), 1) if tokens else None,
         "max_allocated_gb": round(max(alloc) / 1024, 3) if alloc else None,
+        "max_reserved_gb": round(max(reserved) / 1024, 3) if reserved else None,
         "failure": failure,
         "failure_line": failure_line,  # the first line that names it
         "last_lines": text.splitlines()[-10:],
