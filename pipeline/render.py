@@ -47,6 +47,11 @@ ENV_RULES: tuple[tuple[Any, dict[str, str], str], ...] = (
      "megatron-core-moe-readme.md (EP A2A overlap needs CUDA_DEVICE_MAX_CONNECTIONS > 1)"),
     (lambda c: not c.get("overlap_ep_a2a") and (c.get("tp_comm_overlap") or c.get("sequence_parallel")),
      {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, "megatron-core-moe-readme.md (example launch script)"),
+    # the first row's expandable segments make Megatron refuse TE CUDA graphs at start-up unless NCCL
+    # does not register graph buffers (illegal memory access otherwise); seen on the device
+    (lambda c: c.get("cuda_graph_impl") == "transformer_engine", {"NCCL_GRAPH_REGISTER": "0"},
+     "megatron-core 0.19.2 validate_args (megatron/training/arguments.py, cuda_graph_impl "
+     "transformer_engine with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"),
 )
 
 
