@@ -300,17 +300,53 @@ def _estimate_dense_scope(m: ModelArch, c: TrainingConfig, gpus: int) -> Estimat
 class Layout:
     config: TrainingConfig
     args: list[str]
-    memory_gb: float
+    memory_gb: float  # the estimate with FIXED_GB: what the GPU must hold
     breakdown: dict
     model_parallel: int
+    fits: bool = True  # memory_gb within the headroom of the GPU's memory, constraints passed
+    capacity_gb: float | None = None
+    refused: list[str] = field(default_factory=list)  # constraint codes that refuse it
+
+    @property
+    def estimate_gb(self) -> float:
+        """The estimate of the peak Megatron's `max allocated` reports (no fixed overhead)."""
+        return self.memory_gb - FIXED_GB
 
     def to_dict(self) -> dict:
-        return {"args": self.args, "memory_gb": round(self.memory_gb, 2), "breakdown": self.breakdown,
+        return {"args": self.args, "estimate_gb": round(self.estimate_gb, 2),
+                "memory_gb": round(self.memory_gb, 2), "fits": self.fits, "capacity_gb": self.capacity_gb,
+                "refused": self.refused, "breakdown": self.breakdown,
                 "model_parallel": self.model_parallel, "config": self.config.to_dict()}
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def plan_cluster(exp, gpus: int | None = None, gpu_type: str | None = None):
+    """The experiment's cluster section with --gpus / --gpu-type applied: (cluster, world, capacity GB)."""
+    from pipeline.experiment import GPU_MEMORY_GB
+    cluster = exp.cluster.model_copy(update={k: v for k, v in (("gpu_type", gpu_type),) if v})
+    if gpus:
+        per_node = min(gpus, cluster.gpus_per_node)
+        cluster = cluster.model_copy(update={"nodes": max(1, gpus // per_node), "gpus_per_node": per_node})
+    world = cluster.nodes * cluster.gpus_per_node
+    return cluster, world, cluster.gpu_memory_gb or GPU_MEMORY_GB[cluster.gpu_type]
+
+
+def baseline_layout(exp, gpus: int | None = None, gpu_type: str | None = None,
+                    headroom: float = 0.9) -> Layout:
+    """The experiment's own baseline as a layout, fitting or not (`fits` says which; `refused`
+    names the constraints it breaks): the first trial a study submits, so the user sees whether
+    it fits before it goes to the cluster (moe-optimization-workflow.md, Phase 1: fit first)."""
+    from pipeline.constraints import check
+    cluster, world, capacity = plan_cluster(exp, gpus, gpu_type)
+    cfg = exp.baseline
+    est = estimate(exp.model, cfg, world)
+    refused = [v.code for v in check(cfg, exp.model, cluster)]
+    return Layout(cfg, cfg.to_args(exp.model) + run_args(), est.total_gb, est.to_dict(), cfg.tp * cfg.pp,
+                  fits=not refused and est.total_gb <= headroom * capacity, capacity_gb=capacity,
+                  refused=refused)
 
 
 def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int = 20,
@@ -321,13 +357,7 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
     is feasible when it passes the constraint table and its estimate, fixed overhead included,
     is below `headroom` of the GPU's memory."""
     from pipeline.constraints import check
-    from pipeline.experiment import GPU_MEMORY_GB
-    cluster = exp.cluster.model_copy(update={k: v for k, v in (("gpu_type", gpu_type),) if v})
-    if gpus:
-        per_node = min(gpus, cluster.gpus_per_node)
-        cluster = cluster.model_copy(update={"nodes": max(1, gpus // per_node), "gpus_per_node": per_node})
-    world = cluster.nodes * cluster.gpus_per_node
-    capacity = cluster.gpu_memory_gb or GPU_MEMORY_GB[cluster.gpu_type]
+    cluster, world, capacity = plan_cluster(exp, gpus, gpu_type)
     m, base = exp.model, exp.baseline
     out: list[Layout] = []
     for tp in [t for t in (1, 2, 4, 8) if world % t == 0]:
@@ -344,7 +374,8 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
                     est = estimate(m, cfg, world)
                     if est.total_gb > headroom * capacity:
                         continue
-                    out.append(Layout(cfg, cfg.to_args(m) + run_args(), est.total_gb, est.to_dict(), tp * pp))
+                    out.append(Layout(cfg, cfg.to_args(m) + run_args(), est.total_gb, est.to_dict(), tp * pp,
+                                      capacity_gb=capacity))
                     break  # selective recompute only where the layout does not fit without it
     out.sort(key=lambda l: (l.model_parallel, l.config.pp, l.config.ep > cluster.nvlink_domain,
                             bool(l.config.recompute_modules), l.config.ep, l.memory_gb))
