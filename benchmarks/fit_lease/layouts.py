@@ -8,6 +8,10 @@ memory: rank 0 (first pipeline stage) and, where PP > 1, the first rank of the l
 and tensor-parallel rank 0, so Megatron's memory report, which only DP rank 0 prints, appears).
 
     python benchmarks/fit_lease/layouts.py > benchmarks/fit_lease/layouts.json
+
+The committed layouts.json is the one measured on 2026-11-23 (docs/memory.md): its "plan" entries
+are plan's first choices by the estimate before it was calibrated on these runs; re-rendering now
+picks qwen3_30b_a3b's baseline itself (no recompute) as that model's first choice.
 """
 from __future__ import annotations
 
