@@ -8,6 +8,9 @@
 #                                                    # (they outlive the call; logs in /tmp/fit-work)
 #   bash benchmarks/device/fit.sh wait SECONDS       # until they end or SECONDS pass; packs into $OUT
 # A call ends well inside its 600 s limit; the next `wait` call goes on while the machine is warm.
+# The runs start from a copy of the code in /tmp/fit-repo: a run started while the device tool
+# re-sends the working tree (the next call) failed at start from inside it ("Intel oneMKL FATAL
+# ERROR: Cannot load libtorch_cpu.so", rc 2 within a second; seen on 2026-11-23).
 set -u
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -34,9 +37,11 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     python3 -c 'import torch, megatron.core, transformer_engine as te; print("torch", torch.__version__,
 "megatron-core", megatron.core.__version__, "TE", te.__version__)'
-    mkdir -p "$W/logs"
-    setsid bash -c 'python3 benchmarks/device/fit.py "$0/logs" "$@" > "$0/driver.log" 2>&1; touch "$0/done"' \
-      "$W" "$@" < /dev/null > /dev/null 2>&1 &
+    rm -rf "$W" /tmp/fit-repo && mkdir -p "$W/logs" /tmp/fit-repo
+    cp -a pipeline analysis benchmarks /tmp/fit-repo/ || exit 1
+    (cd /tmp/fit-repo && PYTHONPATH="/tmp/site-gpu:/tmp/site:/tmp/fit-repo" setsid bash -c \
+      'python3 benchmarks/device/fit.py "$0/logs" "$@" > "$0/driver.log" 2>&1; touch "$0/done"' \
+      "$W" "$@" < /dev/null > /dev/null 2>&1 &)
     echo "started"
     ;;
   wait)
