@@ -70,7 +70,11 @@ def test_plan_refuses_what_cannot_fit():
 @pytest.mark.megatron
 @pytest.mark.skipif(not mv.available(), reason="no .venv-megatron (scripts/megatron-venv)")
 def test_model_state_within_10_percent_of_megatron():
-    names = list(PUBLISHED_B)
+    # deepseek_v3's baseline is left out on purpose since the fit-lease calibration: its first stage
+    # holds 3 dense layers (--decoder-first-pipeline-num-layers 3), which Megatron's figure prices
+    # as an even share of MoE layers plus MTP (20.0 GB); the measured model state on that rank is
+    # 8.1 GB and ours 8.1 GB (tests/test_memory_fit.py)
+    names = [n for n in PUBLISHED_B if n != "deepseek_v3"]
     exps = [load_experiment(n) for n in names]
     theirs = mv.theoretical_memory([e.baseline.to_args(e.model) + run_args() for e in exps],
                                    [e.cluster.gpus for e in exps])

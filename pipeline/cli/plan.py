@@ -1,13 +1,58 @@
-"""`moetune plan MODEL [--gpus N --gpu-type T] [--format text|json]`: memory-feasible layouts."""
+"""`moetune plan MODEL [--gpus N --gpu-type T] [--baseline] [--format text|json]`: memory-feasible
+layouts, each with its estimate and, where the store holds a measured run of that layout, the
+measured peak beside it."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from moetune.pipeline.cli.common import add_gpu_args, exit_code
 from moetune.pipeline.spec.experiment import ConfigError, load_experiment
-from moetune.pipeline.spec.memory import plan
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.memory import FIXED_GB, Layout, baseline_layout, plan, plan_cluster
+from moetune.pipeline.store import DEFAULT_DB, Store
+
+# Fields that do not change a layout's memory: how long it runs and what is profiled. Routing's
+# capacity fields are left out too, since a fit runs the layout with static routing.
+_NOT_LAYOUT = {"train_iters", "profile_step_start", "profile_step_end", "capacity_factor", "pad_to_capacity"}
+
+
+def _layout_key(config: dict) -> str:
+    return json.dumps({k: v for k, v in config.items() if k not in _NOT_LAYOUT}, sort_keys=True)
+
+
+def measured_peaks(exp, world: int) -> dict[str, float]:
+    """{layout key: highest measured peak (GB, Megatron's max allocated)} of the trials in the store
+    (MOETUNE_DB or .moetune/moetune.db; none is created) of this model at this GPU count."""
+    url = os.environ.get("MOETUNE_DB")
+    if not url and not Path(DEFAULT_DB).exists():
+        return {}
+    store = Store(url)
+    out: dict[str, float] = {}
+    for study in store.studies():
+        if study.model not in (exp.name, exp.model.name):
+            continue
+        cluster = (study.experiment or {}).get("cluster") or {}
+        gpus = (cluster.get("nodes") or 0) * (cluster.get("gpus_per_node") or 0)
+        for t in store.trials(study.id):
+            # a run's peak, else its fit's (the layout measured on one GPU: spec/fit.py)
+            peak = t.peak_memory_gb if t.peak_memory_gb is not None else store.metrics(t.id).get("fit_peak_gb")
+            if peak is None or (gpus and gpus != world):
+                continue
+            key = _layout_key(TrainingConfig.from_dict(t.config).to_dict())
+            out[key] = max(out.get(key, 0.0), float(peak))
+    return out
+
+
+def _row(layout: Layout, measured: dict[str, float]) -> dict:
+    d = layout.to_dict()
+    got = measured.get(_layout_key(d["config"]))
+    if got is not None:
+        d["measured_gb"] = round(got, 2)
+    return d
 
 
 def main(argv: list[str]) -> int:
@@ -20,6 +65,8 @@ def _main(argv: list[str]) -> int:
                                             "model parallelism first (fit first: moe-optimization-workflow.md).")
     p.add_argument("model", help="experiment name (experiments/NAME.yaml) or path")
     add_gpu_args(p, "GPU count (default: the experiment's cluster)")
+    p.add_argument("--baseline", action="store_true",
+                   help="only the experiment's baseline layout, listed whether it fits or not")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--limit", type=int, default=10)
     args = p.parse_args(argv)
@@ -32,15 +79,28 @@ def _main(argv: list[str]) -> int:
     if args.gpus is not None and (args.gpus < 1 or (args.gpus > per_node and args.gpus % per_node)):
         p.error(f"--gpus {args.gpus}: give 1..{per_node} GPUs of one node or a multiple of "
                 f"{per_node} (the experiment's GPUs per node)")
-    layouts = plan(exp, args.gpus, args.gpu_type, limit=args.limit)
+    if args.baseline:
+        layouts = [baseline_layout(exp, args.gpus, args.gpu_type)]
+    else:
+        layouts = plan(exp, args.gpus, args.gpu_type, limit=args.limit)
+    _, world, capacity = plan_cluster(exp, args.gpus, args.gpu_type)
     if args.format == "json":
-        print(json.dumps([l.to_dict() for l in layouts], indent=1))
+        measured = measured_peaks(exp, world)
+        print(json.dumps([_row(l, measured) for l in layouts], indent=1))
         return 0
+    gpu_type = args.gpu_type or exp.cluster.gpu_type
+    if args.baseline:
+        l = layouts[0]
+        c = l.config
+        verdict = "fits" if l.fits else ("refused: " + ", ".join(l.refused) if l.refused else "does NOT fit")
+        print(f"{exp.name} baseline TP{c.tp} PP{c.pp} EP{c.ep} on {world}x {gpu_type}: estimate "
+              f"{l.estimate_gb:.1f} GB allocated + {FIXED_GB:.0f} GB fixed = {l.memory_gb:.1f} of "
+              f"{capacity:.0f} GB: {verdict}")
+        return 0 if l.fits else 1
     if not layouts:
         print(f"no layout of {exp.name} fits; add GPUs, or consider offloading and full recompute")
         return 1
-    gpus = args.gpus or exp.cluster.nodes * per_node
-    print(f"{exp.name} on {gpus}x {args.gpu_type or exp.cluster.gpu_type}: {len(layouts)} feasible layouts shown (--limit {args.limit}), "
+    print(f"{exp.name} on {world}x {gpu_type}: {len(layouts)} feasible layouts shown (--limit {args.limit}), "
           "least model parallelism first")
     print(f"{'TP':>3} {'PP':>3} {'EP':>4} {'recompute':<18} {'GB/GPU':>7}")
     for l in layouts:

@@ -24,6 +24,7 @@ import jinja2
 
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.paths import TEMPLATES, WORKLOADS as WORKLOAD_DIR
+from moetune.pipeline.spec.environment import config_env
 from moetune.pipeline.spec.section import get as _get
 
 TEMPLATE_FILES = {"venv": "venv.sh.j2", "container": "container.sh.j2"}
@@ -40,17 +41,6 @@ NSYS_MODES = {
                  "--capture-range=cudaProfilerApi", "--capture-range-end=stop"),
     "cpu_stand_in": ("-t", "nvtx", "-s", "none", "--cpuctxsw=none"),
 }
-
-# Environment the config needs: (predicate on the config dict, variables, where it comes from).
-ENV_RULES: tuple[tuple[Any, dict[str, str], str], ...] = (
-    (lambda c: True, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-                      "NCCL_NVLS_ENABLE": "0"}, "megatron-core-moe-readme.md (environment variables)"),
-    (lambda c: c.get("overlap_ep_a2a"), {"CUDA_DEVICE_MAX_CONNECTIONS": "32"},
-     "megatron-core-moe-readme.md (EP A2A overlap needs CUDA_DEVICE_MAX_CONNECTIONS > 1)"),
-    (lambda c: not c.get("overlap_ep_a2a") and (c.get("tp_comm_overlap") or c.get("sequence_parallel")),
-     {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, "megatron-core-moe-readme.md (example launch script)"),
-)
-
 
 class RenderError(MoetuneError):
     """A job script cannot be rendered from these values (one line, names the key)."""
@@ -122,11 +112,9 @@ def time_minutes(value: Any) -> int:
     return max(1, -(-secs // 60))
 
 
-def config_env(config: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for applies, values, _source in ENV_RULES:
-        if applies(config):
-            env.update(values)
+def job_env(config: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """What the config needs (spec/environment.py) and the cluster's own variables."""
+    env = config_env(config)
     for k, v in (extra or {}).items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)):
             raise RenderError(f"cluster.env: {k!r} is not a shell variable name")
@@ -180,7 +168,7 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
         gpus_per_node=gpus, cpus_per_task=int(_get(cluster, "cpus_per_task", 1)),
         mem=_get(cluster, "mem", _get(cluster, "mem_per_node")), time_min=time_minutes(_get(cluster, "time_limit", 30)),
         partition=_get(cluster, "partition"), account=_get(cluster, "account"),
-        command=tuple(command), env=tuple(sorted(config_env(config, _get(cluster, "env", {})).items())),
+        command=tuple(command), env=tuple(sorted(job_env(config, _get(cluster, "env", {})).items())),
         nsys=nsys, container_image=_get(cluster, "container_image"),
         container_mounts=tuple(_get(cluster, "container_mounts", ())),
         modules=tuple(_get(cluster, "modules", ())), venv=str(venv) if venv else None,

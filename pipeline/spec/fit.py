@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from moetune.pipeline.spec.config import TrainingConfig
 
-FIT_ITERS = 4  # the optimizer states exist from the first step; Megatron reports memory after it
+FIT_ITERS = 3  # Megatron reports memory after iteration 2, when the optimizer states exist
 FAKE_GROUP_ARGS = ("--fake-process-group",)
 
 # What the fake group does not allocate, added to the measured peak before it is compared with the
@@ -31,8 +31,8 @@ def fit_config(config: TrainingConfig) -> TrainingConfig:
     the fake group), and a few iterations."""
     return config.replace(dispatcher="alltoall", flex_backend=None, deepep_num_sms=None,
                           hybridep_num_sms=None, capacity_factor=1.0, pad_to_capacity=True,
-                          train_iters=FIT_ITERS, profile_step_start=FIT_ITERS - 1,
-                          profile_step_end=FIT_ITERS - 1)
+                          train_iters=FIT_ITERS, profile_step_start=FIT_ITERS + 1,
+                          profile_step_end=FIT_ITERS + 1)  # no capture range: a fit is not profiled
 
 
 def bounding_ranks(config: TrainingConfig, world: int) -> tuple[int, ...]:
@@ -79,3 +79,13 @@ def verdict(ranks: dict, capacity_gb: float) -> FitVerdict:
     reason = (f"rank {peak_rank} peaks at {peak:.1f} GB; with {room:.1f} GB headroom (NCCL buffers, "
               f"uneven routing) {total:.1f} GB {'fits' if fits else 'exceeds'} the GPU's {capacity_gb:.0f} GB")
     return FitVerdict(fits, reason, round(peak, 3), room, capacity_gb)
+
+
+def fit_metrics(fitted: dict) -> dict:
+    """A fit's figures as trial metrics: the bounding ranks' peak, and the slowest one's step time
+    alone on one GPU (its compute floor: no communication, no waiting, no pipeline bubble)."""
+    steps = [r.get("step_time_ms") for r in (fitted.get("ranks") or {}).values() if r.get("step_time_ms")]
+    out = {"fit_peak_gb": fitted.get("peak_gb"), "fit_fits": 1.0 if fitted.get("fits") else 0.0}
+    if steps:
+        out["fit_compute_ms"] = max(steps)
+    return {k: v for k, v in out.items() if v is not None}

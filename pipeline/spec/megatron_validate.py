@@ -16,6 +16,8 @@ from pathlib import Path
 
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.paths import ROOT
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.environment import config_env
 
 VENV_PYTHON = Path(os.environ.get("MEGATRON_VENV", ROOT / ".venv-megatron")) / "bin" / "python"
 
@@ -27,6 +29,7 @@ class MegatronUnavailable(MoetuneError):
 _PROBE = r'''
 import contextlib, io, json, os, sys
 jobs, MEMORY, TE_VERSION = json.loads(sys.stdin.read())
+ENV_KEYS = set()
 import types
 import torch
 # No GPU and no Transformer Engine here. Answer validate_args' device queries with the cluster's
@@ -43,13 +46,16 @@ from packaging.version import Version
 from megatron.training.arguments import parse_args, validate_args
 from megatron.training.argument_utils import core_transformer_config_from_args
 out = []
-for argv, world, CAPABILITY, has_te in jobs:
+for argv, world, CAPABILITY, has_te, env in jobs:
     if has_te and rope_utils.fused_apply_rotary_pos_emb is None:
         rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
     mcore_utils._te_version = Version(TE_VERSION if has_te else "0.0.0")
-    # as pipeline/render.py's job environment sets it
-    conns = "32" if "--overlap-moe-expert-parallel-comm" in argv else "1"
-    os.environ.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0", CUDA_DEVICE_MAX_CONNECTIONS=conns)
+    # the job's environment (pipeline/render.py), and nothing left over from the argv before
+    for k in ENV_KEYS:
+        os.environ.pop(k, None)
+    os.environ.update(env)
+    ENV_KEYS = set(env)
+    os.environ.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0")
     sys.argv = ["pretrain_gpt.py", *argv]
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -82,13 +88,27 @@ CAPABILITY = {"hopper": (9, 0), "blackwell": (10, 0)}
 TE_VERSION = "2.20.2"  # what Megatron's TE version checks are told an image with TE has (the device's)
 
 
+def job_env(argv: list[str]) -> dict[str, str]:
+    """The environment job/render.py gives the job that runs this argv (ENV_RULES on the
+    config parsed back from it). Megatron reads some of it in validate_args (TE CUDA graphs under
+    expandable segments need NCCL_GRAPH_REGISTER=0), so the check runs with it."""
+    try:
+        config = TrainingConfig.from_args(argv).to_dict()
+    except (TypeError, ValueError):  # an argv moetune did not render: Megatron's parser will say why
+        config = {}
+    return config_env(config)
+
+
 def validate(argvs: list[list[str]], world_size: int | list[int],
-             generation: str = "hopper", has_te: bool = True, memory: bool = False) -> list:
+             generation: str = "hopper", has_te: bool = True, memory: bool = False,
+             envs: list[dict[str, str]] | None = None) -> list:
+    """`envs`: each job's environment; by default the one pipeline/render.py renders for it."""
     if not available():
         raise MegatronUnavailable(f"{VENV_PYTHON} missing; run scripts/megatron-venv")
     worlds = world_size if isinstance(world_size, list) else [world_size] * len(argvs)
     caps = [CAPABILITY[generation]] * len(argvs)
-    jobs = [(a, w, c, has_te) for a, w, c in zip(argvs, worlds, caps)]
+    envs = envs if envs is not None else [job_env(a) for a in argvs]
+    jobs = [(a, w, c, has_te, e) for a, w, c, e in zip(argvs, worlds, caps, envs)]
     proc = subprocess.run([str(VENV_PYTHON), "-c", _PROBE], input=json.dumps([jobs, memory, TE_VERSION]),
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})

@@ -51,6 +51,18 @@ def attention_params(m: ModelArch) -> float:
     return h * d * (2 * m.num_attention_heads + 2 * m.num_query_groups)
 
 
+def mla_replicated_params(m: ModelArch) -> float:
+    """MLA's down-projections (q to q_lora_rank, kv to kv_lora_rank plus the shared RoPE key) and
+    their norms are not split by tensor parallelism in Megatron (every TP rank holds them whole);
+    with DeepSeek-V3 at TP8 that is 0.8 B parameters a rank that a /TP count misses (the fit lease:
+    docs/memory.md)."""
+    if not m.multi_latent_attention:
+        return 0.0
+    h = m.hidden_size
+    q_down = h * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0
+    return q_down + h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank
+
+
 def count_params(m: ModelArch, tp: int = 1) -> Params:
     h = m.hidden_size
     glu = 3  # SwiGLU: gate, up, down
@@ -162,7 +174,90 @@ class Estimate:
                 "fixed_gb": self.fixed_gb, "total_gb": round(self.total_gb, 3)}
 
 
+# Activations saved for backward, measured over computed (fit lease on one H200, rank 0 of ten
+# production layouts, docs/memory.md), per model family: the per-tensor count above is the textbook
+# one (Korthikanti et al. 2022); Megatron with Transformer Engine, grouped GEMM and the alltoall
+# dispatcher keeps fewer copies of the routed tokens than it counts (fewest where top-k and expert
+# count are large: Qwen3), and MLA's cache of the compressed latents is not modelled (DeepSeek).
+# A family not measured keeps the count as it is (1.0; moe_proxy is checked against the trial bank).
+ACTIVATION_SCALE = {"qwen3": 0.84, "mixtral": 0.96, "deepseek": 1.0}
+
+
+def family(m: ModelArch) -> str:
+    """The model family a measured term belongs to: the name up to the first '_' (qwen3_235b →
+    qwen3, deepseek_v3 → deepseek)."""
+    return m.name.split("_")[0].lower()
+
+
+def first_stage_layers(m: ModelArch, c: TrainingConfig) -> tuple[float, float]:
+    """(dense-MLP layers, MoE layers) on the first pipeline stage: the uneven pipeline's first stage
+    (--decoder-first-pipeline-num-layers) or an even share, the model's leading dense layers first."""
+    if c.pp == 1:
+        n = float(m.num_layers)
+    elif c.first_pp_layers:
+        n = float(c.first_pp_layers)
+    elif c.last_pp_layers:
+        n = (m.num_layers - c.last_pp_layers) / (c.pp - 1)
+    else:
+        n = m.num_layers / c.pp
+    if m.num_experts <= 1:
+        return n, 0.0
+    dense = min(float(m.first_dense_layers), n)
+    return dense, n - dense
+
+
 def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True) -> Estimate:
+    """Peak memory of the first pipeline stage's rank (embedding, most micro batches in flight),
+    as Megatron's `max allocated` reports it (weights, gradients, optimizer states, activations)
+    plus FIXED_GB. Calibrated on the fit lease (docs/memory.md).
+    `routing=False` prices every layer as a dense layer of `ffn_hidden_size` spread evenly over the
+    stages, with MTP on the stage, the scope of Megatron's own theoretical figure (for comparing
+    like with like, not for planning)."""
+    if not routing:
+        return _estimate_dense_scope(m, c, gpus)
+    p = count_params(m, c.tp)
+    dp = gpus // (c.tp * c.pp * c.cp)
+    etp = c.etp or c.tp
+    edp = gpus // (etp * c.ep * c.pp)
+    h, E = m.hidden_size, m.num_experts
+    n_dense, n_moe = first_stage_layers(m, c)
+    n = n_dense + n_moe
+    mla_rep = mla_replicated_params(m)
+    attn_split = attention_params(m) - mla_rep
+    moe = m.num_experts > 1
+    dense_mlp = 3 * h * m.ffn_hidden_size
+    shared = 3 * h * (m.moe_shared_expert_intermediate_size or 0)
+    expert = 3 * h * m.moe_ffn_hidden_size * E if moe else 0
+    dense = (attn_split * n + dense_mlp * n_dense + shared * n_moe + p.embedding) / c.tp
+    replicated = (mla_rep + 2 * h) * n + (h * E if moe else 0) * n_moe
+    experts = expert * n_moe / (etp * c.ep)
+    if c.pp == 1:  # the only stage: the output layer, the final norm and the MTP layers too
+        mtp = mtp_params(m)
+        dense += (p.embedding + mtp.dense) / c.tp
+        replicated += h + mtp.replicated
+        experts += mtp.experts / (etp * c.ep)
+    weights = 2 * (dense + replicated + experts)
+    grads = 4 * (dense + replicated + experts)
+    opt = ((bytes_per_param(dp * c.cp, c) - 6) * (dense + replicated)
+           + (bytes_per_param(edp, c) - 6) * experts)
+    microbatches = max(1, c.global_batch // (c.micro_batch * max(dp, 1)))
+    s = (c.seq_length or m.seq_length) / c.cp
+    if c.recompute_granularity == "full":
+        per_stage = n * 2 * s * c.micro_batch * h / (c.tp if c.sequence_parallel else 1)
+    else:
+        per_stage = (n_dense * activation_bytes_per_layer(m, c, moe=False)
+                     + n_moe * activation_bytes_per_layer(m, c, moe=True))
+    act = per_stage * in_flight(c, microbatches) * ACTIVATION_SCALE.get(family(m), 1.0)
+    if c.pp == 1:  # logits in fp32 on the only stage
+        act += 4 * s * c.micro_batch * padded_vocab(m, c.tp) / c.tp
+    notes = []
+    if c.recompute_granularity == "full":
+        notes.append("full recompute: one checkpoint per layer")
+    return Estimate(weights / GB, grads / GB, opt / GB, act / GB,
+                    parameters_b=(p.total + mtp_params(m).total) / 1e9, notes=notes)
+
+
+def _estimate_dense_scope(m: ModelArch, c: TrainingConfig, gpus: int) -> Estimate:
     """Peak memory of the most loaded GPU (the first pipeline stage, which holds the embedding).
     `routing=False` prices every layer as a dense layer of `ffn_hidden_size`, the scope of
     Megatron's own theoretical figure (for comparing like with like, not for planning)."""
@@ -183,7 +278,7 @@ def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True) -
     opt = (bytes_per_param(shard_dense, c) - 6) * dense + (bytes_per_param(edp, c) - 6) * experts
     microbatches = max(1, c.global_batch // (c.micro_batch * max(dp, 1)))
     layers_per_stage = m.num_layers / c.pp
-    dense_share = m.first_dense_layers / m.num_layers if routing else 1.0
+    dense_share = 1.0  # every layer as a dense layer
     if c.recompute_granularity == "full":
         s = (c.seq_length or m.seq_length) / c.cp
         per_layer = 2 * s * c.micro_batch * m.hidden_size / (c.tp if c.sequence_parallel else 1)
@@ -206,17 +301,51 @@ def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True) -
 class Layout:
     config: TrainingConfig
     args: list[str]
-    memory_gb: float
+    memory_gb: float  # the estimate with FIXED_GB: what the GPU must hold
     breakdown: dict
     model_parallel: int
+    fits: bool = True  # memory_gb within the headroom of the GPU's memory, constraints passed
+    capacity_gb: float | None = None
+    refused: list[str] = field(default_factory=list)  # constraint codes that refuse it
+
+    @property
+    def estimate_gb(self) -> float:
+        """The estimate of the peak Megatron's `max allocated` reports (no fixed overhead)."""
+        return self.memory_gb - FIXED_GB
 
     def to_dict(self) -> dict:
-        return {"args": self.args, "memory_gb": round(self.memory_gb, 2), "breakdown": self.breakdown,
+        return {"args": self.args, "estimate_gb": round(self.estimate_gb, 2),
+                "memory_gb": round(self.memory_gb, 2), "fits": self.fits, "capacity_gb": self.capacity_gb,
+                "refused": self.refused, "breakdown": self.breakdown,
                 "model_parallel": self.model_parallel, "config": self.config.to_dict()}
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def plan_cluster(exp, gpus: int | None = None, gpu_type: str | None = None):
+    """The experiment's cluster section with --gpus / --gpu-type applied: (cluster, world, capacity GB)."""
+    cluster = exp.cluster.model_copy(update={k: v for k, v in (("gpu_type", gpu_type),) if v})
+    if gpus:
+        per_node = min(gpus, cluster.gpus_per_node)
+        cluster = cluster.model_copy(update={"nodes": max(1, gpus // per_node), "gpus_per_node": per_node})
+    world = cluster.nodes * cluster.gpus_per_node
+    return cluster, world, cluster.memory_gb
+
+
+def baseline_layout(exp, gpus: int | None = None, gpu_type: str | None = None,
+                    headroom: float = 0.9) -> Layout:
+    """The experiment's own baseline as a layout, fitting or not (`fits` says which; `refused`
+    names the constraints it breaks): the first trial a study submits, so the user sees whether
+    it fits before it goes to the cluster (moe-optimization-workflow.md, Phase 1: fit first)."""
+    cluster, world, capacity = plan_cluster(exp, gpus, gpu_type)
+    cfg = exp.baseline
+    est = estimate(exp.model, cfg, world)
+    refused = [v.code for v in check(cfg, exp.model, cluster)]
+    return Layout(cfg, cfg.to_args(exp.model) + run_args(), est.total_gb, est.to_dict(), cfg.tp * cfg.pp,
+                  fits=not refused and est.total_gb <= headroom * capacity, capacity_gb=capacity,
+                  refused=refused)
 
 
 def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int = 20,
@@ -226,12 +355,7 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
     only where a layout does not fit without it (moe-optimization-workflow.md, Phase 1). A layout
     is feasible when it passes the constraint table and its estimate, fixed overhead included,
     is below `headroom` of the GPU's memory."""
-    cluster = exp.cluster.model_copy(update={k: v for k, v in (("gpu_type", gpu_type),) if v})
-    if gpus:
-        per_node = min(gpus, cluster.gpus_per_node)
-        cluster = cluster.model_copy(update={"nodes": max(1, gpus // per_node), "gpus_per_node": per_node})
-    world = cluster.nodes * cluster.gpus_per_node
-    capacity = cluster.memory_gb
+    cluster, world, capacity = plan_cluster(exp, gpus, gpu_type)
     m, base = exp.model, exp.baseline
     out: list[Layout] = []
     for tp in [t for t in (1, 2, 4, 8) if world % t == 0]:
@@ -248,7 +372,8 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
                     est = estimate(m, cfg, world)
                     if est.total_gb > headroom * capacity:
                         continue
-                    out.append(Layout(cfg, cfg.to_args(m) + run_args(), est.total_gb, est.to_dict(), tp * pp))
+                    out.append(Layout(cfg, cfg.to_args(m) + run_args(), est.total_gb, est.to_dict(), tp * pp,
+                                      capacity_gb=capacity))
                     break  # selective recompute only where the layout does not fit without it
     out.sort(key=lambda l: (l.model_parallel, l.config.pp, l.config.ep > cluster.nvlink_domain,
                             bool(l.config.recompute_modules), l.config.ep, l.memory_gb))

@@ -183,6 +183,7 @@ def do_fit(t: TrialContext) -> list[Path]:
     out.write_text(json.dumps({**v.to_dict(), "world": world, "job": {"job_id": ref.job_id,
                                "state": state.state}, "ranks": {str(r): m for r, m in measured.items()}},
                               indent=1, sort_keys=True) + "\n")
+    t.store.set_metrics(t.id, fit.fit_metrics(json.loads(out.read_text())))  # plan reads fit_peak_gb
     return [out]
 
 

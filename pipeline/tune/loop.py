@@ -29,6 +29,7 @@ from moetune.pipeline.decide.judge import compare, judged_step
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job.replay import DEFAULT_BANK, load_bank
 from moetune.pipeline.paths import trial_folder
+from moetune.pipeline.spec import fit
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.constraints import check
 from moetune.pipeline.spec.experiment import Tuning, load_experiment
@@ -263,7 +264,7 @@ class Tuner:
         if judged_ms is not None:
             scalars["judged_step_time_ms"] = judged_ms
         if out.fit:
-            scalars.update(fit_metrics(out.fit))
+            scalars.update(fit.fit_metrics(out.fit))
         self.store.set_metrics(trial.id, scalars)
         parent = self.store.trial(trial.parent_id) if trial.parent_id else None
         ev = {"parent": parent.config_hash if parent else None, "state": out.state}
@@ -335,16 +336,6 @@ def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs
         t = Tuner(exp, store, executor=executor, runs_root=Path(runs_root), study_name=name,
                   max_trials=max_trials, bank_dir=bank_dir, progress=progress)
         return t.run()
-
-
-def fit_metrics(fitted: dict) -> dict:
-    """A fit's figures as trial metrics: the bounding ranks' peak, and the slowest one's step time
-    alone on one GPU (its compute floor: no communication, no waiting, no pipeline bubble)."""
-    steps = [r.get("step_time_ms") for r in (fitted.get("ranks") or {}).values() if r.get("step_time_ms")]
-    out = {"fit_peak_gb": fitted.get("peak_gb"), "fit_fits": 1.0 if fitted.get("fits") else 0.0}
-    if steps:
-        out["fit_compute_ms"] = max(steps)
-    return {k: v for k, v in out.items() if v is not None}
 
 
 def _progress_bar(total: int, enabled: bool):

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The fit lease: one rank of each production layout in benchmarks/fit_lease/layouts.json on ONE GPU
+# under megatron-core 0.19.2's fake process group (benchmarks/device/fit.py), with Transformer
+# Engine 2.20.2 (benchmarks/device_setup.sh te, .deps/tecarry carried; see te_bundle.sh) and the
+# megatron-core wheel in .whl (made here as benchmarks/device/tune.sh's header says; only
+# megatron-core is needed, TE's pydantic comes from .deps/tecarry). From the repo root:
+#   bash benchmarks/device/fit.sh start [NAME ...]   # set up, then the runs in their own session
+#                                                    # (they outlive the call; logs in /tmp/fit-work)
+#   bash benchmarks/device/fit.sh wait SECONDS       # until they end or SECONDS pass; packs into $OUT
+# A call ends well inside its 600 s limit; the next `wait` call goes on while the machine is warm.
+# The runs start from a copy of the code in /tmp/fit-repo: a run started while the device tool
+# re-sends the working tree (the next call) failed at start from inside it ("Intel oneMKL FATAL
+# ERROR: Cannot load libtorch_cpu.so", rc 2 within a second; seen on 2026-11-23).
+set -u
+export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+W=/tmp/fit-work
+export PYTHONPATH="/tmp/site-gpu:/tmp/site:$PWD"
+
+pack() {
+  [ -d "$W/logs" ] || return 0
+  tar cf - -C "$W" logs | xz -T0 -6 > "$OUT/fit_logs.tar.xz"
+  cp "$W/logs/results.jsonl" "$OUT/" 2>/dev/null
+  tail -n 20 "$W/driver.log"
+}
+
+case "${1:-}" in
+  start)
+    shift
+    t0=$SECONDS
+    if ! python3 -c 'import megatron.core' 2>/dev/null; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        .whl/megatron_core-*.whl || exit 1
+    fi
+    bash benchmarks/device_setup.sh te || exit 1
+    echo "setup: $((SECONDS - t0)) s"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python3 -c 'import torch, megatron.core, transformer_engine as te; print("torch", torch.__version__,
+"megatron-core", megatron.core.__version__, "TE", te.__version__)'
+    rm -rf "$W" /tmp/fit-repo && mkdir -p "$W/logs" /tmp/fit-repo
+    cp -a pipeline analysis benchmarks /tmp/fit-repo/ || exit 1
+    (cd /tmp/fit-repo && PYTHONPATH="/tmp/site-gpu:/tmp/site:/tmp/fit-repo" setsid bash -c \
+      'python3 benchmarks/device/fit.py "$0/logs" "$@" > "$0/driver.log" 2>&1; touch "$0/done"' \
+      "$W" "$@" < /dev/null > /dev/null 2>&1 &)
+    echo "started"
+    ;;
+  wait)
+    end=$((SECONDS + ${2:-500}))
+    while [ ! -f "$W/done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
+    [ -f "$W/done" ] && echo "fit: all done" || echo "fit: still running"
+    pack
+    ;;
+  *) echo "usage: $0 start [NAME ...] | wait SECONDS"; exit 2 ;;
+esac

@@ -1,0 +1,71 @@
+"""`moetune plan --format json` gives estimate_gb (and measured_gb where the store holds a measured
+run of the layout); `--baseline` lists the experiment's baseline even where it does not fit."""
+import json
+
+import pytest
+
+from moetune.pipeline.cli.main import main
+from moetune.pipeline.spec.experiment import load_experiment
+from moetune.pipeline.spec.memory import FIXED_GB
+from moetune.pipeline.spec.section import as_dict
+from moetune.pipeline.store import Store
+
+QWEN_BASELINE_MEASURED_GB = 85919.27 / 1024  # benchmarks/fit_lease: rank 0 on one H200, max allocated
+
+
+@pytest.fixture
+def no_store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MOETUNE_DB", raising=False)
+
+
+def _json(capsys, argv):
+    capsys.readouterr()
+    rc = main(argv)
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_baseline_listed_though_it_does_not_fit_an_h100(capsys, no_store):
+    rc, rows = _json(capsys, ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--baseline",
+                              "--format", "json"])
+    assert rc == 0 and len(rows) == 1
+    (row,) = rows
+    assert {k: row["config"][k] for k in ("tp", "pp", "ep")} == {"tp": 2, "pp": 2, "ep": 32}
+    assert row["fits"] is False and row["capacity_gb"] == 80.0 and row["refused"] == []
+    assert row["estimate_gb"] == pytest.approx(QWEN_BASELINE_MEASURED_GB, rel=0.10)
+    assert row["memory_gb"] == pytest.approx(row["estimate_gb"] + FIXED_GB, abs=0.01)
+    assert "measured_gb" not in row  # no store here
+    # the full plan does not list it: it is not feasible on an 80 GB H100
+    _, rows = _json(capsys, ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--format", "json",
+                             "--limit", "50"])
+    assert rows and all(r["fits"] for r in rows)
+    assert not any(r["config"]["tp"] == 2 and r["config"]["pp"] == 2 and r["config"]["ep"] == 32 for r in rows)
+    # on an H200 the same baseline fits
+    _, (row,) = _json(capsys, ["plan", "qwen3_235b", "--gpu-type", "H200", "--baseline", "--format", "json"])
+    assert row["fits"] is True and row["capacity_gb"] == 141.0
+
+
+def test_baseline_text_says_it_does_not_fit(capsys, no_store):
+    assert main(["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--baseline"]) == 1
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("qwen3_235b baseline TP2 PP2 EP32 on 256x H100") and out.endswith("does NOT fit")
+
+
+def test_measured_gb_from_the_store(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MOETUNE_DB", str(tmp_path / "db.sqlite"))
+    exp = load_experiment("qwen3_235b")
+    store = Store()
+    study = store.create_study("fit-qwen", exp.model.name, {"cluster": as_dict(exp.cluster)})
+    fit = exp.baseline.replace(capacity_factor=1.0, pad_to_capacity=True, train_iters=3)  # as the fit ran
+    t = store.add_trial(study.id, fit.to_dict(), fit.config_hash())
+    store.update_trial(t.id, state="completed", peak_memory_gb=QWEN_BASELINE_MEASURED_GB)
+    other = exp.baseline.replace(tp=4, ep=64)  # another layout: its figure must not be taken
+    t2 = store.add_trial(study.id, other.to_dict(), other.config_hash())
+    store.update_trial(t2.id, state="completed", peak_memory_gb=1.0)
+    _, (row,) = _json(capsys, ["plan", "qwen3_235b", "--baseline", "--format", "json"])
+    assert row["measured_gb"] == pytest.approx(QWEN_BASELINE_MEASURED_GB, abs=0.01)
+    assert row["estimate_gb"] == pytest.approx(row["measured_gb"], rel=0.10)
+    # at another GPU count the measurement is not this layout's (the optimizer shards differ)
+    _, (row,) = _json(capsys, ["plan", "qwen3_235b", "--gpus", "128", "--baseline", "--format", "json"])
+    assert "measured_gb" not in row
