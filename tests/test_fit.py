@@ -152,3 +152,23 @@ def test_memory_fixes_are_fitted_in_the_guidance_order_until_one_fits(tmp_path):
     assert TrainingConfig.from_dict(trials[2].config).ep == 4
     assert trials[2].parent_id == trials[1].id  # fixes stack until one fits
     assert s["best_trial"] == 3 and "trial budget spent (1 of 1)" in s["stop_reason"]
+
+
+@pytest.mark.slurm
+def test_the_fit_stage_through_the_real_slurm(slurm, make_trial):
+    """A 2-node x 2-task layout with PP 2 is fitted as one job of one task on one node, its two
+    bounding ranks (0 and 2) one after another, each told the world of 4 it stands in."""
+    from moetune.pipeline.job import scheduler as jobs
+    from tests.conftest import stand_in_cluster
+    store, tid = make_trial(cluster=stand_in_cluster(nodes=2, ntasks_per_node=2, gpu_type="H100"), pp=2)
+    out = stages.run_stage(store, tid, stages.FIT)
+    fitted = json.loads(Path(out[0]).read_text())
+    assert fitted["fits"] and fitted["world"] == 4 and sorted(fitted["ranks"]) == ["0", "2"]
+    assert fitted["job"]["state"] == "COMPLETED"
+    st = jobs.slurm_state(fitted["job"]["job_id"])  # Slurm's own word, through sacct
+    assert st.state == "COMPLETED" and "," not in st.node and "[" not in st.node  # one node
+    folder = Path(out[0]).parent
+    sbatch = (folder / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=1" in sbatch and "#SBATCH --ntasks-per-node=1" in sbatch
+    assert "[Rank 2]" in (folder / "log_rank_2.txt").read_text()
+    assert [r.stage for r in store.stage_runs(tid)] == ["fit"]

@@ -26,6 +26,12 @@ def as_dict(obj: Any) -> dict:
     return {k: v for k, v in vars(obj).items() if not k.startswith("_")}
 
 
+def rank_count(cluster: Any) -> int:
+    """The ranks of a job on this cluster: nodes x tasks per node (one per GPU unless it says)."""
+    per_node = get(cluster, "ntasks_per_node") or get(cluster, "gpus_per_node") or 1
+    return int(get(cluster, "nodes", 1) or 1) * int(per_node)
+
+
 def gpu_count(cluster: Any, per_node: int = 1) -> int:
     """nodes x gpus_per_node (`per_node` where the section does not say)."""
     return int(get(cluster, "nodes", 1) or 1) * int(get(cluster, "gpus_per_node", per_node) or per_node)

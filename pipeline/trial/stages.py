@@ -41,7 +41,7 @@ from moetune.pipeline.spec import fit, gpus
 from moetune.pipeline.spec.config import TrainingConfig, run_args
 from moetune.pipeline.spec.experiment import load_experiment
 from moetune.pipeline.spec.model import ModelArch
-from moetune.pipeline.spec.section import as_dict, gpu_count
+from moetune.pipeline.spec.section import as_dict, rank_count
 from moetune.pipeline.store import Study, now
 
 STAGE_ORDER = ("render", "submit", "collect", "export", "analyze", "decide")  # one run of a trial
@@ -164,7 +164,7 @@ def do_fit(t: TrialContext) -> list[Path]:
     if folder.exists():  # a fit is measured whole, never half from an earlier run
         shutil.rmtree(folder)
     config = fit.fit_config(TrainingConfig.from_dict(t.row.config))
-    world = gpu_count(cluster)
+    world = rank_count(cluster)  # the job's ranks: one per GPU (the CPU stand-in has tasks)
     ranks = fit.bounding_ranks(config, world)
     argv = config.to_args(model, has_apex=cluster_d.get("has_apex", True)) + run_args() + \
         list(fit.FAKE_GROUP_ARGS)
