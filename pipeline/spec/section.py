@@ -27,8 +27,9 @@ def as_dict(obj: Any) -> dict:
 
 
 def rank_count(cluster: Any) -> int:
-    """The ranks of a job on this cluster: nodes x tasks per node (one per GPU unless it says)."""
-    per_node = get(cluster, "ntasks_per_node") or get(cluster, "gpus_per_node") or 1
+    """The ranks of the training a layout is for: one per GPU; on a cluster section without GPUs
+    (the CPU stand-in's), one per task."""
+    per_node = get(cluster, "gpus_per_node") or get(cluster, "ntasks_per_node") or 1
     return int(get(cluster, "nodes", 1) or 1) * int(per_node)
 
 

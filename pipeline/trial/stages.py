@@ -164,7 +164,7 @@ def do_fit(t: TrialContext) -> list[Path]:
     if folder.exists():  # a fit is measured whole, never half from an earlier run
         shutil.rmtree(folder)
     config = fit.fit_config(TrainingConfig.from_dict(t.row.config))
-    world = rank_count(cluster)  # the job's ranks: one per GPU (the CPU stand-in has tasks)
+    world = rank_count(cluster)
     ranks = fit.bounding_ranks(config, world)
     argv = config.to_args(model, has_apex=cluster_d.get("has_apex", True)) + run_args() + \
         list(fit.FAKE_GROUP_ARGS)
