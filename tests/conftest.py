@@ -89,6 +89,25 @@ def stand_in_cluster(**overrides) -> dict:
     return c
 
 
+def stand_in_experiment(folder: Path, name: str, cluster: dict | None = None, tuning: dict | None = None,
+                        **baseline) -> str:
+    """An experiment YAML (written into `folder`) of moe_proxy whose jobs run the CPU stand-in for
+    training locally: 2 GPUs' worth of one task each, no nsys, 30 ms iterations; `cluster`,
+    `tuning` and the baseline's fields override."""
+    exp = yaml.safe_load((REPO / "experiments" / "moe_proxy.yaml").read_text())
+    exp["name"] = name
+    exp["cluster"] = {"name": "cpu-1node", "template": "venv", "workload": "cpu_stand_in",
+                      "nodes": 1, "gpus_per_node": 2, "ntasks_per_node": 1, "cpus_per_task": 1,
+                      "gpu_type": "H100", "time_limit": "00:05:00", "nsys": "off",
+                      "has_transformer_engine": False, "stand_in": {"ms_per_iter": 30}, **(cluster or {})}
+    exp["tuning"] = tuning or {}
+    exp["baseline"] = dict(exp["baseline"], train_iters=10, profile_step_start=4, profile_step_end=7,
+                           **baseline)
+    path = Path(folder) / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    return str(path)
+
+
 @pytest.fixture
 def make_trial(tmp_path):
     """make_trial(cluster=..., executor=..., study=..., **config) -> (store, trial id)."""

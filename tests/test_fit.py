@@ -18,7 +18,7 @@ from moetune.pipeline.store import Store
 from moetune.pipeline.tune import loop as tuner
 from moetune.pipeline.trial import stages
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import stand_in_experiment
 
 
 def test_bounding_ranks_are_the_first_and_last_pipeline_stage():
@@ -49,24 +49,16 @@ def test_verdict_counts_the_headroom(ranks, capacity, fits, words):
     assert v.headroom_gb == pytest.approx(fit.NCCL_BUFFERS_GB + fit.ROUTING_IMBALANCE_SHARE * capacity)
 
 
-def stand_in_experiment(tmp_path, **cluster) -> str:
-    exp = yaml.safe_load((REPO / "experiments" / "moe_proxy.yaml").read_text())
-    exp["name"] = "fit_stand_in"
-    exp["cluster"] = {"name": "cpu-1node", "template": "venv", "workload": "cpu_stand_in", "nodes": 1,
-                      "gpus_per_node": 8, "ntasks_per_node": 1, "time_limit": "00:05:00", "nsys": "off",
-                      "python": sys.executable, "gpu_type": "H100", "has_transformer_engine": False,
-                      "stand_in": {"ms_per_iter": 20}, **cluster}
-    exp["tuning"] = {"budget_trials": 2, "patience": 1, "fit_first": True}
-    exp["baseline"] = dict(exp["baseline"], pp=2, ep=2, train_iters=10, profile_step_start=4,
-                           profile_step_end=7)
-    path = tmp_path / "fit_stand_in.yaml"
-    path.write_text(yaml.safe_dump(exp))
-    return str(path)
+def fit_experiment(tmp_path, **cluster) -> str:
+    """8 GPUs' worth of the CPU stand-in, PP 2 and EP 2, fitted first."""
+    return stand_in_experiment(tmp_path, "fit_stand_in", {"gpus_per_node": 8, "python": sys.executable,
+                                                          "stand_in": {"ms_per_iter": 20}, **cluster},
+                               {"budget_trials": 2, "patience": 1, "fit_first": True}, pp=2, ep=2)
 
 
 def test_a_layout_that_fits_is_measured_then_submitted(tmp_path):
     store = Store(str(tmp_path / "db.sqlite"))
-    s = tuner.tune(stand_in_experiment(tmp_path), store, executor="local", runs_root=tmp_path / "runs",
+    s = tuner.tune(fit_experiment(tmp_path), store, executor="local", runs_root=tmp_path / "runs",
                    progress=False)
     study = store.study(s["study"])
     base = store.trials(study.id)[0]
@@ -87,7 +79,7 @@ def test_a_layout_that_does_not_fit_never_reaches_the_cluster(tmp_path):
     baseline nor any memory fix fits; each is measured on one GPU, none is rendered for the cluster,
     and the study stops when the table has no memory fix left."""
     store = Store(str(tmp_path / "db.sqlite"))
-    s = tuner.tune(stand_in_experiment(tmp_path, gpu_memory_gb=2), store, executor="local",
+    s = tuner.tune(fit_experiment(tmp_path, gpu_memory_gb=2), store, executor="local",
                    runs_root=tmp_path / "runs", progress=False)
     study = store.study(s["study"])
     trials = store.trials(study.id)
@@ -106,7 +98,7 @@ def test_a_layout_that_does_not_fit_never_reaches_the_cluster(tmp_path):
 
 def test_moetune_fit_by_hand(tmp_path, capsys):
     from moetune.pipeline.cli.main import main
-    exp = stand_in_experiment(tmp_path)
+    exp = fit_experiment(tmp_path)
     argv = ["--db", str(tmp_path / "db.sqlite"), "fit", exp, "--pp", "4", "--executor", "local",
             "--runs", str(tmp_path / "runs")]
     assert main(argv) == 0
@@ -121,7 +113,7 @@ def test_moetune_fit_by_hand(tmp_path, capsys):
 def test_the_report_shows_the_fit_and_the_compute_floor(tmp_path):
     from moetune.pipeline.report.study import study_markdown
     store = Store(str(tmp_path / "db.sqlite"))
-    s = tuner.tune(stand_in_experiment(tmp_path), store, executor="local", runs_root=tmp_path / "runs",
+    s = tuner.tune(fit_experiment(tmp_path), store, executor="local", runs_root=tmp_path / "runs",
                    progress=False)
     text = study_markdown(store, s["study"])
     assert "Fit on one GPU first: rank" in text and "fits the GPU" in text
@@ -133,7 +125,7 @@ def test_memory_fixes_are_fitted_in_the_guidance_order_until_one_fits(tmp_path):
     fit_order) leaves the stand-in's memory as it was, so it does not fit either; raising EP on top
     of it halves the rank's share of the model and fits; only that layout reaches the cluster, and it
     is kept as the first layout that fits."""
-    exp = yaml.safe_load(Path(stand_in_experiment(tmp_path, gpu_memory_gb=10,
+    exp = yaml.safe_load(Path(fit_experiment(tmp_path, gpu_memory_gb=10,
                                                   stand_in={"ms_per_iter": 20, "model_mb": 16000})).read_text())
     exp["tuning"]["budget_trials"] = 1
     exp["baseline"].update(tp=1, pp=1, ep=2, micro_batch=1, distributed_optimizer=False)

@@ -4,28 +4,18 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from moetune.pipeline.tune import loop as tuner
 from moetune.pipeline.tune.state import JUDGED
 from moetune.pipeline.store import Store
+from tests.conftest import stand_in_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def experiment(tmp_path, **tuning) -> str:
-    exp = yaml.safe_load((REPO / "experiments" / "moe_proxy.yaml").read_text())
-    exp["name"] = "local_stand_in"
-    exp["cluster"] = {"name": "cpu-1node", "template": "venv", "workload": "cpu_stand_in",
-                      "nodes": 1, "gpus_per_node": 2, "ntasks_per_node": 1, "cpus_per_task": 1,
-                      "gpu_type": "H100", "time_limit": "00:05:00", "nsys": "off",
-                      "python": sys.executable, "has_transformer_engine": False,
-                      "stand_in": {"ms_per_iter": 30}}
-    exp["tuning"] = {"budget_trials": 3, "patience": 2, **tuning}
-    exp["baseline"] = dict(exp["baseline"], train_iters=10, profile_step_start=4, profile_step_end=7)
-    path = tmp_path / "local_stand_in.yaml"
-    path.write_text(yaml.safe_dump(exp))
-    return str(path)
+    return stand_in_experiment(tmp_path, "local_stand_in", {"python": sys.executable},
+                               {"budget_trials": 3, "patience": 2, **tuning})
 
 
 def test_local_executor_runs_the_baseline_for_real(tmp_path):

@@ -9,7 +9,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.conftest import stand_in_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,14 +55,8 @@ def test_plan_and_check_from_another_directory(installed, tmp_path):
 
 def test_tune_the_cpu_stand_in_from_another_directory(installed, tmp_path):
     _, bin_ = installed
-    exp = yaml.safe_load((REPO / "experiments" / "moe_proxy.yaml").read_text())
-    exp["name"] = "wheel_stand_in"
-    exp["cluster"] = {"name": "cpu-1node", "template": "venv", "workload": "cpu_stand_in", "nodes": 1,
-                      "gpus_per_node": 2, "ntasks_per_node": 1, "time_limit": "00:05:00", "nsys": "off",
-                      "has_transformer_engine": False, "stand_in": {"ms_per_iter": 30}}
-    exp["tuning"] = {"budget_trials": 2, "patience": 1}
-    exp["baseline"] = dict(exp["baseline"], train_iters=10, profile_step_start=4, profile_step_end=7)
-    (tmp_path / "wheel_stand_in.yaml").write_text(yaml.safe_dump(exp))
+    # the job's python: the fresh venv's own (the venv template's default), not this one
+    stand_in_experiment(tmp_path, "wheel_stand_in", tuning={"budget_trials": 2, "patience": 1})
     out = run([bin_ / "moetune", "tune", "wheel_stand_in.yaml", "--executor", "local", "--no-progress"],
               cwd=tmp_path)
     assert "study wheel_stand_in:" in out
