@@ -55,10 +55,12 @@ def class_times(k: pd.DataFrame) -> tuple[dict, dict]:
 
 def comm_exposure(k: pd.DataFrame) -> dict:
     """Raw and exposed communication (ns): comm time not covered by any compute kernel."""
-    compute = _u(k[~k["cls"].isin(NON_COMPUTE)])
-    comm = _u(k[k["cls"].isin(COMM_CLASSES)])
-    a2a = _u(k[k["cls"].isin(A2A_CLASSES)])
-    other = _u(k[k["cls"] == "nccl_other"])
+    s, e, cls = k["start"].to_numpy(), k["end"].to_numpy(), k["cls"]
+    of = lambda classes: cls.isin(classes).to_numpy()  # masks on numpy: no frame copies
+    compute = iv.union(s[~of(NON_COMPUTE)], e[~of(NON_COMPUTE)])
+    comm = iv.union(s[of(COMM_CLASSES)], e[of(COMM_CLASSES)])
+    a2a = iv.union(s[of(A2A_CLASSES)], e[of(A2A_CLASSES)])
+    other = iv.union(s[of(("nccl_other",))], e[of(("nccl_other",))])
     return {
         "compute_ns": iv.length(compute),
         "comm_ns": iv.length(comm),

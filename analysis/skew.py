@@ -18,26 +18,41 @@ import pandas as pd
 from analysis.window import Window
 
 
+def a2a_starts(k: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A rank's summary for the split: {kernel name: (starts, ends)} in start order, 16 bytes a
+    kernel; what a worker sends back instead of its kernel frame."""
+    if k.empty:
+        return {}
+    order = np.argsort(k["start"].to_numpy(), kind="stable")
+    names = k["name"].astype(str).to_numpy()[order]
+    start, end = k["start"].to_numpy(np.int64)[order], k["end"].to_numpy(np.int64)[order]
+    codes, uniques = pd.factorize(names)
+    return {str(u): (start[codes == i], end[codes == i]) for i, u in enumerate(uniques)}
+
+
 def a2a_wait_ns(a2a: dict[int, pd.DataFrame], windows: dict[int, Window]) -> dict[int, float] | None:
     """None with fewer than two ranks, or when no kernel is found on every rank."""
-    if len(a2a) < 2:
+    return wait_from_starts({rank: a2a_starts(k) for rank, k in a2a.items()}, windows)
+
+
+def wait_from_starts(starts: dict[int, dict], windows: dict[int, Window]) -> dict[int, float] | None:
+    """a2a_wait_ns from each rank's a2a_starts: the i-th kernel of a name pairs across ranks while
+    every rank has an i-th (min count); its latest start over the ranks ends each rank's wait."""
+    if len(starts) < 2:
         return None
-    parts = []
-    for rank, k in a2a.items():
-        d = pd.DataFrame({"name": k["name"].astype(str).to_numpy(), "start": k["start"].to_numpy(),
-                          "end": k["end"].to_numpy()}).sort_values("start", kind="stable")
-        parts.append(d.assign(rank=rank, i=d.groupby("name").cumcount()))
-    df = pd.concat(parts, ignore_index=True)
-    on_all = df.groupby(["name", "i"])["rank"].transform("size") == len(a2a)
-    df = df[on_all]
-    if df.empty:
+    common = set.intersection(*(set(s) for s in starts.values()))
+    count = {n: min(len(s[n][0]) for s in starts.values()) for n in common}
+    count = {n: c for n, c in count.items() if c}
+    if not count:
         return None
-    last_start = df.groupby(["name", "i"])["start"].transform("max").to_numpy()
-    wait_end = np.minimum(last_start, df["end"].to_numpy())
+    last = {n: np.max([s[n][0][:c] for s in starts.values()], axis=0) for n, c in count.items()}
     out = {}
     for rank, w in windows.items():
-        sel = (df["rank"] == rank).to_numpy()
-        s = np.clip(df["start"].to_numpy()[sel], w.start, None)
-        e = np.clip(wait_end[sel], None, w.end)
-        out[rank] = float(np.clip(e - s, 0, None).sum())
+        total = 0.0
+        for n, c in count.items():
+            st, en = starts[rank][n][0][:c], starts[rank][n][1][:c]
+            s = np.clip(st, w.start, None)
+            e = np.clip(np.minimum(last[n], en), None, w.end)
+            total += float(np.clip(e - s, 0, None).sum())
+        out[rank] = total
     return out
