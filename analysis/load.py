@@ -1,7 +1,10 @@
 """Open an Nsight Systems SQLite export (2022.4 or 2025.x schema) into pandas frames.
 
-Only the tables and columns the metrics need are read; names are resolved through `StringIds`.
-A table that is absent (no CUDA, no NVTX, no memory events) gives an empty frame.
+Only the tables and columns the metrics need are read (the kernel and runtime tables through
+analysis.columnar, both at once; a rank's rows only where analysis.ranks asks, by SQL conditions);
+names are resolved through `StringIds`, once per distinct id. A table that is absent (no CUDA, no
+NVTX, no memory events) gives an empty frame. open_trace() reads a whole file (pipeline/report.py's
+rank_frames); analyze() reads rank by rank (analysis.ranks).
 """
 from __future__ import annotations
 

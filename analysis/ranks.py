@@ -1,17 +1,18 @@
 """Map per rank, reduce across ranks: each rank's metrics from its own rows, in worker processes.
 
 A rank is one (globalPid, deviceId) of one file: a file per rank, or one process of a one-file
-export. plan() lists the ranks (one small DISTINCT query per file); summarize() reads one rank's
-rows only (WHERE on its process and GPU, and from the first step's start on: the rows before the
-steps' window feed no metric) and returns a small summary: its metrics, its window, its all-to-all
-kernel starts (the cross-rank wait split needs only those, analysis.skew) and its GPU's memory.
-map_ranks() runs summarize() over `workers` processes; only the summaries come back, so memory is
-bounded by the ranks in flight, not by the trace set.
+export. plan() lists the ranks (a DISTINCT query per file) and packs them into tasks of up to
+ROWS_PER_TASK kernels; summarize() reads a task's rows only (WHERE on its processes and GPUs, and
+runtime calls and copies from the first step's start on: the rows before the steps' window feed no
+metric), measures each rank alone and returns small summaries: its metrics, its window, its
+all-to-all kernel starts (all the cross-rank wait split needs, analysis.skew) and its GPU's memory.
+map_ranks() runs the tasks over `workers` processes; only summaries come back, so memory is bounded
+by the tasks in flight, not by the trace set.
 
-Rows before the window: a kernel ends after its launch call begins, so every kernel launched in
-the steps ends at or after the first step's start; the window begins at the first of those
-kernels. Should a window still begin before the first step (clocks out of step), the rank is read
-again whole. All-to-all kernels are read over the whole capture: the split pairs them by order.
+Rows before the window: a kernel ends after its launch call begins, so the window, which begins
+with the first kernel launched in the steps, begins at or after the first step's start; should it
+begin earlier all the same (clocks out of step), that rank is read again whole. Kernels are read
+whole: the split pairs all-to-all kernels by order over the whole capture.
 """
 from __future__ import annotations
 
