@@ -96,14 +96,7 @@ def gap_histogram(gs: np.ndarray, ge: np.ndarray) -> dict:
 
 def _coverage(u, t: np.ndarray) -> np.ndarray:
     """Length of the disjoint sorted set `u` that lies before each time in `t`."""
-    us, ue = u
-    if us.size == 0:
-        return np.zeros(t.size)
-    before = np.concatenate([[0], np.cumsum(ue - us)])
-    i = np.searchsorted(us, t, side="right") - 1
-    j = np.maximum(i, 0)
-    part = np.clip(t - us[j], 0, ue[j] - us[j])
-    return np.where(i >= 0, before[j] + part, 0)
+    return iv.covered_before(u, t)
 
 
 def idle_causes(gs, ge, k: pd.DataFrame, runtime: pd.DataFrame) -> dict:
