@@ -107,21 +107,21 @@ def analyze(paths=(), log=None, gpu_memory_gb: float | None = None, workers: int
     from analysis.logs import parse_log
     from analysis.metrics import combine
     from analysis.ranks import map_ranks
-    from analysis.skew import wait_from_starts
+    from analysis.skew import A2ASummaries
     from analysis.walls import classify as classify_wall
     if not paths and not log:
         raise TraceError("nothing to analyze: give trace files and/or --log")
     parsed_log = parse_log(log) if log else None
     files = trace_files(paths)
     per_rank: dict[int, dict] = {}
-    a2a_starts, windows = {}, {}
-    for s in map_ranks(files, workers):
-        per_rank[s.rank] = s.metrics
-        if s.a2a is not None:
-            a2a_starts[s.rank], windows[s.rank] = s.a2a, s.window
-        if gpu_memory_gb is None and s.gpu_memory_gb is not None:
-            gpu_memory_gb = s.gpu_memory_gb
-    combined = combine(per_rank, wait_from_starts(a2a_starts, windows)) if per_rank else {}
+    with A2ASummaries() as a2a:  # kept on disk: memory does not grow with the ranks
+        for s in map_ranks(files, workers):
+            per_rank[s.rank] = s.metrics
+            if s.a2a is not None:
+                a2a.add(s.rank, s.a2a, s.window)
+            if gpu_memory_gb is None and s.gpu_memory_gb is not None:
+                gpu_memory_gb = s.gpu_memory_gb
+        combined = combine(per_rank, a2a.wait_ns()) if per_rank else {}
     if parsed_log:
         for key in ("step_time_ms", "step_time_std_ms", "tflops_per_gpu", "tokens_per_s"):
             if combined.get(key) is None and parsed_log.get(key) is not None:
