@@ -35,7 +35,7 @@ def in_window(df: pd.DataFrame, w: Window) -> pd.DataFrame:
     if df.empty:
         return df
     keep = (df["end"] > w.start) & (df["start"] < w.end)
-    out = df[keep].copy()
+    out = df.copy(deep=False) if keep.all() else df[keep].copy()  # most rows are inside: no copy
     out["start"] = out["start"].clip(lower=w.start)
     out["end"] = out["end"].clip(upper=w.end)
     return out
@@ -105,8 +105,8 @@ def idle_causes(gs, ge, k: pd.DataFrame, runtime: pd.DataFrame) -> dict:
     if gs.size == 0 or k.empty:
         return out
     dur = (ge - gs).astype(np.float64)
-    starts = np.sort(k["start"].to_numpy())
     order = np.argsort(k["start"].to_numpy(), kind="stable")
+    starts = k["start"].to_numpy()[order]
     nxt = np.minimum(np.searchsorted(starts, ge, side="left"), len(starts) - 1)
     launch_end = np.full(gs.size, -1, dtype=np.int64)
     sync_u = (np.array([], np.int64), np.array([], np.int64))

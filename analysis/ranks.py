@@ -50,12 +50,24 @@ class RankSummary:
     rows_read: dict = field(default_factory=dict)
 
 
+MAX_DEFAULT_WORKERS = 8
+WORKER_GB = 0.6  # a worker's peak on a task of ROWS_PER_TASK kernels, measured (benchmarks/analysis.py)
+
+
 def default_workers() -> int:
-    """One worker per core this process may run on."""
+    """One worker per core this process may run on, at most 8, and no more than the free memory
+    holds (a 128-core node would otherwise start 64 workers for 64 rank files)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    free_gb = float("inf")
+    try:  # MemAvailable counts the page cache the kernel can drop; free pages alone do not
+        with open("/proc/meminfo") as f:
+            free_gb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) / 2**20
+    except (OSError, StopIteration, ValueError):
+        pass
+    return max(1, min(cores, MAX_DEFAULT_WORKERS, int(free_gb / WORKER_GB)))
 
 
 def plan(files, workers: int = 1) -> list[Task]:
