@@ -110,3 +110,17 @@ def test_foreign_sqlite_in_a_worker_is_one_line_error(tmp_path):
     good = _rank(TraceBuilder(), PID, 0, 500).write(tmp_path / "g.sqlite")
     with pytest.raises(TraceError, match="foreign.sqlite: not an Nsight Systems export"):
         analysis.analyze([good, p], workers=2)
+
+
+def test_a_window_that_begins_before_the_first_step_is_read_again_whole(tmp_path):
+    """Clocks out of step: a kernel launched in the step starts before it (50 us, step at 100 us). The
+    window begins with that kernel, so the launch at 60 us, cut by the row filter, is read again."""
+    b = TraceBuilder().range("iteration 0", 100, 1000)
+    b.kernel(GEMM, 70, 80, launch_us=(60, 65))  # launched before the step, inside the window
+    b.kernel(GEMM, 50, 200, launch_us=(110, 115))  # launched in the step, starts before it
+    b.kernel(GEMM, 400, 900, launch_us=(300, 305))
+    p = b.write(tmp_path / "skewed.sqlite")
+    (s,) = map_ranks([p], workers=1)
+    assert (s.window.start, s.window.end) == (50_000, 900_000)
+    assert s.rows_read == {"kernels": 3, "runtime": 3}  # all three launches
+    assert s.metrics["launch_rate_per_ms"] == pytest.approx(3 / 0.85, abs=1e-3)
