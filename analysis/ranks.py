@@ -256,6 +256,8 @@ def map_ranks(files, workers: int | None = None):
     workers = default_workers() if workers is None else max(1, int(workers))
     tasks = plan(files, workers)
     done = 0
+    if mp.current_process().daemon:  # a pool's worker itself may not start processes
+        workers = 1
     if min(workers, len(tasks)) > 1:
         try:
             with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=_context()) as pool:

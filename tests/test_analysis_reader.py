@@ -124,3 +124,19 @@ def test_a_window_that_begins_before_the_first_step_is_read_again_whole(tmp_path
     assert (s.window.start, s.window.end) == (50_000, 900_000)
     assert s.rows_read == {"kernels": 3, "runtime": 3}  # all three launches
     assert s.metrics["launch_rate_per_ms"] == pytest.approx(3 / 0.85, abs=1e-3)
+
+
+def _analyze_in_a_daemon(path):
+    return analysis.analyze([path], workers=2)["metrics"]
+
+
+def test_analysis_inside_a_pool_worker_runs_its_ranks_in_that_process(tmp_path):
+    """A daemonic process (a multiprocessing pool's worker) may not start workers of its own."""
+    import multiprocessing as mp
+    b = TraceBuilder()
+    for r in range(2):
+        _rank(b, PID + (r << 24), r, 500 + 100 * r)
+    p = b.write(tmp_path / "two.sqlite")
+    with mp.get_context("spawn").Pool(1) as pool:
+        inside = pool.apply(_analyze_in_a_daemon, (p,))
+    assert inside == analysis.analyze([p], workers=2)["metrics"]
