@@ -1,7 +1,8 @@
 """moetune's trace analysis: nsys SQLite → per-rank metrics → the dominant wall, with evidence.
 
 Public API
-    analyze(paths, log=None, gpu_memory_gb=None) -> dict   # wall, confidence, evidence, metrics, log
+    analyze(paths, log=None, gpu_memory_gb=None, workers=None) -> dict   # wall, confidence, evidence,
+                                                            # metrics, log; ranks in `workers` processes
     TraceError                                              # one-line message naming the file
     logs.parse_log(path) -> dict                            # Megatron log (plain or .xz)
 
@@ -69,7 +70,7 @@ def _ranks(paths):
     for path in trace_files(paths):
         t = open_trace(path)
         k = t.kernels
-        k = k.assign(cls=classify(k["name"])) if not k.empty else k.assign(cls=[])
+        k = k.assign(cls=classify(k["name"]).astype(object)) if not k.empty else k.assign(cls=[])
         if k.empty:
             yield rank, k, t.copies, t.runtime, t.nvtx, t.memory, t.gpus, t.sm_active
             rank += 1
@@ -98,30 +99,28 @@ def _split(df, cols: tuple[str, ...]) -> dict:
     return {tuple(int(x) for x in k): v for k, v in out.items()}
 
 
-def analyze(paths=(), log=None, gpu_memory_gb: float | None = None) -> dict:
-    from moetune.analysis.gpu_metrics import sm_active_share
+def analyze(paths=(), log=None, gpu_memory_gb: float | None = None, workers: int | None = None) -> dict:
+    """`workers`: processes that compute ranks' metrics at once (None: one per core; 1: in this
+    process). Each rank is read and measured by itself (analysis.ranks); only small summaries come
+    back, and the cross-rank all-to-all split is computed from them."""
     from moetune.analysis.logs import parse_log
-    from moetune.analysis.kernels import A2A_CLASSES
-    from moetune.analysis.metrics import combine, rank_metrics
-    from moetune.analysis.skew import a2a_wait_ns
+    from moetune.analysis.metrics import combine
+    from moetune.analysis.ranks import map_ranks
+    from moetune.analysis.skew import A2ASummaries
     from moetune.analysis.walls import classify as classify_wall
-    from moetune.analysis.window import find_window
     if not paths and not log:
         raise TraceError("nothing to analyze: give trace files and/or --log")
     parsed_log = parse_log(log) if log else None
+    files = trace_files(paths)
     per_rank: dict[int, dict] = {}
-    a2a_kernels, windows = {}, {}
-    for rank, k, copies, rt, nvtx, mem, gpus, sm in _ranks(paths):
-        w = find_window(k, rt, nvtx)
-        per_rank[rank] = rank_metrics(k, copies, rt, mem, w)
-        if not k.empty and w.ns > 0:
-            a2a_kernels[rank], windows[rank] = k[k["cls"].isin(A2A_CLASSES)], w
-        sampled = sm_active_share(sm, w.start, w.end)
-        if sampled is not None:  # measured by the GPU, beside the timeline's sm_util_estimate
-            per_rank[rank]["sm_active_share"] = sampled
-        if gpu_memory_gb is None and not gpus.empty and "totalMemory" in gpus:
-            gpu_memory_gb = float(gpus["totalMemory"].max()) / 2**30
-    combined = combine(per_rank, a2a_wait_ns(a2a_kernels, windows)) if per_rank else {}
+    with A2ASummaries() as a2a:  # kept on disk: memory does not grow with the ranks
+        for s in map_ranks(files, workers):
+            per_rank[s.rank] = s.metrics
+            if s.a2a is not None:
+                a2a.add(s.rank, s.a2a, s.window)
+            if gpu_memory_gb is None and s.gpu_memory_gb is not None:
+                gpu_memory_gb = s.gpu_memory_gb
+        combined = combine(per_rank, a2a.wait_ns()) if per_rank else {}
     if parsed_log:
         for key in ("step_time_ms", "step_time_std_ms", "tflops_per_gpu", "tokens_per_s"):
             if combined.get(key) is None and parsed_log.get(key) is not None:
@@ -136,5 +135,5 @@ def analyze(paths=(), log=None, gpu_memory_gb: float | None = None) -> dict:
         "metrics": {"combined": combined, "per_rank": per_rank},
         "log": parsed_log,
         "gpu_memory_gb": gpu_memory_gb,
-        "sources": [str(p) for p in trace_files(paths)] + ([str(log)] if log else []),
+        "sources": [str(p) for p in files] + ([str(log)] if log else []),
     }

@@ -25,16 +25,20 @@ def main(argv: list[str]) -> int:
     p.add_argument("--log", help="the Megatron training log of the same job")
     p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     p.add_argument("--gpu-memory-gb", type=float, help="GPU memory (default: from the trace)")
+    p.add_argument("--workers", type=int, help="processes that measure ranks at once (default: one per "
+                                               "core, at most 8, as free memory allows; 1: no workers)")
     try:
         args = p.parse_args(argv)
         if not args.paths and not args.log:
             p.error("give trace files or folders, and/or --log FILE")
         if args.gpu_memory_gb is not None and args.gpu_memory_gb <= 0:
             p.error(f"--gpu-memory-gb must be positive, got {args.gpu_memory_gb}")
+        if args.workers is not None and args.workers < 1:
+            p.error(f"--workers must be 1 or more, got {args.workers}")
     except SystemExit as e:  # usage error (one line already printed) or --help
         return int(e.code or 0)
     try:
-        result = analyze(args.paths, log=args.log, gpu_memory_gb=args.gpu_memory_gb)
+        result = analyze(args.paths, log=args.log, gpu_memory_gb=args.gpu_memory_gb, workers=args.workers)
     except TraceError as e:
         print(f"moetune analyze: {e}", file=sys.stderr)
         return 2

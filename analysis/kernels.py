@@ -59,9 +59,10 @@ def classify_name(name: str) -> str:
 
 
 def classify(names: pd.Series) -> pd.Series:
-    """Class of each kernel name; each distinct name is matched once."""
+    """Class of each kernel name, a categorical of CLASSES (class tests compare small codes, not
+    strings); each distinct name is matched once."""
     if names.empty:
-        return pd.Series([], dtype=object, index=names.index)
+        return pd.Series(pd.Categorical([], categories=CLASSES), index=names.index)
     codes, uniques = pd.factorize(names)
-    classes = np.array([classify_name(str(u)) for u in uniques], dtype=object)
-    return pd.Series(classes[codes], index=names.index)
+    classes = np.array([CLASSES.index(classify_name(str(u))) for u in uniques], dtype=np.int64)
+    return pd.Series(pd.Categorical.from_codes(classes[codes], categories=CLASSES), index=names.index)

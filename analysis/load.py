@@ -1,27 +1,28 @@
 """Open an Nsight Systems SQLite export (2022.4 or 2025.x schema) into pandas frames.
 
-Only the tables and columns the metrics need are read; names are resolved through `StringIds`.
-A table that is absent (no CUDA, no NVTX, no memory events) gives an empty frame.
+Only the tables and columns the metrics need are read (the kernel and runtime tables through
+analysis.columnar, both at once; a rank's rows only where analysis.ranks asks, by SQL conditions);
+names are resolved through `StringIds`, once per distinct id. A table that is absent (no CUDA, no
+NVTX, no memory events) gives an empty frame. open_trace() reads a whole file (pipeline/report.py's
+rank_frames); analyze() reads rank by rank (analysis.ranks).
 """
 from __future__ import annotations
 
 import hashlib
-import itertools
 import lzma
-import multiprocessing as mp
 import os
 import re
 import shutil
 import sqlite3
 import subprocess
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from moetune.analysis.columnar import int_frames
 from moetune.analysis.errors import TraceError
 from moetune.analysis.nsys import nsys_binary
 from moetune.analysis.gpu_metrics import read_sm_active
@@ -127,15 +128,6 @@ def _read(con, sql: str) -> pd.DataFrame:
     return pd.read_sql_query(sql, con)
 
 
-def _ints(con, table: str, cols: tuple[str, ...], where: str = "") -> pd.DataFrame:
-    """Integer columns of a big table, read straight into numpy (NULL reads as -1)."""
-    n = con.execute(f"SELECT count(*) FROM {table} {where}").fetchone()[0]
-    sel = ", ".join(f'COALESCE("{c}", -1)' for c in cols)
-    rows = con.execute(f"SELECT {sel} FROM {table} {where}")
-    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=n * len(cols))
-    return pd.DataFrame(flat.reshape(n, len(cols)), columns=list(cols))
-
-
 def _strings(con, ids) -> dict[int, str]:
     """StringIds values of these ids."""
     q = ",".join(str(int(i)) for i in ids) or "NULL"
@@ -160,81 +152,104 @@ def _names(con, ids: pd.Series, clean=None) -> pd.Categorical:
 
 def open_trace(path: str | Path) -> Trace:
     path = Path(path)
-    _check_file(path) if not path.name.endswith((".xz", ".nsys-rep")) else None
-    local = materialize(path)
-    _check_file(local)
-    try:
-        con = sqlite3.connect(f"file:{local}?mode=ro&immutable=1", uri=True)
+    with connect(path) as (con, local):
+        return _load(con, path, local)
+
+
+class connect:
+    """`with connect(path) as (con, local)`: a read-only sqlite3 connection to the trace (a .xz or
+    .nsys-rep made local first) and the local file's path; an SQLite error inside the block (a
+    truncated file) becomes the one-line TraceError naming `path`."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __enter__(self):
+        path = self.path
+        _check_file(path) if not path.name.endswith((".xz", ".nsys-rep")) else None
+        local = materialize(path)
+        _check_file(local)
         try:
-            return _load(con, path)
-        finally:
-            con.close()
-    except sqlite3.DatabaseError as e:
-        raise TraceError(f"{path}: unreadable SQLite ({e}); the file may be truncated") from None
+            self.con = sqlite3.connect(f"file:{local}?mode=ro&immutable=1", uri=True)
+        except sqlite3.DatabaseError as e:
+            raise TraceError(f"{path}: unreadable SQLite ({e}); the file may be truncated") from None
+        return self.con, local
+
+    def __exit__(self, kind, err, tb):
+        self.con.close()
+        if isinstance(err, sqlite3.DatabaseError):
+            raise TraceError(f"{self.path}: unreadable SQLite ({err}); the file may be truncated") from None
+        return False
 
 
-def _load(con, path: Path) -> Trace:
+def tables_of(con, path: Path) -> dict[str, set[str]]:
+    """{table: its columns}; a file without StringIds is not an nsys export (one-line TraceError)."""
     tables = _tables(con)
     if "StringIds" not in tables:
         raise TraceError(f"{path}: not an Nsight Systems export (no StringIds table)")
+    return tables
+
+
+def export_version(con, tables) -> str:
     version = ""
     for t in ("META_DATA_EXPORT", "EXPORT_META_DATA"):  # 2025.x, 2022.4
         if t in tables and {"name", "value"} <= tables[t]:
             meta = dict(con.execute(f"SELECT name, value FROM {t}").fetchall())
             version = str(meta.get("EXPORT_PROGRAM_VERSION") or meta.get("EXPORT_PRODUCT_VERSION")
                           or meta.get("EXPORT_SCHEMA_VERSION") or "")
-    runtime = _runtime_async(con, tables)
-    kernels = _kernels(con, tables)
-    return Trace(path=path, version=version, kernels=kernels,
-                 copies=_copies(con, tables), runtime=runtime(),
+    return version
+
+
+def _load(con, path: Path, local: Path | None = None) -> Trace:
+    tables = tables_of(con, path)
+    kernels, runtime = kernels_and_runtime(con, local, tables)
+    return Trace(path=path, version=export_version(con, tables), kernels=kernels,
+                 copies=_copies(con, tables), runtime=runtime,
                  nvtx=_nvtx(con, tables), memory=_memory(con, tables), gpus=_gpus(con, tables),
                  tables=frozenset(tables), sm_active=read_sm_active(con, tables))
 
 
-BIG_TABLE_ROWS = 200_000
+KERNEL_TABLE, RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"
 
 
-def _read_runtime(uri: str, tables) -> pd.DataFrame:
-    con = sqlite3.connect(uri, uri=True)
-    try:
-        return _runtime(con, tables)
-    finally:
-        con.close()
+def both(*conds: str) -> str:
+    """SQL conditions joined by AND; empty ones left out."""
+    return " AND ".join(c for c in conds if c)
 
 
-def _runtime_async(con, tables):
-    """Start reading the CUDA runtime table; returns a function that gives the frame. A big table
-    is read in a forked process while this one reads the kernels (the reads are CPU-bound)."""
-    t = "CUPTI_ACTIVITY_KIND_RUNTIME"
-    big = t in tables and con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] > BIG_TABLE_ROWS
-    uri = con.execute("PRAGMA database_list").fetchone()[2]
-    if not big or "fork" not in mp.get_all_start_methods() or not uri:
-        frame = _runtime(con, tables)
-        return lambda: frame
-    pool = ProcessPoolExecutor(1, mp_context=mp.get_context("fork"))
-    future = pool.submit(_read_runtime, f"file:{uri}?mode=ro&immutable=1", tables)
-
-    def result() -> pd.DataFrame:
-        try:
-            return future.result()
-        finally:
-            pool.shutdown()
-    return result
+def _where(*conds: str) -> str:
+    return f"WHERE {both(*conds)}" if both(*conds) else ""
 
 
-def _kernels(con, tables) -> pd.DataFrame:
-    t = "CUPTI_ACTIVITY_KIND_KERNEL"
-    if t not in tables:
-        return pd.DataFrame(columns=[*KERNEL_COLS, "name"])
-    cols = tables[t]
+def _kernel_cols(cols) -> tuple[str, ...]:
     stream = ("streamId",) if "streamId" in cols else ()  # TE's grouped GEMM spreads over streams
     if "shortName" in cols and "demangledName" in cols:
-        df = _ints(con, t, (*KERNEL_COLS, *stream, "shortName", "demangledName"))
+        return (*KERNEL_COLS, *stream, "shortName", "demangledName")
+    return (*KERNEL_COLS, *stream, "shortName" if "shortName" in cols else "demangledName")
+
+
+def kernels_and_runtime(con, local, tables, kernel_where: str = "", runtime_where: str = ""):
+    """The kernel and runtime frames (rows matching the SQL conditions), both tables read at once."""
+    queries, which = [], []
+    if KERNEL_TABLE in tables:
+        queries.append((KERNEL_TABLE, _kernel_cols(tables[KERNEL_TABLE]), _where(kernel_where)))
+        which.append("k")
+    if RUNTIME_TABLE in tables:
+        queries.append((RUNTIME_TABLE, RUNTIME_COLS, _where(runtime_where)))
+        which.append("rt")
+    frames = dict(zip(which, int_frames(con, local, queries)))
+    kernels = (_kernel_names(con, frames["k"]) if "k" in frames
+               else pd.DataFrame(columns=[*KERNEL_COLS, "name"]))
+    runtime = (_runtime_names(con, frames["rt"]) if "rt" in frames
+               else pd.DataFrame(columns=["start", "end", "globalPid", "correlationId", "name"]))
+    return kernels, runtime
+
+
+def _kernel_names(con, df: pd.DataFrame) -> pd.DataFrame:
+    if "shortName" in df and "demangledName" in df:
         df["name"] = _qualified_names(con, df.pop("shortName"), df.pop("demangledName"))
-        return df
-    name_col = "shortName" if "shortName" in cols else "demangledName"
-    df = _ints(con, t, (*KERNEL_COLS, *stream, name_col))
-    df["name"] = _names(con, df.pop(name_col))
+    else:
+        df["name"] = _names(con, df.pop("shortName" if "shortName" in df else "demangledName"))
     return df
 
 
@@ -256,11 +271,11 @@ def _qualified_names(con, short: pd.Series, demangled: pd.Series) -> pd.Categori
     return _categorical([qualified_name(found.get(a, "?"), found.get(b, "")) for a, b in pairs], codes)
 
 
-def _copies(con, tables) -> pd.DataFrame:
+def _copies(con, tables, where: str = "") -> pd.DataFrame:
     parts = []
     for t, kind in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
         if t in tables:
-            df = _read(con, f'SELECT start, "end", deviceId, streamId, globalPid FROM {t}')
+            df = _read(con, f'SELECT start, "end", deviceId, streamId, globalPid FROM {t} {_where(where)}')
             df["kind"] = kind
             parts.append(df)
     if not parts:
@@ -268,17 +283,16 @@ def _copies(con, tables) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def _runtime(con, tables) -> pd.DataFrame:
-    t = "CUPTI_ACTIVITY_KIND_RUNTIME"
-    if t not in tables:
-        return pd.DataFrame(columns=["start", "end", "globalPid", "correlationId", "name"])
-    df = _ints(con, t, ("start", "end", "globalTid", "correlationId", "nameId"))
+RUNTIME_COLS = ("start", "end", "globalTid", "correlationId", "nameId")
+
+
+def _runtime_names(con, df: pd.DataFrame) -> pd.DataFrame:
     df["globalPid"] = df.pop("globalTid") & PID_MASK
     df["name"] = _names(con, df.pop("nameId"), clean=lambda n: re.sub(r"_v\d+$", "", n))
     return df
 
 
-def _nvtx(con, tables) -> pd.DataFrame:
+def _nvtx(con, tables, where: str = "") -> pd.DataFrame:
     t = "NVTX_EVENTS"
     if t not in tables:
         return pd.DataFrame(columns=["start", "end", "globalPid", "text"])
@@ -287,17 +301,17 @@ def _nvtx(con, tables) -> pd.DataFrame:
     join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
     # eventType 59: push/pop range, 60: start/end range (both schemas)
     df = _read(con, f'SELECT n.start, n."end", n.globalTid, {text} AS text FROM {t} n {join} '
-                    f'WHERE n."end" IS NOT NULL AND n.eventType IN (59, 60)')
+                    f'WHERE n."end" IS NOT NULL AND n.eventType IN (59, 60) {"AND " + where if where else ""}')
     df["globalPid"] = df.pop("globalTid").astype("int64") & PID_MASK
     df["text"] = df["text"].fillna("")
     return df
 
 
-def _memory(con, tables) -> pd.DataFrame:
+def _memory(con, tables, where: str = "") -> pd.DataFrame:
     t = "CUDA_GPU_MEMORY_USAGE_EVENTS"
     if t not in tables:
         return pd.DataFrame(columns=["start", "deviceId", "globalPid", "bytes", "op"])
-    return _read(con, f"SELECT start, deviceId, globalPid, bytes, memoryOperationType AS op FROM {t}")
+    return _read(con, f"SELECT start, deviceId, globalPid, bytes, memoryOperationType AS op FROM {t} {_where(where)}")
 
 
 def _gpus(con, tables) -> pd.DataFrame:

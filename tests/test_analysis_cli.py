@@ -50,6 +50,8 @@ def test_folder_is_one_rank_per_file_and_formats(tmp_path, capsys):
     assert c["a2a_wait_ms"] == pytest.approx((0.2 + 0.0) / 2, abs=1e-3)
     assert r["metrics"]["per_rank"]["0"]["a2a_wait_ms"] == pytest.approx(0.2, abs=1e-3)
     assert r["wall"] == "communication"
+    assert analyze_main([str(d), "--format", "json", "--workers", "1"]) == 0  # in this process
+    assert json.loads(capsys.readouterr().out)["metrics"] == r["metrics"]
     assert analyze_main([str(d), "--format", "markdown"]) == 0
     md = capsys.readouterr().out
     assert md.startswith("**Wall: communication**") and "| exposed_comm_share |" in md
@@ -87,6 +89,7 @@ def test_usage_errors_are_one_line(tmp_path, capsys):
     _one_line_error(capsys, [], "--log")
     _one_line_error(capsys, ["x.sqlite", "--format", "yaml"], "--format")
     _one_line_error(capsys, ["x.sqlite", "--gpu-memory-gb", "-1"], "--gpu-memory-gb")
+    _one_line_error(capsys, ["x.sqlite", "--workers", "0"], "--workers")
     _one_line_error(capsys, [str(tmp_path / "missing.sqlite")], "missing.sqlite", "no such file")
     _one_line_error(capsys, [str(tmp_path)], str(tmp_path), "no trace files")
     (tmp_path / "t.sqlite.xz").write_bytes(b"\xfd7zXZ\x00broken")

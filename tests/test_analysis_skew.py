@@ -56,3 +56,17 @@ def test_no_split_for_one_rank_or_unmatched_kernels():
     w = {0: Window(0, 10, 1, (10,), "nvtx"), 1: Window(0, 10, 1, (10,), "nvtx")}
     assert a2a_wait_ns({0: _k([("combine", 0, 5)])}, {0: w[0]}) is None
     assert a2a_wait_ns({0: _k([("combine", 0, 5)]), 1: _k([("dispatch", 0, 5)])}, w) is None
+
+
+def test_summaries_kept_on_disk_give_the_same_split_and_are_removed():
+    from moetune.analysis.skew import A2ASummaries, a2a_starts
+    r0 = _k([("dispatch", 0, 100), ("combine", 200, 600), ("dispatch", 1000, 1100), ("combine", 1200, 1600)])
+    r1 = _k([("dispatch", 0, 100), ("combine", 500, 600), ("dispatch", 1000, 1100), ("combine", 1500, 1600)])
+    late = {0: Window(1000, 2000, 1, (1000,), "nvtx"), 1: Window(0, 2000, 2, (1000, 1000), "nvtx")}
+    with A2ASummaries() as s:
+        for rank, k in ((0, r0), (1, r1)):
+            s.add(rank, a2a_starts(k), late[rank])
+        folder = s._dir.name
+        assert s.wait_ns() == a2a_wait_ns({0: r0, 1: r1}, late) == {0: 300.0, 1: 0.0}
+    import os
+    assert not os.path.exists(folder)

@@ -1,0 +1,271 @@
+"""Map per rank, reduce across ranks: each rank's metrics from its own rows, in worker processes.
+
+A rank is one (globalPid, deviceId) of one file: a file per rank, or one process of a one-file
+export. plan() lists the ranks (a DISTINCT query per file) and packs them into tasks of up to
+ROWS_PER_TASK kernels; summarize() reads a task's rows only (WHERE on its processes and GPUs, and
+runtime calls and copies from the first step's start on: the rows before the steps' window feed no
+metric), measures each rank alone and returns small summaries: its metrics, its window, its
+all-to-all kernel starts (all the cross-rank wait split needs, analysis.skew) and its GPU's memory.
+map_ranks() runs the tasks over `workers` processes; only summaries come back, so memory is bounded
+by the tasks in flight, not by the trace set.
+
+Rows before the window: a kernel ends after its launch call begins, so the window, which begins
+with the first kernel launched in the steps, begins at or after the first step's start; should it
+begin earlier all the same (clocks out of step), that rank is read again whole. Kernels are read
+whole: the split pairs all-to-all kernels by order over the whole capture.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import multiprocessing as mp
+import os
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from moetune.analysis.load import (KERNEL_TABLE, PID_MASK, _copies, _gpus, _memory, _nvtx, both, connect,
+                           kernels_and_runtime, tables_of)
+
+ALL_TIDS = ~PID_MASK  # a process's thread ids: globalPid | 0..0xFFFFFF
+# Kernels a worker reads in one query. A one-file export's ranks are read in groups up to this many
+# rows: every query scans the whole table (its rows of all ranks are interleaved), so one query per
+# rank would scan an 8-rank file 8 times; a group bounds a worker's memory all the same.
+ROWS_PER_TASK = 600_000
+
+
+@dataclass(frozen=True)
+class Task:
+    path: str  # the input as given (messages name it)
+    ranks: tuple  # ((rank, (globalPid, deviceId) or None for a file without kernels, kernels), ...)
+
+
+@dataclass
+class RankSummary:
+    rank: int
+    metrics: dict
+    window: object  # analysis.window.Window
+    a2a: dict | None = None  # analysis.skew.a2a_starts; None: no kernels or an empty window
+    gpu_memory_gb: float | None = None
+    rows_read: dict = field(default_factory=dict)
+
+
+MAX_DEFAULT_WORKERS = 8
+WORKER_GB = 0.6  # a worker's peak on a task of ROWS_PER_TASK kernels, measured (benchmarks/analysis.py)
+
+
+def default_workers() -> int:
+    """One worker per core this process may run on, at most 8, and no more than the free memory
+    holds (a 128-core node would otherwise start 64 workers for 64 rank files)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    free_gb = float("inf")
+    try:  # MemAvailable counts the page cache the kernel can drop; free pages alone do not
+        with open("/proc/meminfo") as f:
+            free_gb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) / 2**20
+    except (OSError, StopIteration, ValueError):
+        pass
+    return max(1, min(cores, MAX_DEFAULT_WORKERS, int(free_gb / WORKER_GB)))
+
+
+def plan(files, workers: int = 1) -> list[Task]:
+    """The ranks of these files, numbered in file order, then by (globalPid, deviceId), packed into
+    tasks of up to ROWS_PER_TASK kernels (a rank is never split); at least `workers` tasks where
+    there are that many ranks."""
+    groups: list[tuple[str, list]] = []
+    rank = 0
+    for path in files:
+        with connect(path) as (con, _local):
+            tables = tables_of(con, path)
+            rows, total = [], 0
+            if KERNEL_TABLE in tables:  # a GROUP BY count would sort the table: 5x slower
+                rows = con.execute(f"SELECT DISTINCT globalPid, deviceId FROM {KERNEL_TABLE}").fetchall()
+                total = con.execute(f"SELECT count(*) FROM {KERNEL_TABLE}").fetchone()[0]
+        keys = sorted(((-1 if p is None else int(p), -1 if d is None else int(d)), total // len(rows))
+                      for p, d in rows)  # kernels per rank: the file's share, as an estimate
+        group, size = [], 0
+        for key, n in keys or [(None, 0)]:
+            if group and size + n > ROWS_PER_TASK:
+                groups.append((str(path), group))
+                group, size = [], 0
+            group.append((rank, key, n))
+            size += n
+            rank += 1
+        groups.append((str(path), group))
+    while len(groups) < workers and any(len(g) > 1 for _, g in groups):  # split the biggest
+        i = max(range(len(groups)), key=lambda j: sum(n for *_, n in groups[j][1]) if len(groups[j][1]) > 1 else -1)
+        path, g = groups[i]
+        groups[i:i + 1] = [(path, g[:len(g) // 2]), (path, g[len(g) // 2:])]
+    return [Task(path, tuple(g)) for path, g in groups]
+
+
+def _in(col: str, values) -> str:
+    vals = sorted(set(values))
+    parts = [f"{col} IN ({', '.join(str(v) for v in vals if v != -1)})"] if any(v != -1 for v in vals) else []
+    parts += [f"{col} IS NULL"] if -1 in vals else []
+    return "(" + " OR ".join(parts) + ")"
+
+
+def _conditions(keys) -> tuple[str, str]:
+    """SQL conditions for these ranks' rows: (on globalPid and deviceId, on globalTid). A group's
+    pid x device product may take in rows of other ranks; the split by key drops them."""
+    if keys == [None]:
+        return "", ""
+    pids = {p for p, _ in keys}
+    tids = [f"globalTid BETWEEN {p} AND {p | ALL_TIDS}" for p in sorted(pids) if p != -1] or ["0 = 1"]
+    return f"{_in('globalPid', pids)} AND {_in('deviceId', {d for _, d in keys})}", f"({' OR '.join(tids)})"
+
+
+def _index(df: pd.DataFrame, cols) -> dict:
+    """{key tuple: positions of its rows}, one pass."""
+    if df.empty:
+        return {}
+    by = list(cols) if len(cols) > 1 else cols[0]
+    return {tuple(int(x) for x in (k if isinstance(k, tuple) else (k,))): v
+            for k, v in df.groupby(by, sort=False).indices.items()}
+
+
+def _rows(df: pd.DataFrame, index: dict, key) -> pd.DataFrame:
+    return df if key is None else df.iloc[index[key]] if key in index else df.iloc[0:0]
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:  # not glibc: nothing to do
+        return None
+
+
+_LIBC = _libc()
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def _bound_heap(done: bool) -> None:
+    """glibc keeps freed memory in per-thread arenas, and connectorx reads in threads: a process
+    that ran 10 tasks held 430 MB more than one that ran one (measured on the benchmark's 500k-kernel
+    ranks). With 2 arenas, and a trim after each task, it stays at one task's memory."""
+    if _LIBC is None:
+        return
+    if done:
+        gc.collect()
+        _LIBC.malloc_trim(0)
+    else:
+        _LIBC.mallopt(M_ARENA_MAX, 2)
+
+
+def summarize(task: Task) -> list[RankSummary]:
+    """The summaries of a task's ranks, read from its file together and measured one by one."""
+    _bound_heap(done=False)
+    try:
+        return _summarize(task)
+    finally:
+        _bound_heap(done=True)
+
+
+def _summarize(task: Task) -> list[RankSummary]:
+    from moetune.analysis.gpu_metrics import read_sm_active
+    from moetune.analysis.kernels import classify
+    from moetune.analysis.window import step_ranges
+
+    keys = [key for _, key, _ in task.ranks]
+    with connect(task.path) as (con, local):
+        tables = tables_of(con, task.path)
+        on_gpu, on_tid = _conditions(keys)
+        nvtx = _nvtx(con, tables, on_tid)
+        nvtx_at = _index(nvtx, ("globalPid",))
+        firsts = [step_ranges(_rows(nvtx, nvtx_at, key and key[:1])) for key in keys]
+        # rows before the first step feed no metric (module doc); kernels are read whole: the
+        # all-to-all kernels pair across ranks over the whole capture
+        lo = (min(int(s["start"].iloc[0]) for s in firsts)
+              if None not in keys and all(not s.empty for s in firsts) else None)
+
+        def read(on_gpu, on_tid, lo):
+            after = lambda col: f'"{col}" >= {lo}' if lo is not None else ""
+            k, rt = kernels_and_runtime(con, local, tables, on_gpu, both(on_tid, after("start")))
+            k = k.assign(cls=classify(k["name"])) if not k.empty else k.assign(cls=[])
+            return k, rt, _copies(con, tables, both(on_gpu, after("end")))
+
+        k, rt, copies = read(on_gpu, on_tid, lo)
+        memory = _memory(con, tables, on_gpu)
+        at = {"k": _index(k, ("globalPid", "deviceId")), "rt": _index(rt, ("globalPid",)),
+              "copies": _index(copies, ("globalPid", "deviceId")),
+              "memory": _index(memory, ("globalPid", "deviceId"))}
+        sm = read_sm_active(con, tables)
+        gpus = _gpus(con, tables)
+        mem_gb = float(gpus["totalMemory"].max()) / 2**30 if not gpus.empty and "totalMemory" in gpus else None
+        out = []
+        for rank, key, _n in task.ranks:
+            pid = key and key[:1]
+            frames = (_rows(k, at["k"], key), _rows(copies, at["copies"], key), _rows(rt, at["rt"], pid),
+                      _rows(nvtx, nvtx_at, pid), _rows(memory, at["memory"], key))
+            s = _measure(rank, key, *frames, sm, lo)
+            if s is None:  # its window begins before the rows read: read this rank whole
+                one_gpu, one_tid = _conditions([key])
+                k1, rt1, c1 = read(one_gpu, one_tid, None)
+                s = _measure(rank, key, k1, c1, rt1, frames[3], frames[4], sm, None)
+            s.gpu_memory_gb = mem_gb
+            out.append(s)
+        return out
+
+
+def _measure(rank, key, k, copies, rt, nvtx, memory, sm, lo) -> RankSummary | None:
+    """One rank's summary; None when its window begins before `lo` (the first row read)."""
+    from moetune.analysis.gpu_metrics import for_device, sm_active_share
+    from moetune.analysis.kernels import A2A_CLASSES
+    from moetune.analysis.metrics import rank_metrics
+    from moetune.analysis.skew import a2a_starts
+    from moetune.analysis.window import find_window
+    w = find_window(k, rt, nvtx)
+    if lo is not None and not k.empty and w.start < lo:
+        return None
+    m = rank_metrics(k, copies, rt, memory, w)
+    sampled = sm_active_share(for_device(sm, key[1]) if key else sm, w.start, w.end)
+    if sampled is not None:  # measured by the GPU, beside the timeline's sm_util_estimate
+        m["sm_active_share"] = sampled
+    a2a = None
+    if not k.empty and w.ns > 0:
+        a2a = a2a_starts(k[k["cls"].isin(A2A_CLASSES)])
+    return RankSummary(rank, m, w, a2a, rows_read={"kernels": len(k), "runtime": len(rt)})
+
+
+def _context():
+    """Fork (fast, and a script needs no `if __name__ == "__main__"` guard) unless this process has
+    read through connectorx, which is not safe across a fork (columnar.used_here); then a fork
+    server started clean, with the analysis imported."""
+    from moetune.analysis.columnar import used_here
+    methods = mp.get_all_start_methods()
+    if "fork" in methods and not used_here():
+        return mp.get_context("fork")
+    if "forkserver" not in methods:
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["moetune.analysis.ranks", "moetune.analysis.metrics",
+                                "moetune.analysis.window", "moetune.analysis.skew",
+                                "moetune.analysis.gpu_metrics"])
+    return ctx
+
+
+def map_ranks(files, workers: int | None = None):
+    """RankSummary of every rank of these files, in rank order; tasks run in `workers` processes
+    (None: one per core; 1: in this process). Should the pool break (a worker killed), the tasks
+    not yet done run in this process."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+    workers = default_workers() if workers is None else max(1, int(workers))
+    tasks = plan(files, workers)
+    done = 0
+    if mp.current_process().daemon:  # a pool's worker itself may not start processes
+        workers = 1
+    if min(workers, len(tasks)) > 1:
+        try:
+            with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=_context()) as pool:
+                for summaries in pool.map(summarize, tasks):
+                    yield from summaries
+                    done += 1
+        except BrokenProcessPool:
+            pass
+    for t in tasks[done:]:
+        yield from summarize(t)
