@@ -20,7 +20,9 @@ import ctypes
 import gc
 import multiprocessing as mp
 import os
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
@@ -28,6 +30,8 @@ from moetune.analysis.load import (KERNEL_TABLE, PID_MASK, _copies, _gpus, _memo
                            kernels_and_runtime, tables_of)
 
 ALL_TIDS = ~PID_MASK  # a process's thread ids: globalPid | 0..0xFFFFFF
+RANK_IN_NAME = re.compile(r"trace_(\d+)\.")  # the job script's name for a profiled rank's report
+
 # Kernels a worker reads in one query. A one-file export's ranks are read in groups up to this many
 # rows: every query scans the whole table (its rows of all ranks are interleaved), so one query per
 # rank would scan an 8-rank file 8 times; a group bounds a worker's memory all the same.
@@ -70,12 +74,23 @@ def default_workers() -> int:
     return max(1, min(cores, MAX_DEFAULT_WORKERS, int(free_gb / WORKER_GB)))
 
 
+def rank_labels(per_file) -> list[int]:
+    """The ranks' numbers, in the order of `per_file` [(path, keys), ...]: the job's own where every
+    file holds one rank and is named for it (trace_<RANK>.*, as the job script names each profiled
+    rank's report), else 0, 1, ... in file order."""
+    named = [RANK_IN_NAME.match(Path(path).name) for path, _ in per_file]
+    if all(m and len(keys) == 1 for m, (_, keys) in zip(named, per_file)):
+        ranks = [int(m.group(1)) for m in named]
+        if len(set(ranks)) == len(ranks):
+            return ranks
+    return list(range(sum(len(keys) for _, keys in per_file)))
+
+
 def plan(files, workers: int = 1) -> list[Task]:
     """The ranks of these files, numbered in file order, then by (globalPid, deviceId), packed into
     tasks of up to ROWS_PER_TASK kernels (a rank is never split); at least `workers` tasks where
     there are that many ranks."""
-    groups: list[tuple[str, list]] = []
-    rank = 0
+    per_file = []
     for path in files:
         with connect(path) as (con, _local):
             tables = tables_of(con, path)
@@ -85,14 +100,17 @@ def plan(files, workers: int = 1) -> list[Task]:
                 total = con.execute(f"SELECT count(*) FROM {KERNEL_TABLE}").fetchone()[0]
         keys = sorted(((-1 if p is None else int(p), -1 if d is None else int(d)), total // len(rows))
                       for p, d in rows)  # kernels per rank: the file's share, as an estimate
+        per_file.append((path, keys or [(None, 0)]))
+    labels = iter(rank_labels(per_file))
+    groups: list[tuple[str, list]] = []
+    for path, keys in per_file:
         group, size = [], 0
-        for key, n in keys or [(None, 0)]:
+        for key, n in keys:
             if group and size + n > ROWS_PER_TASK:
                 groups.append((str(path), group))
                 group, size = [], 0
-            group.append((rank, key, n))
+            group.append((next(labels), key, n))
             size += n
-            rank += 1
         groups.append((str(path), group))
     while len(groups) < workers and any(len(g) > 1 for _, g in groups):  # split the biggest
         i = max(range(len(groups)), key=lambda j: sum(n for *_, n in groups[j][1]) if len(groups[j][1]) > 1 else -1)

@@ -1,6 +1,7 @@
 """`moetune analyze` as a function (moetune.analysis.cli.main): formats, folders of rank files, log-only
 runs, --gpu-memory-gb, and one-line errors with exit 2."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,20 @@ def test_two_gpus_in_one_file_are_two_ranks(tmp_path):
     assert len(per) == 2
     assert sorted(m["kernel_class_count"]["a2a"] for m in per.values()) == [1, 1]
     assert sorted(round(m["window_ms"], 3) for m in per.values()) == [1.2, 1.4]
+
+
+def test_ranks_are_numbered_as_the_job_named_their_reports(tmp_path):
+    """Reports of profiled ranks 2 and 10 (trace_<RANK>.sqlite, as the job script names them) are
+    ranks 2 and 10 of the analysis, read in that order; files not named for a rank are 0, 1, ..."""
+    d = tmp_path / "run"
+    d.mkdir()
+    for rank in (10, 2):
+        _rank(d / f"trace_{rank}.sqlite", 100 + rank)
+    r = analysis.analyze([d], workers=1)
+    assert sorted(r["metrics"]["per_rank"]) == [2, 10]
+    assert [Path(p).name for p in r["sources"]] == ["trace_2.sqlite", "trace_10.sqlite"]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for name in ("node_b", "node_a"):
+        _rank(plain / f"{name}.sqlite", 100)
+    assert sorted(analysis.analyze([plain], workers=1)["metrics"]["per_rank"]) == [0, 1]

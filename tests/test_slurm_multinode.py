@@ -70,12 +70,10 @@ def check_two_node_trial(slurm, store, tid):
             texts = [x[0] for x in db.execute("SELECT text FROM NVTX_EVENTS WHERE text LIKE 'iteration %'")]
         assert len(texts) == 8, f"rank {r}"
     analysis = json.loads((folder / "analysis.json").read_text())
-    # both profiled ranks are analysed, one from each node's report. (analysis numbers the ranks
-    # it reads 0, 1, ... in file order, not by job rank: trace_2's metrics are under "1"; see
-    # ../notes/issue15.md)
+    # both profiled ranks are analysed, one from each node's report, under their job ranks
     assert sorted(Path(p).name for p in analysis["sources"] if p.endswith(".sqlite")) == \
         ["trace_0.sqlite", "trace_2.sqlite"]
     per_rank = analysis["metrics"]["per_rank"]
-    assert len(per_rank) == 2 and all(m["steps"] == 8 for m in per_rank.values())
+    assert sorted(per_rank, key=int) == ["0", "2"] and all(m["steps"] == 8 for m in per_rank.values())
     assert analysis["metrics"]["combined"]["ranks"] == 2
     assert json.loads((folder / "decision.json").read_text())["trial"] == tr.number
