@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+from functools import lru_cache
 from pathlib import Path
 
 from moetune.analysis.errors import TraceError
@@ -25,3 +27,22 @@ def qdstrm_importer() -> str | None:
     candidates += [str(real.parent.parent / "host-linux-x64" / "QdstrmImporter"),
                    "/usr/lib/nsight-systems/host-linux-x64/QdstrmImporter"]
     return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+@lru_cache(maxsize=None)
+def has_recipes(nsys: str) -> bool:
+    """Whether this nsys runs `nsys recipe` (Nsight Systems 2023.x and later; Debian's 2022.4 does not)."""
+    try:
+        r = subprocess.run([nsys, "recipe", "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    text = (r.stdout + r.stderr).lower()
+    return r.returncode == 0 and "unknown command" not in text and "recipe" in text
+
+
+def version(nsys: str) -> str:
+    try:
+        r = subprocess.run([nsys, "--version"], capture_output=True, text=True, timeout=60)
+        return (r.stdout.strip().splitlines() or ["nsys"])[-1]
+    except (OSError, subprocess.TimeoutExpired):
+        return "nsys"

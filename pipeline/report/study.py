@@ -280,6 +280,21 @@ def a2a_split(c: dict) -> str | None:
             f"({fmt(c.get('ranks'))} ranks traced)")
 
 
+def recipes_markdown(beside: dict) -> list[str]:
+    """moetune's figures beside NVIDIA's recipes on the same report, disagreements flagged."""
+    out = []
+    for report, c in sorted(beside.items()):
+        kern = c.get("kernels") or []
+        worst = max((k["rel_diff"] for k in kern), default=None)
+        busy = "; ".join(f"GPU {b['device']} busy: moetune {100 * b['moetune']:.1f}%, gpu_time_util "
+                         f"{100 * b['recipe']:.1f}%" for b in c.get("busy") or [])
+        out.append(f"- Beside Nsight's recipes ({md(report)}): {len(kern)} kernel names, time per name "
+                   f"at most {fmt(100 * worst, 2) if worst is not None else '-'}% apart from "
+                   f"cuda_gpu_kern_sum; {busy or 'no gpu_time_util output'}")
+        out += [f"  - **disagrees**: {md(d)}" for d in c.get("disagreements") or []]
+    return out + ([""] if out else [])
+
+
 def trial_markdown(v: TrialView, parent_number: int | None) -> str:
     t, c, an = v.trial, v.combined, v.analysis or {}
     out = [f"### Trial {t.number}: {md(t.fix or 'baseline')} — {md(t.state)}", ""]
@@ -329,6 +344,7 @@ def trial_markdown(v: TrialView, parent_number: int | None) -> str:
         out += [f"| {md(k)} | {fmt(ms, 2)} | {md(counts.get(k))} |"
                 for k, ms in sorted(cls.items(), key=lambda kv: -kv[1])]
         out.append("")
+    out += recipes_markdown(an.get("recipes") or {})
     tops = top_kernels(v.folder)
     if tops:
         out += ["| top kernel | class | ms per rank | count |", "|---|---|---|---|"]

@@ -32,7 +32,8 @@ from typing import Any, Callable
 
 from moetune import analysis
 from moetune.analysis.logs import parse_log
-from moetune.analysis.nsys import nsys_binary, qdstrm_importer
+from moetune.analysis import recipes
+from moetune.analysis.nsys import has_recipes, nsys_binary, qdstrm_importer, version
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job import render
 from moetune.pipeline.paths import trial_folder
@@ -318,11 +319,37 @@ def do_export(t: TrialContext) -> list[Path]:
         _tool([_nsys(t), "export", "--type", "sqlite", "--force-overwrite", "true",
                "-o", str(sqlite), str(rep)], f"nsys export of {rep.name}", t)
         out.append(sqlite)
+    if out:
+        out.append(_run_recipes(t))
     return imported + out
 
 
+def _run_recipes(t: TrialContext) -> Path:
+    """NVIDIA's recipes on each report (recipes_<report>/<recipe>/), where this nsys has them, so
+    that the analysis can show moetune's figures beside theirs; recipes.json says what ran, or why
+    nothing did. A recipe that fails or finds no data of its kind is noted, not an error."""
+    nsys = _nsys(t)
+    note: dict = {"nsys": version(nsys)}
+    if not has_recipes(nsys):
+        note["skipped"] = ("this nsys has no `nsys recipe` (Nsight Systems 2023.x and later do): "
+                           "moetune's figures are not checked against NVIDIA's recipes")
+    for rep in t.glob("trace_*.nsys-rep") if not note.get("skipped") else ():
+        for name in recipes.RECIPES:
+            dest = t.path(f"recipes_{rep.stem}") / name
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            r = subprocess.run([nsys, "recipe", name, "--input", str(rep), "--output", str(dest)],
+                               capture_output=True, text=True, timeout=3600)
+            lines = (r.stdout + r.stderr).strip().splitlines()
+            note.setdefault("ran", []).append({"report": rep.name, "recipe": name, "rc": r.returncode,
+                                               "last_line": lines[-1][:200] if lines else ""})
+    path = t.path("recipes.json")
+    path.write_text(json.dumps(note, indent=1, sort_keys=True) + "\n")
+    return path
+
+
 def _analyze_inputs(t: TrialContext) -> tuple[list[Path], Any]:
-    return [t.need("state.json", "collect")] + t.glob("log.txt", "trace_*.sqlite"), None
+    return [t.need("state.json", "collect")] + t.glob("log.txt", "trace_*.sqlite", "recipes.json"), None
 
 
 def do_analyze(t: TrialContext) -> list[Path]:
@@ -334,6 +361,10 @@ def do_analyze(t: TrialContext) -> list[Path]:
         result = analysis.analyze(traces, log=str(log) if log.exists() else None)
     except analysis.TraceError as e:
         raise StageError(f"trial {t.id}: {e}") from None
+    beside = {p.name: recipes.compare(p, t.path(f"recipes_{p.stem}")) for p in map(Path, traces)
+              if t.path(f"recipes_{p.stem}").is_dir()}
+    if beside:  # moetune's figures beside NVIDIA's recipes on the same reports
+        result["recipes"] = beside
     out = t.path("analysis.json")
     out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
     combined = (result.get("metrics") or {}).get("combined") or {}
