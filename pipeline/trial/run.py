@@ -188,6 +188,10 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
             submit_replay(store, trial.id, runs_root, bank_dir, force=attempt > 0 or resubmit)
         else:
             stages.run_stage(store, trial.id, "submit", force=attempt > 0 or resubmit, **opts)
+            try:  # queued now, behind the trial's job (afterany): it starts when that ends
+                stages.start_postprocess(t)
+            except stages.StageError:
+                pass  # the export stage submits it again, and says why where it cannot
         ref = stages.load_ref(t)
         status, why = watch(ref, log, hang_timeout_s)
         # a local job that died with a killed tuner leaves no result: submit it again, once
