@@ -3,6 +3,7 @@ and the login node only combines small files.
 
     rank_summary(path) -> dict            # one trace file: its ranks' metrics + what skew needs
     combine_summaries(summaries, log=None, gpu_memory_gb=None) -> dict   # == analyze(paths, log)
+    load_summary(path) -> dict            # a written summary, its kernel lists as arrays
 
 A summary is plain JSON: per rank of the file (in analyze's order) its rank_metrics, its window,
 its all-to-all kernels inside the capture (name, start, end: the cross-rank wait split in skew.py
@@ -11,6 +12,7 @@ and the GPU's memory. Both functions are pure: same inputs, same output, no file
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,7 @@ import pandas as pd
 
 from moetune.analysis.errors import TraceError
 
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2
 SUFFIX = ".metrics.json"  # trace_R.sqlite -> trace_R.metrics.json, beside the report
 
 
@@ -45,8 +47,10 @@ def rank_summary(path: str | Path) -> dict:
                  "a2a": None}
         if not k.empty and w.ns > 0:
             a = k[k["cls"].isin(A2A_CLASSES)]
-            entry["a2a"] = {"name": a["name"].astype(str).tolist(), "start": a["start"].astype("int64").tolist(),
-                            "end": a["end"].astype("int64").tolist()}
+            # a few distinct names, many kernels: each name once, and its index per kernel
+            codes, names = pd.factorize(a["name"].astype(str), sort=True)
+            entry["a2a"] = {"names": [str(n) for n in names], "name": codes.tolist(),
+                            "start": a["start"].astype("int64").tolist(), "end": a["end"].astype("int64").tolist()}
         sampled = sm_active_share(sm, w.start, w.end)
         if sampled is not None:
             entry["metrics"]["sm_active_share"] = sampled
@@ -54,6 +58,21 @@ def rank_summary(path: str | Path) -> dict:
             gpu_memory_gb = float(gpus["totalMemory"].max()) / 2**30
         ranks.append(entry)
     return {"version": SUMMARY_VERSION, "source": str(path), "ranks": ranks, "gpu_memory_gb": gpu_memory_gb}
+
+
+def compact(a2a: dict) -> dict:
+    """A summary's all-to-all lists as int64 arrays (8 bytes a kernel, not a Python int's 36)."""
+    return {"names": a2a["names"], **{k: np.asarray(a2a[k], dtype=np.int64) for k in ("name", "start", "end")}}
+
+
+def load_summary(path: str | Path) -> dict:
+    """Read one trace_R.metrics.json, its all-to-all lists turned into arrays at once, so that
+    reading a study's many summaries holds one file's lists at a time."""
+    s = json.loads(Path(path).read_text())
+    for entry in s.get("ranks") or []:
+        if entry.get("a2a") is not None:
+            entry["a2a"] = compact(entry["a2a"])
+    return s
 
 
 def combine_summaries(summaries: list[dict], log=None, gpu_memory_gb: float | None = None) -> dict:
@@ -78,10 +97,11 @@ def combine_summaries(summaries: list[dict], log=None, gpu_memory_gb: float | No
             if entry["a2a"] is not None:
                 w = entry["window"]
                 windows[rank] = Window(w["start"], w["end"], w["steps"], tuple(w["step_times_ns"]), w["source"])
-                a = entry["a2a"]
-                a2a_kernels[rank] = pd.DataFrame({"name": pd.Series(a["name"], dtype=object),
-                                                  "start": np.asarray(a["start"], dtype=np.int64),
-                                                  "end": np.asarray(a["end"], dtype=np.int64)})
+                a = compact(entry["a2a"])
+                names = np.asarray(a["names"], dtype=object)
+                a2a_kernels[rank] = pd.DataFrame({"name": names[a["name"]] if len(names) else
+                                                  np.asarray([], dtype=object),
+                                                  "start": a["start"], "end": a["end"]})
             rank += 1
         if gpu_memory_gb is None and s.get("gpu_memory_gb") is not None:
             gpu_memory_gb = s["gpu_memory_gb"]

@@ -49,3 +49,20 @@ def test_summary_path_and_bad_version():
     assert summary_path("/x/trace_3.sqlite").name == "trace_3.metrics.json"
     with pytest.raises(analysis.TraceError, match="summary version"):
         combine_summaries([{"version": 0, "source": "trace_0.metrics.json", "ranks": []}])
+
+
+def test_written_summary_reads_back_to_the_same_analysis(tmp_path):
+    """What the post-processing job writes (job/postprocess.py write_summary) and the login node
+    reads (load_summary: kernel lists as arrays) combine to analyze() of the file; the job it was
+    made for is at the file's head, where the analyze stage looks for it."""
+    import shutil
+    from moetune.analysis.summary import load_summary
+    from moetune.pipeline.job.postprocess import write_summary
+    from moetune.pipeline.trial.stages import _for_job
+    trace = tmp_path / "trace_0.sqlite.xz"
+    shutil.copy(GPU / "skew.sqlite.xz", trace)
+    out = write_summary(trace, for_job="4242")
+    assert out == tmp_path / "trace_0.metrics.json" and _for_job(out) == "4242"
+    got = combine_summaries([load_summary(out)])
+    assert _json(got) == _json(analysis.analyze([str(trace)]))
+    assert out.stat().st_size < trace.stat().st_size  # small beside its report

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 from dataclasses import asdict
@@ -393,7 +394,16 @@ def summaries(t: TrialContext) -> list[Path] | None:
     if not found or not all(p.exists() for p in found):
         return None
     job = load_ref(t).job_id if t.path("job.json").exists() else None
-    return found if all(json.loads(p.read_text()).get("for_job") == job for p in found) else None
+    return found if all(_for_job(p) == job for p in found) else None
+
+
+def _for_job(path: Path) -> str | None:
+    """The job a summary was made for. The file is written with sorted keys, `for_job` first, so
+    its head says it without parsing megabytes of kernel starts."""
+    with open(path) as f:
+        head = f.read(200)
+    m = re.match(r'\{"for_job":\s*(?:"([^"]*)"|null)', head)
+    return m.group(1) if m else json.loads(Path(path).read_text()).get("for_job")
 
 
 def _analyze_inputs(t: TrialContext, local: bool = False) -> tuple[list[Path], Any]:
@@ -411,7 +421,7 @@ def do_analyze(t: TrialContext, local: bool = False) -> list[Path]:
     small = None if local else summaries(t)
     try:
         if small is not None:  # combine only: the SQLite stays unread on this node
-            result = summary.combine_summaries([json.loads(p.read_text()) for p in small],
+            result = summary.combine_summaries([summary.load_summary(p) for p in small],
                                                log=str(log) if log.exists() else None)
             result["summaries"] = [str(p) for p in small]
         else:
