@@ -92,6 +92,11 @@ def submit(folder: str | Path, ranks: list[int], cluster, after: str, name: str,
     return job_id
 
 
+def cancel(job_id: str) -> None:
+    """Best effort: a post-processing job for a job that is being replaced (a forced re-submit)."""
+    subprocess.run(["scancel", str(job_id)], capture_output=True, timeout=60)
+
+
 def state(job_id: str, elements: int) -> str:
     """The array's state: active while any element is (or is not in accounting yet), else
     COMPLETED when every element completed, else the first other state (FAILED, TIMEOUT, ...)."""

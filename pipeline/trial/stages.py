@@ -236,6 +236,9 @@ def do_submit(t: TrialContext, force: bool = False) -> list[Path]:
     if out.exists():
         old = json.loads(out.read_text())
         earlier.add(old["job_id"])
+        pp = t.path(postprocess.STATE_FILE)
+        if pp.exists() and old.get("kind") == "slurm":  # it would write into the next attempt's folder
+            postprocess.cancel(json.loads(pp.read_text())["job_id"])
         _set_aside(t, old["job_id"])
     kind = jobs.resolve_kind(t.executor)
     ref = None
