@@ -98,14 +98,23 @@ def test_trials_are_post_processed_by_dependent_jobs_and_the_tuner_reads_no_sqli
                                                 sort_keys=True, default=str))
         assert strip(result) == strip(here)
 
-    # by hand: `moetune stage export --trial N` again as a job, `--local` in this process
+    # by hand, through the CLI: `moetune stage export --trial N` again as a job, then
+    # `moetune stage analyze --trial N --local` in this process from the SQLite
     tr = trials[0]
     before = json.loads((Path(tr.folder) / "postprocess.json").read_text())["job_id"]
-    stages.run_stage(store, tr.id, "export", force=True, executor="slurm")
+    first = json.loads((Path(tr.folder) / "analysis.json").read_text())
+    cli = [sys.executable, "-m", "moetune.pipeline.cli.main", "--db", str(tmp_path / "db.sqlite"), "stage"]
+    r = subprocess.run(cli + ["export", "--trial", str(tr.id), "--force"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
     again = json.loads((Path(tr.folder) / "postprocess.json").read_text())["job_id"]
     assert again != before and postprocess.state(again, 2) == "COMPLETED"
-    out = stages.run_stage(store, tr.id, "analyze", force=True, executor="slurm", local=True)
-    assert "summaries" not in json.loads(Path(out[0]).read_text())  # read from the SQLite here
+    assert "trace_0.metrics.json" in r.stdout
+    r = subprocess.run(cli + ["analyze", "--trial", str(tr.id), "--force", "--local"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    local = json.loads((Path(tr.folder) / "analysis.json").read_text())
+    assert "summaries" not in local  # read from the SQLite here
+    assert strip(local) == strip(first)  # the same analysis as the tuner's, from the summaries
 
 
 def test_postprocess_where_login_runs_in_the_tuner(slurm, nsys_bin, tmp_path):
