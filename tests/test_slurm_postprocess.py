@@ -136,3 +136,25 @@ def test_postprocess_where_login_runs_in_the_tuner(slurm, nsys_bin, tmp_path):
     folder = Path(tr.folder)
     assert not (folder / "postprocess.json").exists() and not list(folder.glob("*.metrics.json"))
     assert "summaries" not in json.loads((folder / "analysis.json").read_text())
+
+
+def test_post_processing_job_under_a_hostile_folder_name(slurm, tmp_path):
+    """Every word reaching sbatch and the job's shell is quoted: a folder named with spaces, $(),
+    backquotes, quotes, ; and % runs the job there, and nothing else runs."""
+    import lzma
+    evil = "a b $(touch pwned) `touch pwned` 'q\" ;x %j"
+    folder = tmp_path / f"trial {evil}"
+    folder.mkdir()
+    (folder / "trace_0.sqlite").write_bytes(lzma.decompress(
+        (REPO / "tests" / "data" / "gpu" / "skew.sqlite.xz").read_bytes()))
+    trial_job = subprocess.run(["sbatch", "--parsable", "--time=1", "--mem=50M", "--wrap", "true",
+                                f"--output={tmp_path}/trial.out"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+    post = postprocess.submit(folder, [0], {"partition": None, "postprocess": {"mem": "1G"}},
+                              after=trial_job, name="moetune.hostile.post")
+    assert postprocess.wait(post, 1, timeout_s=120) == "COMPLETED", list(folder.iterdir())
+    written = json.loads((folder / "trace_0.metrics.json").read_text())
+    assert written["for_job"] == trial_job and written["source"] == str(folder / "trace_0.sqlite")
+    assert "rank 0: trace_0.sqlite, trace_0.metrics.json in" in (folder / "postprocess_0.out").read_text()
+    assert not [p for p in [tmp_path, REPO, Path.cwd(), Path("/tmp")] if (p / "pwned").exists()] + \
+        list(tmp_path.rglob("pwned"))
