@@ -5,6 +5,8 @@ later), which performance engineers already trust: where both read one report, t
     kernel_ms_by_name(kernels)        -> moetune's kernel time by (short) name, from its kernel frame
     busy_share(kernels, lo, hi)       -> moetune's GPU busy share over [lo, hi): the union of kernels
     compare(trace, folder)            -> both side by side, and each disagreement as a line
+    check_report(nsys, report, sqlite) -> the recipes run on a report (where this nsys has them)
+                                          and compare() of its SQLite: what <report>.recipes.json holds
 
 The recipes read (their output folders, named as the recipes are):
     cuda_gpu_kern_sum/all_stats.parquet   Name, Sum (ns): each kernel name's total time
@@ -20,6 +22,8 @@ Where the two differ by design, compare() states the rule and applies it:
 """
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +31,7 @@ import pandas as pd
 
 from moetune.analysis import intervals as iv
 from moetune.analysis.errors import TraceError
+from moetune.analysis.nsys import has_recipes, version
 
 RECIPES = ("cuda_gpu_kern_sum", "gpu_time_util", "nccl_gpu_overlap_trace")
 KERNEL_TOLERANCE = 0.01  # relative, per kernel name
@@ -95,3 +100,26 @@ def compare(trace: str | Path, folder: str | Path) -> dict:
             out["disagreements"].append(f"GPU {b['device']} busy: moetune {mine:.1%}, gpu_time_util "
                                         f"{b['busy_share']:.1%}")
     return out
+
+
+def check_report(nsys: str, report: str | Path, sqlite: str | Path) -> dict:
+    """Run RECIPES on one .nsys-rep into recipes_<report>/ beside it and compare moetune's figures
+    of its SQLite with theirs; where this nsys has no `nsys recipe` (Debian's 2022.4), say so. A
+    recipe that fails or finds no data of its kind is noted, not an error."""
+    report = Path(report)
+    out: dict = {"nsys": version(nsys)}
+    if not has_recipes(nsys):
+        out["skipped"] = ("this nsys has no `nsys recipe` (Nsight Systems 2023.x and later do): "
+                          "moetune's figures are not checked against NVIDIA's recipes")
+        return out
+    folder = report.parent / f"recipes_{report.name.split('.')[0]}"
+    out["ran"] = []
+    for name in RECIPES:
+        dest = folder / name
+        shutil.rmtree(dest, ignore_errors=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([nsys, "recipe", name, "--input", str(report), "--output", str(dest)],
+                           capture_output=True, text=True, timeout=3600)
+        lines = (r.stdout + r.stderr).strip().splitlines()
+        out["ran"].append({"recipe": name, "rc": r.returncode, "last_line": lines[-1][:200] if lines else ""})
+    return {**out, **compare(sqlite, folder)}

@@ -46,6 +46,8 @@ cluster: {gpu_type: H100}
     (BASE.replace("gpu_type: H100", "gpu_type: H100, gpus_per_nod: 8"), "allowed keys"),
     (BASE.replace("num_experts: 4", "num_experts: many"), "model.num_experts"),
     (BASE + "baseline: {tp: 2, pipeline: 3}\n", "baseline: unknown training config keys ['pipeline']"),
+    (BASE.replace("gpu_type: H100", "gpu_type: H100, postprocess: {where: cloud}"), "cluster.postprocess.where"),
+    (BASE.replace("gpu_type: H100", "gpu_type: H100, postprocess: {memory: 4G}"), "allowed keys: where, partition, account, time_limit, mem, cpus_per_task"),
     ("name: [unclosed", "not valid YAML"),
     ("- a list", "expected a mapping"),
 ])

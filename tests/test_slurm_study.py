@@ -46,8 +46,9 @@ def test_three_trial_study_through_slurm_under_nsys(slurm, nsys_bin, make_trial)
         analysis = json.loads((folder / "analysis.json").read_text())
         assert analysis["metrics"]["per_rank"]["0"]["steps"] == 8
         assert store.metrics(tid)["step_time_ms"] == pytest.approx(40, rel=0.5)
-        note = json.loads((folder / "recipes.json").read_text())  # Debian's nsys has no recipes
+        note = json.loads((folder / "trace_0.recipes.json").read_text())  # Debian's nsys: no recipes
         assert note["skipped"].startswith("this nsys has no `nsys recipe`") and "2022.4" in note["nsys"]
+        assert analysis["recipes"]["trace_0"] == note  # the analysis carries it to the report
         decision = json.loads((folder / "decision.json").read_text())  # no tuner: no decisions
         assert decision["trial"] == tr.number and decision["decisions"] == []
         assert "--micro-batch-size" in (folder / "command.txt").read_text()

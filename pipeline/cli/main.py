@@ -89,7 +89,8 @@ def cmd_status(args, _rest):
 
 def cmd_stage(args, _rest):
     from moetune.pipeline.trial import stages
-    out = stages.run_stage(_store(args), args.trial, args.stage, force=args.force)
+    extra = {"local": True} if args.local else {}
+    out = stages.run_stage(_store(args), args.trial, args.stage, force=args.force, **extra)
     for path in out or []:
         print(path)
     return 0
@@ -140,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("stage", choices=STAGE_NAMES)
     sp.add_argument("--trial", type=int, required=True, help="trial id (moetune status lists them)")
     sp.add_argument("--force", action="store_true", help="re-run even when outputs are current")
+    sp.add_argument("--local", action="store_true",
+                    help="export/analyze: in this process, not as the cluster's post-processing job")
 
     sp = add("report", cmd_report, "write Markdown and HTML reports of a study (default: all)")
     sp.add_argument("study", nargs="?")

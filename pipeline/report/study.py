@@ -284,6 +284,10 @@ def recipes_markdown(beside: dict) -> list[str]:
     """moetune's figures beside NVIDIA's recipes on the same report, disagreements flagged."""
     out = []
     for report, c in sorted(beside.items()):
+        if c.get("skipped"):
+            out.append(f"- Not checked against Nsight's recipes ({md(report)}): {md(c.get('nsys'))}: "
+                       f"{md(c['skipped'])}")
+            continue
         kern = c.get("kernels") or []
         worst = max((k["rel_diff"] for k in kern), default=None)
         busy = "; ".join(f"GPU {b['device']} busy: moetune {100 * b['moetune']:.1f}%, gpu_time_util "

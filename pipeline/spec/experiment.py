@@ -29,6 +29,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Postprocess(_Strict):
+    """A trial's export and per-rank metrics (pipeline/job/postprocess.py): `job`, a CPU job of
+    its own after the trial's (on Slurm); `login`, in the tuner's process."""
+    where: Literal["job", "login"] = "job"
+    partition: str | None = None  # else the cluster's
+    account: str | None = None
+    time_limit: str = "00:30:00"
+    mem: str = "4G"  # per CPU
+    cpus_per_task: int = Field(default=1, gt=0)
+
+
 class Cluster(_Strict):
     name: str = "local"
     executor: Literal["slurm", "local"] = "slurm"
@@ -61,6 +72,7 @@ class Cluster(_Strict):
     cpus_per_task: int | None = None
     ntasks_per_node: int | None = None
     python: str | None = None
+    postprocess: Postprocess = Postprocess()
 
     @property
     def gpus(self) -> int:
@@ -129,7 +141,8 @@ def _where(err: dict) -> str:
 def _keys(section: str | None) -> list[str]:
     if section == "model":
         return [f.name for f in dataclasses.fields(ModelArch)]
-    return list({"cluster": Cluster, "tuning": Tuning}.get(section, ExperimentFile).model_fields)
+    return list({"cluster": Cluster, "tuning": Tuning, "cluster.postprocess": Postprocess}
+                .get(section, ExperimentFile).model_fields)
 
 
 def load_experiment(name_or_path: str | Path) -> Experiment:
@@ -150,7 +163,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         err = e.errors()[0]
         allowed = ""
         if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            section = err["loc"][0] if len(err["loc"]) > 1 else None
+            section = ".".join(map(str, err["loc"][:-1])) or None
             allowed = f"; allowed keys: {', '.join(_keys(section))}"
         msg = err["msg"]
         if err["type"] == "literal_error":  # pydantic's message already lists what is allowed

@@ -34,6 +34,8 @@ class TrialOutcome:
     error: str | None = None
     last_lines: list[str] = field(default_factory=list)
     fit: dict | None = None  # the fit that let the trial onto the cluster (or kept it off)
+    retry: bool = False  # the job ended by no fault of the config (scheduler.OUTCOMES): run it again
+    job_id: str | None = None  # the job that ended so (where retry)
 
 
 def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path, force: bool = False) -> None:
@@ -153,9 +155,11 @@ def record_decide(store, trial, runs_root: Path, executor: str) -> None:
 
 def run_trial(store, trial, experiment, *, executor: str, runs_root: Path, study: str,
               bank_dir: Path | None = None, hang_timeout_s: float = 600.0,
-              fit_first: bool = False) -> TrialOutcome:
+              fit_first: bool = False, resubmit: bool = False) -> TrialOutcome:
     """All stages of one trial (the demo's submit replays the bank); the outcome the tuner judges.
-    `fit_first`: measure the layout on one GPU first and submit nothing that does not fit."""
+    `fit_first`: measure the layout on one GPU first and submit nothing that does not fit.
+    `resubmit`: submit the job again although one ran (the tuner's retry of a node failure); the
+    earlier attempt's files stay under previous/<job id>/."""
     kind = "local" if executor == "replay" else executor
     opts = {"runs_root": runs_root, "executor": kind}
     fitted = None
@@ -167,13 +171,13 @@ def run_trial(store, trial, experiment, *, executor: str, runs_root: Path, study
             return TrialOutcome("failed", error=f"fit: {e}")
         if not fitted["fits"]:
             return TrialOutcome("no_fit", error=f"fit: {fitted['reason']}", fit=fitted)
-    out = _run_on_cluster(store, trial, executor, runs_root, bank_dir, hang_timeout_s)
+    out = _run_on_cluster(store, trial, executor, runs_root, bank_dir, hang_timeout_s, resubmit)
     out.fit = fitted
     return out
 
 
 def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path | None,
-                    hang_timeout_s: float) -> TrialOutcome:
+                    hang_timeout_s: float, resubmit: bool = False) -> TrialOutcome:
     kind = "local" if executor == "replay" else executor
     opts = {"runs_root": runs_root, "executor": kind}
     stages.run_stage(store, trial.id, "render", **opts)
@@ -181,9 +185,13 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
     log = t.path("log.txt")
     for attempt in (0, 1):
         if executor == "replay":
-            submit_replay(store, trial.id, runs_root, bank_dir, force=attempt > 0)
+            submit_replay(store, trial.id, runs_root, bank_dir, force=attempt > 0 or resubmit)
         else:
-            stages.run_stage(store, trial.id, "submit", force=attempt > 0, **opts)
+            stages.run_stage(store, trial.id, "submit", force=attempt > 0 or resubmit, **opts)
+            try:  # queued now, behind the trial's job (afterany): it starts when that ends
+                stages.start_postprocess(t)
+            except stages.StageError:
+                pass  # the export stage submits it again, and says why where it cannot
         ref = stages.load_ref(t)
         status, why = watch(ref, log, hang_timeout_s)
         # a local job that died with a killed tuner leaves no result: submit it again, once
@@ -200,6 +208,12 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
     if status == "hung":
         return TrialOutcome("hung", error=why, last_lines=last())
     state = json.loads(t.path("state.json").read_text())
+    if state.get("retry"):  # the node, not the config: nothing of this run is a measurement
+        where = f" on {state['node']}" if state.get("node") else ""
+        return TrialOutcome(state.get("outcome") or "failed", retry=True, last_lines=last(),
+                            job_id=state.get("job_id"),
+                            error=f"job {state.get('job_id')} ended {state.get('state')}{where} "
+                                  "(the node or the scheduler, not the config)")
     if state.get("outcome") != "completed":
         msg = job_error(ref) or f"job {state.get('state')}"
         if "not in the trial bank" in msg:

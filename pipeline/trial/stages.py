@@ -3,8 +3,11 @@
     render  : config (+ experiment, templates) → job.sbatch, job.sh, spec.json, config.json, command.txt
     submit  : job.sh, spec.json                → job.json (job id; submitit, Slurm or local)
     collect : job.json                         → state.json, log.txt, trace_*.nsys-rep
-    export  : trace_*.nsys-rep                 → trace_*.sqlite (nsys export, on this node)
-    analyze : trace_*.sqlite, log.txt          → analysis.json (analysis.analyze)
+    export  : trace_*.nsys-rep                 → trace_*.sqlite (nsys export, on this node), or on
+              Slurm (cluster.postprocess.where: job) a CPU job after the trial's that exports each
+              rank and writes its summary: trace_*.sqlite, trace_*.metrics.json (job/postprocess.py)
+    analyze : trace_*.sqlite, log.txt          → analysis.json (analysis.analyze), or from the
+              trace_*.metrics.json where every report has one (analysis.summary: no SQLite read)
     decide  : analysis.json, config.json       → decision.json (the decisions the store holds)
 
 and, before render when the tuner fits first (spec/fit.py):
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 from dataclasses import asdict
@@ -31,12 +35,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from moetune import analysis
+from moetune.analysis import summary
 from moetune.analysis.logs import parse_log
-from moetune.analysis import recipes
-from moetune.analysis.nsys import has_recipes, nsys_binary, qdstrm_importer, version
+from moetune.analysis.nsys import nsys_binary, qdstrm_importer
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job import render
 from moetune.pipeline.paths import trial_folder
+from moetune.pipeline.job import postprocess
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.spec import fit, gpus
 from moetune.pipeline.spec.config import TrainingConfig, run_args
@@ -221,7 +226,7 @@ def _set_aside(t: TrialContext, job_id: str) -> None:
     dest = t.path(f"previous/{job_id}")
     dest.mkdir(parents=True, exist_ok=True)
     for p in t.glob("job.json", "state.json", "log.txt", "analysis.json", "decision.json",
-                    "trace_*", "submitit"):
+                    "trace_*", "submitit", "postprocess*"):
         shutil.move(str(p), str(dest / p.name))
 
 
@@ -232,6 +237,9 @@ def do_submit(t: TrialContext, force: bool = False) -> list[Path]:
     if out.exists():
         old = json.loads(out.read_text())
         earlier.add(old["job_id"])
+        pp = t.path(postprocess.STATE_FILE)
+        if pp.exists() and old.get("kind") == "slurm":  # it would write into the next attempt's folder
+            postprocess.cancel(json.loads(pp.read_text())["job_id"])
         _set_aside(t, old["job_id"])
     kind = jobs.resolve_kind(t.executor)
     ref = None
@@ -273,9 +281,48 @@ def do_collect(t: TrialContext, wait: bool = True, poll_s: float = 2.0,
     return [state] + t.glob("log.txt", *TRACE_GLOBS)
 
 
-def _export_inputs(t: TrialContext) -> tuple[list[Path], Any]:
+def as_job(t: TrialContext, local: bool = False) -> bool:
+    """Whether export and the per-rank metrics run as a Slurm job of their own (not `--local`,
+    not the local executor, not cluster.postprocess.where: login, and only with reports)."""
+    if local or _launcher(t) != "srun":
+        return False
+    _, cluster = t.model_and_cluster()
+    return postprocess.settings(cluster)["where"] == "job" and (load_spec(t).nsys is not None)
+
+
+def _stat_key(files: list[Path]) -> list:
+    # a report's name, size and mtime stand for its contents: hashing GBs of reports on the
+    # login node is the work the post-processing job is there to take off it
+    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+
+
+def _export_inputs(t: TrialContext, local: bool = False) -> tuple[list[Path], Any]:
     t.need("state.json", "collect")
+    if as_job(t, local):
+        return [t.path("job.json")], {"job": _stat_key(t.glob(*TRACE_GLOBS))}
     return t.glob(*TRACE_GLOBS), None
+
+
+def start_postprocess(t: TrialContext, force: bool = False) -> str | None:
+    """Submit the trial's post-processing job after its current job (afterany), unless one for
+    that job is already submitted; its job id. None where it does not run as a job."""
+    if not as_job(t):
+        return None
+    ref = load_ref(t)
+    state = t.path(postprocess.STATE_FILE)
+    if state.exists() and not force:
+        known = json.loads(state.read_text())
+        if known.get("for_job") == ref.job_id:
+            return known["job_id"]
+    spec = load_spec(t)
+    _, cluster = t.model_and_cluster()
+    world = spec.nodes * spec.ntasks_per_node
+    ranks = [r for r in spec.nsys.ranks if r < world]
+    try:
+        return postprocess.submit(t.folder, ranks, cluster, after=ref.job_id,
+                                  name=t.job_name() + ".post")
+    except postprocess.PostprocessError as e:
+        raise StageError(f"trial {t.id}: {e}") from None
 
 
 def _nsys(t: TrialContext) -> str:
@@ -300,9 +347,14 @@ def _tool(cmd: list[str], what: str, t: TrialContext) -> None:
         raise StageError(f"trial {t.id}: {what} failed: {tail[0][:200]}")
 
 
-def do_export(t: TrialContext) -> list[Path]:
+def do_export(t: TrialContext, local: bool = False, force: bool = False) -> list[Path]:
     """Each rank's report → SQLite. A bare .qdstrm (nsys could not run its importer inside the
-    job) is imported to .nsys-rep first."""
+    job) is imported to .nsys-rep first. As a job (as_job): wait for the post-processing job,
+    which does that and writes each rank's summary; the reports are not opened here."""
+    if as_job(t, local):
+        return _export_as_job(t, force)
+    for stale in t.glob("trace_*" + summary.SUFFIX):  # made from an earlier export
+        stale.unlink()
     imported = []
     for raw in t.glob("trace_*.qdstrm"):
         rep = raw.with_suffix(".nsys-rep")
@@ -318,52 +370,71 @@ def do_export(t: TrialContext) -> list[Path]:
         sqlite = rep.with_suffix(".sqlite")
         _tool([_nsys(t), "export", "--type", "sqlite", "--force-overwrite", "true",
                "-o", str(sqlite), str(rep)], f"nsys export of {rep.name}", t)
-        out.append(sqlite)
-    if out:
-        out.append(_run_recipes(t))
+        out += [sqlite, postprocess.write_recipes(_nsys(t), rep, sqlite)]
     return imported + out
 
 
-def _run_recipes(t: TrialContext) -> Path:
-    """NVIDIA's recipes on each report (recipes_<report>/<recipe>/), where this nsys has them, so
-    that the analysis can show moetune's figures beside theirs; recipes.json says what ran, or why
-    nothing did. A recipe that fails or finds no data of its kind is noted, not an error."""
-    nsys = _nsys(t)
-    note: dict = {"nsys": version(nsys)}
-    if not has_recipes(nsys):
-        note["skipped"] = ("this nsys has no `nsys recipe` (Nsight Systems 2023.x and later do): "
-                           "moetune's figures are not checked against NVIDIA's recipes")
-    for rep in t.glob("trace_*.nsys-rep") if not note.get("skipped") else ():
-        for name in recipes.RECIPES:
-            dest = t.path(f"recipes_{rep.stem}") / name
-            shutil.rmtree(dest, ignore_errors=True)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            r = subprocess.run([nsys, "recipe", name, "--input", str(rep), "--output", str(dest)],
-                               capture_output=True, text=True, timeout=3600)
-            lines = (r.stdout + r.stderr).strip().splitlines()
-            note.setdefault("ran", []).append({"report": rep.name, "recipe": name, "rc": r.returncode,
-                                               "last_line": lines[-1][:200] if lines else ""})
-    path = t.path("recipes.json")
-    path.write_text(json.dumps(note, indent=1, sort_keys=True) + "\n")
-    return path
+def _export_as_job(t: TrialContext, force: bool) -> list[Path]:
+    job_id = start_postprocess(t, force=force)
+    known = json.loads(t.path(postprocess.STATE_FILE).read_text())
+    _, cluster = t.model_and_cluster()
+    limit_s = 60 * render.time_minutes(postprocess.settings(cluster)["time_limit"])
+    # the trial's job first (it may queue long), then the array's own time limit and some slack
+    jobs.wait(load_ref(t), poll_s=1.0)
+    state = postprocess.wait(job_id, len(known["ranks"]), timeout_s=limit_s + 600)
+    if state != "COMPLETED":
+        tails = [line for p in t.glob("postprocess_*.out")
+                 for line in p.read_text(errors="replace").strip().splitlines()[-1:]]
+        raise StageError(f"trial {t.id}: post-processing job {job_id} ended {state}"
+                         + (f": {tails[0][:200]}" if tails else f"; see {t.folder}/postprocess_*.out"))
+    return t.glob("trace_*.sqlite", "trace_*" + summary.SUFFIX)
 
 
-def _analyze_inputs(t: TrialContext) -> tuple[list[Path], Any]:
-    return [t.need("state.json", "collect")] + t.glob("log.txt", "trace_*.sqlite", "recipes.json"), None
+def summaries(t: TrialContext) -> list[Path] | None:
+    """The per-rank summaries, in the reports' order, where every exported report has one made
+    for the trial's current job; else None (analyze the SQLite here)."""
+    traces = t.glob("trace_*.sqlite")
+    found = [summary.summary_path(p) for p in traces]
+    if not found or not all(p.exists() for p in found):
+        return None
+    job = load_ref(t).job_id if t.path("job.json").exists() else None
+    return found if all(_for_job(p) == job for p in found) else None
 
 
-def do_analyze(t: TrialContext) -> list[Path]:
+def _for_job(path: Path) -> str | None:
+    """The job a summary was made for. The file is written with sorted keys, `for_job` first, so
+    its head says it without parsing megabytes of kernel starts."""
+    with open(path) as f:
+        head = f.read(200)
+    m = re.match(r'\{"for_job":\s*(?:"([^"]*)"|null)', head)
+    return m.group(1) if m else json.loads(Path(path).read_text()).get("for_job")
+
+
+def _analyze_inputs(t: TrialContext, local: bool = False) -> tuple[list[Path], Any]:
+    small = None if local else summaries(t)
+    if small is not None:  # the summaries stand for the SQLite they were made from
+        return [t.need("state.json", "collect")] + t.glob("log.txt", "trace_*" + postprocess.RECIPES_SUFFIX) + small, None
+    return [t.need("state.json", "collect")] + t.glob("log.txt", "trace_*.sqlite", "trace_*" + postprocess.RECIPES_SUFFIX), None
+
+
+def do_analyze(t: TrialContext, local: bool = False) -> list[Path]:
     traces = [str(p) for p in t.glob("trace_*.sqlite")]
     log = t.path("log.txt")
     if not traces and not log.exists():
         raise StageError(f"trial {t.id}: no trace and no log in {t.folder}; nothing to analyze")
+    small = None if local else summaries(t)
     try:
-        result = analysis.analyze(traces, log=str(log) if log.exists() else None)
+        if small is not None:  # combine only: the SQLite stays unread on this node
+            result = summary.combine_summaries([summary.load_summary(p) for p in small],
+                                               log=str(log) if log.exists() else None)
+            result["summaries"] = [str(p) for p in small]
+        else:
+            result = analysis.analyze(traces, log=str(log) if log.exists() else None)
     except analysis.TraceError as e:
         raise StageError(f"trial {t.id}: {e}") from None
-    beside = {p.name: recipes.compare(p, t.path(f"recipes_{p.stem}")) for p in map(Path, traces)
-              if t.path(f"recipes_{p.stem}").is_dir()}
-    if beside:  # moetune's figures beside NVIDIA's recipes on the same reports
+    # moetune's figures beside NVIDIA's recipes, as the export (here or in its job) compared them
+    beside = {p.name[:-len(postprocess.RECIPES_SUFFIX)]: json.loads(p.read_text()) for p in t.glob("trace_*" + postprocess.RECIPES_SUFFIX)}
+    if beside:
         result["recipes"] = beside
     out = t.path("analysis.json")
     out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
@@ -409,7 +480,8 @@ STAGES: dict[str, tuple[Callable, Callable]] = {
     "analyze": (_analyze_inputs, do_analyze),
     "decide": (_decide_inputs, do_decide),
 }
-OPTIONS = {"submit": ("force",), "collect": ("wait", "poll_s", "timeout_s")}
+OPTIONS = {"submit": ("force",), "collect": ("wait", "poll_s", "timeout_s"), "export": ("local",),
+           "analyze": ("local",)}
 
 
 def run_stage(store, trial_id: int, stage: str, force: bool = False, *,
@@ -423,13 +495,14 @@ def run_stage(store, trial_id: int, stage: str, force: bool = False, *,
         raise StageError(f"unknown stage {stage!r}; stages: {', '.join(STAGE_ORDER)}")
     t = TrialContext(store, trial_id, runs_root, executor)
     inputs_of, do = STAGES[stage]
-    files, extra = inputs_of(t)
+    local = stage in ("export", "analyze") and bool(options.get("local"))
+    files, extra = inputs_of(t, local=True) if local else inputs_of(t)
     key = inputs_hash(stage, files, extra)
     done = current(store, trial_id, stage, key)
     if done and not force:
         return list(done.outputs)
     kwargs = {k: v for k, v in options.items() if k in OPTIONS.get(stage, ())}
-    if stage == "submit":
+    if stage in ("submit", "export"):
         kwargs["force"] = force
     started = now()
     t.folder.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,8 @@ from moetune.pipeline.tune.lock import study_lock
 from moetune.pipeline.tune.state import StudyState, image_of, study_state
 from moetune.pipeline.tune.summary import summary
 
+RETRY_CAP = 2  # re-submits of one trial after node failures; then it is judged as it ended
+
 
 class TunerError(MoetuneError):
     """A problem with the study an engineer can act on (one line)."""
@@ -247,11 +249,24 @@ class Tuner:
         self._judge(trial)
         runner.record_decide(self.store, trial, self.runs_root, self.executor)
 
+    def _run_trial(self, trial, resubmit: bool = False):
+        return runner.run_trial(self.store, trial, self.exp, executor=self.executor,
+                                runs_root=self.runs_root, study=self.study_name,
+                                bank_dir=self.bank_dir, hang_timeout_s=self.hang_timeout_s,
+                                fit_first=self.fit_first, resubmit=resubmit)
+
     def _judge(self, trial) -> None:
-        out = runner.run_trial(self.store, trial, self.exp, executor=self.executor,
-                               runs_root=self.runs_root, study=self.study_name,
-                               bank_dir=self.bank_dir, hang_timeout_s=self.hang_timeout_s,
-                               fit_first=self.fit_first)
+        out = self._run_trial(trial)
+        for attempt in range(1, RETRY_CAP + 1):
+            if not out.retry:
+                break
+            # a node failure or preemption says nothing about the config (job/scheduler.py
+            # OUTCOMES retry=True): the same trial runs again, on the nodes left
+            self.decide("retry", f"{out.state}: {out.error}; submitted again ({attempt} of "
+                        f"{RETRY_CAP})", trial, trial.fix, state=out.state, attempt=attempt,
+                        job_id=out.job_id, last_lines=out.last_lines)
+            self.say(f"trial {trial.number}: {out.state}, submitted again")
+            out = self._run_trial(trial, resubmit=True)
         m = _combined(out.analysis)
         values = {"state": out.state, "wall": (out.analysis or {}).get("wall"),
                   "step_time_ms": m.get("step_time_ms"), "step_time_std_ms": m.get("step_time_std_ms"),

@@ -1,0 +1,124 @@
+"""analyze() split in two, so the heavy half can run where the trace is (a CPU job on the cluster)
+and the login node only combines small files.
+
+    rank_summary(path) -> dict            # one trace file: its ranks' metrics + what skew needs
+    combine_summaries(summaries, log=None, gpu_memory_gb=None) -> dict   # == analyze(paths, log)
+    load_summary(path) -> dict            # a written summary, its kernel lists as arrays
+
+A summary is plain JSON: per rank of the file (in analyze's order) its rank_metrics, its window,
+its all-to-all kernels inside the capture (name, start, end: the cross-rank wait split in skew.py
+matches kernels by name and order, so it needs every rank's starts), its GPU-sampled SM activity,
+and the GPU's memory. Both functions are pure: same inputs, same output, no files written.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from moetune.analysis.errors import TraceError
+
+SUMMARY_VERSION = 2
+SUFFIX = ".metrics.json"  # trace_R.sqlite -> trace_R.metrics.json, beside the report
+
+
+def summary_path(trace: str | Path) -> Path:
+    """Where a report's per-rank summary goes: beside it, named by its stem."""
+    p = Path(trace)
+    return p.with_name(p.name.split(".")[0] + SUFFIX)
+
+
+def rank_summary(path: str | Path) -> dict:
+    """Everything analyze() takes from one trace file, small enough to ship back as JSON."""
+    from moetune import analysis
+    from moetune.analysis.gpu_metrics import sm_active_share
+    from moetune.analysis.kernels import A2A_CLASSES
+    from moetune.analysis.metrics import rank_metrics
+    from moetune.analysis.window import find_window
+    ranks = []
+    gpu_memory_gb = None
+    for _, k, copies, rt, nvtx, mem, gpus, sm in analysis._ranks([path]):
+        w = find_window(k, rt, nvtx)
+        entry = {"metrics": rank_metrics(k, copies, rt, mem, w),
+                 "window": {"start": int(w.start), "end": int(w.end), "steps": int(w.steps),
+                            "step_times_ns": [int(x) for x in w.step_times_ns], "source": w.source},
+                 "a2a": None}
+        if not k.empty and w.ns > 0:
+            a = k[k["cls"].isin(A2A_CLASSES)]
+            # a few distinct names, many kernels: each name once, and its index per kernel
+            codes, names = pd.factorize(a["name"].astype(str), sort=True)
+            entry["a2a"] = {"names": [str(n) for n in names], "name": codes.tolist(),
+                            "start": a["start"].astype("int64").tolist(), "end": a["end"].astype("int64").tolist()}
+        sampled = sm_active_share(sm, w.start, w.end)
+        if sampled is not None:
+            entry["metrics"]["sm_active_share"] = sampled
+        if gpu_memory_gb is None and not gpus.empty and "totalMemory" in gpus:
+            gpu_memory_gb = float(gpus["totalMemory"].max()) / 2**30
+        ranks.append(entry)
+    return {"version": SUMMARY_VERSION, "source": str(path), "ranks": ranks, "gpu_memory_gb": gpu_memory_gb}
+
+
+def compact(a2a: dict) -> dict:
+    """A summary's all-to-all lists as int64 arrays (8 bytes a kernel, not a Python int's 36)."""
+    return {"names": a2a["names"], **{k: np.asarray(a2a[k], dtype=np.int64) for k in ("name", "start", "end")}}
+
+
+def load_summary(path: str | Path) -> dict:
+    """Read one trace_R.metrics.json, its all-to-all lists turned into arrays at once, so that
+    reading a study's many summaries holds one file's lists at a time."""
+    s = json.loads(Path(path).read_text())
+    for entry in s.get("ranks") or []:
+        if entry.get("a2a") is not None:
+            entry["a2a"] = compact(entry["a2a"])
+    return s
+
+
+def combine_summaries(summaries: list[dict], log=None, gpu_memory_gb: float | None = None) -> dict:
+    """analyze()'s result from the files' summaries (in the files' order) and the log."""
+    from moetune.analysis.logs import parse_log
+    from moetune.analysis.metrics import combine
+    from moetune.analysis.skew import a2a_wait_ns
+    from moetune.analysis.walls import classify as classify_wall
+    from moetune.analysis.window import Window
+    if not summaries and not log:
+        raise TraceError("nothing to analyze: give trace files and/or --log")
+    parsed_log = parse_log(log) if log else None
+    per_rank: dict[int, dict] = {}
+    a2a_kernels, windows = {}, {}
+    rank = 0
+    for s in summaries:
+        if s.get("version") != SUMMARY_VERSION:
+            raise TraceError(f"{s.get('source')}: summary version {s.get('version')!r}, expected "
+                             f"{SUMMARY_VERSION}; run the export/analyze job again")
+        for entry in s["ranks"]:
+            per_rank[rank] = dict(entry["metrics"])
+            if entry["a2a"] is not None:
+                w = entry["window"]
+                windows[rank] = Window(w["start"], w["end"], w["steps"], tuple(w["step_times_ns"]), w["source"])
+                a = compact(entry["a2a"])
+                names = np.asarray(a["names"], dtype=object)
+                a2a_kernels[rank] = pd.DataFrame({"name": names[a["name"]] if len(names) else
+                                                  np.asarray([], dtype=object),
+                                                  "start": a["start"], "end": a["end"]})
+            rank += 1
+        if gpu_memory_gb is None and s.get("gpu_memory_gb") is not None:
+            gpu_memory_gb = s["gpu_memory_gb"]
+    combined = combine(per_rank, a2a_wait_ns(a2a_kernels, windows)) if per_rank else {}
+    if parsed_log:  # the same fill-in as analyze(): the log speaks where the trace is silent
+        for key in ("step_time_ms", "step_time_std_ms", "tflops_per_gpu", "tokens_per_s"):
+            if combined.get(key) is None and parsed_log.get(key) is not None:
+                combined[key] = parsed_log[key]
+        if parsed_log.get("max_allocated_gb") is not None:
+            combined.setdefault("peak_memory_gb", parsed_log["max_allocated_gb"])
+    verdict = classify_wall(combined, parsed_log, gpu_memory_gb)
+    return {
+        "wall": verdict["wall"],
+        "confidence": verdict["confidence"],
+        "evidence": verdict["evidence"],
+        "metrics": {"combined": combined, "per_rank": per_rank},
+        "log": parsed_log,
+        "gpu_memory_gb": gpu_memory_gb,
+        "sources": [s["source"] for s in summaries] + ([str(log)] if log else []),
+    }
