@@ -1,0 +1,35 @@
+"""Issue 16's experiment and sweep are ready for an 8-GPU machine: each config passes moetune's
+constraint table and Megatron 0.19.2's own validation for 8 GPUs of the TE image, and the baseline
+fits 8 H200 by the calibrated estimate (the runs themselves need nvidia-h200-x8)."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from moetune.pipeline.spec import megatron_validate as mv
+from moetune.pipeline.spec.constraints import check
+from moetune.pipeline.spec.memory import baseline_layout
+
+SPEC = importlib.util.spec_from_file_location(
+    "ep8_sweep", Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "ep8_sweep.py")
+sweep = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(sweep)
+
+
+def test_the_baseline_fits_eight_h200():
+    layout = baseline_layout(sweep.EXP)
+    assert layout.fits and layout.config.ep == 8 and sweep.EXP.model.num_layers == 48
+
+
+@pytest.mark.parametrize("name, changes", sweep.SWEEP)
+def test_each_sweep_config_passes_the_constraint_table(name, changes):
+    assert check(sweep.config(changes), sweep.EXP.model, sweep.EXP.cluster) == [], name
+
+
+@pytest.mark.megatron
+@pytest.mark.skipif(not mv.available(), reason="no .venv-megatron (scripts/megatron-venv)")
+def test_megatron_accepts_each_sweep_config():
+    names = [n for n, _ in sweep.SWEEP]
+    argvs = [sweep.argv(sweep.config(c)) for _, c in sweep.SWEEP]
+    refused = dict(zip(names, mv.validate(argvs, sweep.GPUS)))
+    assert {n: r for n, r in refused.items() if r} == {}
