@@ -81,18 +81,21 @@ def combine_summaries(summaries: list[dict], log=None, gpu_memory_gb: float | No
     from moetune.analysis.metrics import combine
     from moetune.analysis.skew import a2a_wait_ns
     from moetune.analysis.walls import classify as classify_wall
+    from moetune.analysis.ranks import rank_labels
     from moetune.analysis.window import Window
     if not summaries and not log:
         raise TraceError("nothing to analyze: give trace files and/or --log")
     parsed_log = parse_log(log) if log else None
     per_rank: dict[int, dict] = {}
     a2a_kernels, windows = {}, {}
-    rank = 0
     for s in summaries:
         if s.get("version") != SUMMARY_VERSION:
             raise TraceError(f"{s.get('source')}: summary version {s.get('version')!r}, expected "
                              f"{SUMMARY_VERSION}; run the export/analyze job again")
+    labels = iter(rank_labels([(s.get("source") or "", s["ranks"]) for s in summaries]))  # as analyze()
+    for s in summaries:
         for entry in s["ranks"]:
+            rank = next(labels)
             per_rank[rank] = dict(entry["metrics"])
             if entry["a2a"] is not None:
                 w = entry["window"]
@@ -102,7 +105,6 @@ def combine_summaries(summaries: list[dict], log=None, gpu_memory_gb: float | No
                 a2a_kernels[rank] = pd.DataFrame({"name": names[a["name"]] if len(names) else
                                                   np.asarray([], dtype=object),
                                                   "start": a["start"], "end": a["end"]})
-            rank += 1
         if gpu_memory_gb is None and s.get("gpu_memory_gb") is not None:
             gpu_memory_gb = s["gpu_memory_gb"]
     combined = combine(per_rank, a2a_wait_ns(a2a_kernels, windows)) if per_rank else {}
