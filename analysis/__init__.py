@@ -113,7 +113,6 @@ def analyze(paths=(), log=None, gpu_memory_gb: float | None = None, workers: int
     from moetune.analysis.metrics import combine
     from moetune.analysis.ranks import map_ranks
     from moetune.analysis.skew import A2ASummaries
-    from moetune.analysis.walls import classify as classify_wall
     if not paths and not log:
         raise TraceError("nothing to analyze: give trace files and/or --log")
     parsed_log = parse_log(log) if log else None
@@ -127,6 +126,15 @@ def analyze(paths=(), log=None, gpu_memory_gb: float | None = None, workers: int
             if gpu_memory_gb is None and s.gpu_memory_gb is not None:
                 gpu_memory_gb = s.gpu_memory_gb
         combined = combine(per_rank, a2a.wait_ns()) if per_rank else {}
+    return result(combined, per_rank, parsed_log, gpu_memory_gb,
+                  [str(p) for p in files] + ([str(log)] if log else []))
+
+
+def result(combined: dict, per_rank: dict, parsed_log: dict | None, gpu_memory_gb: float | None,
+           sources: list[str]) -> dict:
+    """The analysis of combined and per-rank metrics: the log speaks where the trace is silent,
+    then the wall (analyze() and analysis.summary.combine_summaries both end here)."""
+    from moetune.analysis.walls import classify as classify_wall
     if parsed_log:
         for key in ("step_time_ms", "step_time_std_ms", "tflops_per_gpu", "tokens_per_s"):
             if combined.get(key) is None and parsed_log.get(key) is not None:
@@ -141,5 +149,5 @@ def analyze(paths=(), log=None, gpu_memory_gb: float | None = None, workers: int
         "metrics": {"combined": combined, "per_rank": per_rank},
         "log": parsed_log,
         "gpu_memory_gb": gpu_memory_gb,
-        "sources": [str(p) for p in files] + ([str(log)] if log else []),
+        "sources": sources,
     }

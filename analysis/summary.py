@@ -77,10 +77,10 @@ def load_summary(path: str | Path) -> dict:
 
 def combine_summaries(summaries: list[dict], log=None, gpu_memory_gb: float | None = None) -> dict:
     """analyze()'s result from the files' summaries (in the files' order) and the log."""
+    from moetune import analysis
     from moetune.analysis.logs import parse_log
     from moetune.analysis.metrics import combine
     from moetune.analysis.skew import a2a_wait_ns
-    from moetune.analysis.walls import classify as classify_wall
     from moetune.analysis.ranks import rank_labels
     from moetune.analysis.window import Window
     if not summaries and not log:
@@ -108,19 +108,5 @@ def combine_summaries(summaries: list[dict], log=None, gpu_memory_gb: float | No
         if gpu_memory_gb is None and s.get("gpu_memory_gb") is not None:
             gpu_memory_gb = s["gpu_memory_gb"]
     combined = combine(per_rank, a2a_wait_ns(a2a_kernels, windows)) if per_rank else {}
-    if parsed_log:  # the same fill-in as analyze(): the log speaks where the trace is silent
-        for key in ("step_time_ms", "step_time_std_ms", "tflops_per_gpu", "tokens_per_s"):
-            if combined.get(key) is None and parsed_log.get(key) is not None:
-                combined[key] = parsed_log[key]
-        if parsed_log.get("max_allocated_gb") is not None:
-            combined.setdefault("peak_memory_gb", parsed_log["max_allocated_gb"])
-    verdict = classify_wall(combined, parsed_log, gpu_memory_gb)
-    return {
-        "wall": verdict["wall"],
-        "confidence": verdict["confidence"],
-        "evidence": verdict["evidence"],
-        "metrics": {"combined": combined, "per_rank": per_rank},
-        "log": parsed_log,
-        "gpu_memory_gb": gpu_memory_gb,
-        "sources": [s["source"] for s in summaries] + ([str(log)] if log else []),
-    }
+    return analysis.result(combined, per_rank, parsed_log, gpu_memory_gb,
+                           [s["source"] for s in summaries] + ([str(log)] if log else []))
