@@ -113,3 +113,12 @@ class TraceBuilder:
         con.commit()
         con.close()
         return path
+
+
+def foreign_sqlite(path: Path) -> Path:
+    """An SQLite file that is no Nsight Systems export (one unrelated table)."""
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE people (name TEXT)")
+    con.commit()
+    con.close()
+    return path

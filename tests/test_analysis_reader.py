@@ -3,7 +3,6 @@ the same metrics through connectorx in worker processes as through Python's sqli
 process; a truncated or foreign file is still the one-line TraceError; ranks of one file and ranks
 of one file each agree; the summaries a worker sends back are small."""
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ from moetune import analysis
 from moetune.analysis import TraceError
 from moetune.analysis.columnar import reader
 from moetune.analysis.ranks import map_ranks, plan
-from tests.nsys_fixture import PID, TraceBuilder
+from tests.nsys_fixture import PID, TraceBuilder, foreign_sqlite
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDED = sorted([*(REPO / "tests/data/gpu").glob("*.sqlite.xz"), *(REPO / "tests/data/cpu").glob("*.sqlite.xz"),
@@ -102,11 +101,7 @@ def test_a_trace_cut_inside_its_kernel_table_is_one_line_error_from_any_reader(t
 
 
 def test_foreign_sqlite_in_a_worker_is_one_line_error(tmp_path):
-    p = tmp_path / "foreign.sqlite"
-    con = sqlite3.connect(p)
-    con.execute("CREATE TABLE people (name TEXT)")
-    con.commit()
-    con.close()
+    p = foreign_sqlite(tmp_path / "foreign.sqlite")
     good = _rank(TraceBuilder(), PID, 0, 500).write(tmp_path / "g.sqlite")
     with pytest.raises(TraceError, match="foreign.sqlite: not an Nsight Systems export"):
         analysis.analyze([good, p], workers=2)

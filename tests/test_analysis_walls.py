@@ -10,7 +10,7 @@ from moetune.analysis import TraceError
 from moetune.analysis.cli import main as analyze_cli
 from moetune.analysis.logs import parse_log
 from moetune.analysis.walls import THRESHOLDS, classify
-from tests.nsys_fixture import TraceBuilder
+from tests.nsys_fixture import TraceBuilder, foreign_sqlite
 
 GEMM = "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT"
 SENDRECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
@@ -126,11 +126,7 @@ def test_truncated_file(tmp_path):
 
 
 def test_foreign_sqlite(tmp_path):
-    p = tmp_path / "foreign.sqlite"
-    con = sqlite3.connect(p)
-    con.execute("CREATE TABLE people (name TEXT)")
-    con.commit()
-    con.close()
+    p = foreign_sqlite(tmp_path / "foreign.sqlite")
     with pytest.raises(TraceError, match="not an Nsight Systems export"):
         analysis.analyze([p])
 
