@@ -30,15 +30,37 @@ def _u(df: pd.DataFrame):
     return iv.union(df["start"].to_numpy(), df["end"].to_numpy())
 
 
+def rows_where(df: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
+    """df[keep], built column by column (a block each): a boolean take on the whole frame copies
+    its 2-D blocks and was the largest cost of a rank's metrics."""
+    if keep.all():
+        return df
+    return pd.DataFrame({c: df[c].array[keep] for c in df.columns}, index=df.index[keep], copy=False)
+
+
 def in_window(df: pd.DataFrame, w: Window) -> pd.DataFrame:
     """Rows that overlap the window, clipped to it."""
     if df.empty:
         return df
-    keep = (df["end"] > w.start) & (df["start"] < w.end)
-    out = df.copy(deep=False) if keep.all() else df[keep].copy()  # most rows are inside: no copy
+    s, e = df["start"].to_numpy(), df["end"].to_numpy()
+    keep = (e > w.start) & (s < w.end)
+    cols = {c: (df[c].array if keep.all() else df[c].array[keep]) for c in df.columns}
+    if np.issubdtype(s.dtype, np.number) and np.issubdtype(e.dtype, np.number):
+        cols["start"] = np.maximum(s[keep], w.start) if not keep.all() else np.maximum(s, w.start)
+        cols["end"] = np.minimum(e[keep], w.end) if not keep.all() else np.minimum(e, w.end)
+        return pd.DataFrame(cols, index=df.index if keep.all() else df.index[keep], copy=False)
+    out = df[keep].copy()  # object columns (an empty frame's): pandas' own clip
     out["start"] = out["start"].clip(lower=w.start)
     out["end"] = out["end"].clip(upper=w.end)
     return out
+
+
+def name_mask(names: pd.Series, wanted) -> np.ndarray:
+    """names.isin(wanted) as numpy; on a categorical it tests the categories once, then the codes."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        hit = np.append(np.asarray(names.cat.categories.isin(wanted)), False)  # code -1 (NaN): no
+        return hit[names.cat.codes.to_numpy()]
+    return names.isin(wanted).to_numpy()
 
 
 def class_times(k: pd.DataFrame) -> tuple[dict, dict]:
@@ -111,16 +133,16 @@ def idle_causes(gs, ge, k: pd.DataFrame, runtime: pd.DataFrame) -> dict:
     launch_end = np.full(gs.size, -1, dtype=np.int64)
     sync_u = (np.array([], np.int64), np.array([], np.int64))
     if not runtime.empty:
-        launches = runtime[runtime["name"].isin(LAUNCH_CALLS)]
+        is_launch = name_mask(runtime["name"], LAUNCH_CALLS)
         corr = k["correlationId"].to_numpy()[order][nxt]
-        lc, le = launches["correlationId"].to_numpy(), launches["end"].to_numpy()
+        lc, le = runtime["correlationId"].to_numpy()[is_launch], runtime["end"].to_numpy()[is_launch]
         srt = np.argsort(lc, kind="stable")
         pos = np.searchsorted(lc[srt], corr)
         hit = (pos < lc.size) & (lc[srt][np.minimum(pos, lc.size - 1)] == corr) if lc.size else np.zeros(corr.size, bool)
         launch_end = np.where(hit, le[srt][np.minimum(pos, max(lc.size - 1, 0))] if lc.size else -1, -1)
-        syncs = runtime[runtime["name"].isin(SYNC_CALLS)]
-        if not syncs.empty:
-            sync_u = _u(syncs)
+        is_sync = name_mask(runtime["name"], SYNC_CALLS)
+        if is_sync.any():
+            sync_u = iv.union(runtime["start"].to_numpy()[is_sync], runtime["end"].to_numpy()[is_sync])
     starved = launch_end >= gs
     synced = ~starved & ((_coverage(sync_u, ge) - _coverage(sync_u, gs)) > 0.5 * dur)
     other = ~starved & ~synced
@@ -144,8 +166,8 @@ def gemm_streams(k: pd.DataFrame) -> int:
     stream ids in the trace)."""
     if "streamId" not in k or k.empty:
         return 0
-    s = k.loc[k["cls"].isin(("gemm", "grouped_gemm")), "streamId"]
-    return int(s[s >= 0].nunique())
+    s = k["streamId"].to_numpy()[class_mask(k["cls"])(("gemm", "grouped_gemm"))]
+    return int(np.unique(s[s >= 0]).size)
 
 
 def rank_metrics(k: pd.DataFrame, copies: pd.DataFrame, runtime: pd.DataFrame,
@@ -154,7 +176,11 @@ def rank_metrics(k: pd.DataFrame, copies: pd.DataFrame, runtime: pd.DataFrame,
     wms = w.ns / NS_PER_MS
     k = in_window(k, w)
     copies = in_window(copies, w)
-    rt = runtime[(runtime["start"] >= w.start) & (runtime["start"] < w.end)] if not runtime.empty else runtime
+    if not runtime.empty:
+        rs = runtime["start"].to_numpy()
+        rt = rows_where(runtime, (rs >= w.start) & (rs < w.end))
+    else:
+        rt = runtime
     steps = max(w.steps, 1)
     m: dict = {"window_ms": round(wms, 4), "steps": w.steps, "window_source": w.source}
     if w.step_times_ns:
@@ -191,9 +217,9 @@ def rank_metrics(k: pd.DataFrame, copies: pd.DataFrame, runtime: pd.DataFrame,
     m.update(gap_histogram(gs, ge))
     m.update(idle_causes(gs, ge, k, rt))
     if not rt.empty:
-        launches = rt["name"].isin(LAUNCH_CALLS)
+        launches = name_mask(rt["name"], LAUNCH_CALLS)
         m["launch_rate_per_ms"] = round(float(launches.sum()) / wms, 3)
-        m["cuda_graph_launches"] = int(rt["name"].isin(("cudaGraphLaunch", "cuGraphLaunch")).sum())
+        m["cuda_graph_launches"] = int(name_mask(rt["name"], ("cudaGraphLaunch", "cuGraphLaunch")).sum())
     else:
         m["cuda_graph_launches"] = 0
     peak = peak_memory_gb(memory)

@@ -137,7 +137,7 @@ def run_measured(cmd: list[str], env=None) -> tuple[float, float, subprocess.Com
     return seconds, peak[0] / 2**20, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-OURS = ("import sys, json, analysis; w = None if sys.argv[1] == 'auto' else int(sys.argv[1]);"
+OURS = ("import sys, json, checkout; from moetune import analysis; w = None if sys.argv[1] == 'auto' else int(sys.argv[1]);"
         "r = analysis.analyze(sys.argv[2:], workers=w);"
         "import resource; m = lambda who: resource.getrusage(who).ru_maxrss / 2**20;"
         "print(json.dumps({'wall': r['wall'], 'ranks': r['metrics']['combined']['ranks'],"
@@ -198,7 +198,7 @@ def main():
     t0 = time.perf_counter()
     build(trace, args.kernels, args.ranks)
     build_s = time.perf_counter() - t0
-    env_py = dict(os.environ, PYTHONPATH=str(REPO))
+    env_py = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "benchmarks"), str(REPO)]))  # checkout: this tree's moetune
     py = sys.executable
     nsys = shutil.which("nsys")
     stats_report = None
