@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from moetune.analysis import keys as rank_scan
 from moetune.analysis.load import (KERNEL_TABLE, PID_MASK, _copies, _gpus, _memory, _nvtx, both, connect,
                            kernels_and_runtime, tables_of)
 
@@ -97,8 +98,7 @@ def plan(files, workers: int = 1) -> list[Task]:
             tables = tables_of(con, path)
             rows, total = [], 0
             if KERNEL_TABLE in tables:  # a GROUP BY count would sort the table: 5x slower
-                rows = con.execute(f"SELECT DISTINCT globalPid, deviceId FROM {KERNEL_TABLE}").fetchall()
-                total = con.execute(f"SELECT count(*) FROM {KERNEL_TABLE}").fetchone()[0]
+                rows, total = rank_scan.take(path) or rank_scan.rank_keys(con)  # scanned while importing?
         keys = sorted(((-1 if p is None else int(p), -1 if d is None else int(d)), total // len(rows))
                       for p, d in rows)  # kernels per rank: the file's share, as an estimate
         per_file.append((path, keys or [(None, 0)]))
