@@ -109,14 +109,18 @@ def analyze(paths=(), log=None, gpu_memory_gb: float | None = None, workers: int
     """`workers`: processes that compute ranks' metrics at once (None: one per core; 1: in this
     process). Each rank is read and measured by itself (analysis.ranks); only small summaries come
     back, and the cross-rank all-to-all split is computed from them."""
-    from moetune.analysis.logs import parse_log
+    if not paths and not log:
+        raise TraceError("nothing to analyze: give trace files and/or --log")
+    parsed_log = None
+    if log:
+        from moetune.analysis.logs import parse_log
+        parsed_log = parse_log(log)
+    files = trace_files(paths)
+    from moetune.analysis import keys
+    keys.start(files)  # the files' ranks are listed while pandas is imported (analysis.keys)
     from moetune.analysis.metrics import combine
     from moetune.analysis.ranks import map_ranks
     from moetune.analysis.skew import A2ASummaries
-    if not paths and not log:
-        raise TraceError("nothing to analyze: give trace files and/or --log")
-    parsed_log = parse_log(log) if log else None
-    files = trace_files(paths)
     per_rank: dict[int, dict] = {}
     with A2ASummaries() as a2a:  # kept on disk: memory does not grow with the ranks
         for s in map_ranks(files, workers):

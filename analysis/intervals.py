@@ -10,8 +10,9 @@ def union(starts, ends) -> tuple[np.ndarray, np.ndarray]:
     e = np.asarray(ends, dtype=np.int64)
     if s.size == 0:
         return s, e
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
+    if not is_sorted(s):  # kernels come in start order mostly: then no sort, no gather
+        order = np.argsort(s, kind="stable")
+        s, e = s[order], e[order]
     run_end = np.maximum.accumulate(e)
     new = np.empty(s.size, dtype=bool)
     new[0] = True
@@ -20,6 +21,10 @@ def union(starts, ends) -> tuple[np.ndarray, np.ndarray]:
     out_s = s[idx]
     out_e = np.maximum.reduceat(e, idx)
     return out_s, out_e
+
+
+def is_sorted(a: np.ndarray) -> bool:
+    return bool(a.size < 2 or (a[1:] >= a[:-1]).all())
 
 
 def length(u: tuple[np.ndarray, np.ndarray]) -> int:

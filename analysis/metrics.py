@@ -30,15 +30,37 @@ def _u(df: pd.DataFrame):
     return iv.union(df["start"].to_numpy(), df["end"].to_numpy())
 
 
+def rows_where(df: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
+    """df[keep], built column by column (a block each): a boolean take on the whole frame copies
+    its 2-D blocks and was the largest cost of a rank's metrics."""
+    if keep.all():
+        return df
+    return pd.DataFrame({c: df[c].array[keep] for c in df.columns}, index=df.index[keep], copy=False)
+
+
 def in_window(df: pd.DataFrame, w: Window) -> pd.DataFrame:
     """Rows that overlap the window, clipped to it."""
     if df.empty:
         return df
-    keep = (df["end"] > w.start) & (df["start"] < w.end)
-    out = df.copy(deep=False) if keep.all() else df[keep].copy()  # most rows are inside: no copy
+    s, e = df["start"].to_numpy(), df["end"].to_numpy()
+    keep = (e > w.start) & (s < w.end)
+    cols = {c: (df[c].array if keep.all() else df[c].array[keep]) for c in df.columns}
+    if np.issubdtype(s.dtype, np.number) and np.issubdtype(e.dtype, np.number):
+        cols["start"] = np.maximum(s[keep], w.start) if not keep.all() else np.maximum(s, w.start)
+        cols["end"] = np.minimum(e[keep], w.end) if not keep.all() else np.minimum(e, w.end)
+        return pd.DataFrame(cols, index=df.index if keep.all() else df.index[keep], copy=False)
+    out = df[keep].copy()  # object columns (an empty frame's): pandas' own clip
     out["start"] = out["start"].clip(lower=w.start)
     out["end"] = out["end"].clip(upper=w.end)
     return out
+
+
+def name_mask(names: pd.Series, wanted) -> np.ndarray:
+    """names.isin(wanted) as numpy; on a categorical it tests the categories once, then the codes."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        hit = np.append(np.asarray(names.cat.categories.isin(wanted)), False)  # code -1 (NaN): no
+        return hit[names.cat.codes.to_numpy()]
+    return names.isin(wanted).to_numpy()
 
 
 def class_times(k: pd.DataFrame) -> tuple[dict, dict]:
@@ -58,7 +80,12 @@ def class_mask(cls: pd.Series):
     compares small integer codes (4x faster than isin on the series), and no frame is copied."""
     if isinstance(cls.dtype, pd.CategoricalDtype) and tuple(cls.cat.categories) == CLASSES:
         codes = cls.cat.codes.to_numpy()
-        return lambda classes: np.isin(codes, [CLASSES.index(c) for c in classes])
+
+        def of(classes):  # a lookup table on the codes (-1, a missing class: the extra False)
+            table = np.zeros(len(CLASSES) + 1, dtype=bool)
+            table[[CLASSES.index(c) for c in classes]] = True
+            return table[codes]
+        return of
     return lambda classes: cls.isin(classes).to_numpy()
 
 
@@ -105,22 +132,24 @@ def idle_causes(gs, ge, k: pd.DataFrame, runtime: pd.DataFrame) -> dict:
     if gs.size == 0 or k.empty:
         return out
     dur = (ge - gs).astype(np.float64)
-    order = np.argsort(k["start"].to_numpy(), kind="stable")
-    starts = k["start"].to_numpy()[order]
+    starts = k["start"].to_numpy()
+    order = None if iv.is_sorted(starts) else np.argsort(starts, kind="stable")
+    starts = starts if order is None else starts[order]
     nxt = np.minimum(np.searchsorted(starts, ge, side="left"), len(starts) - 1)
     launch_end = np.full(gs.size, -1, dtype=np.int64)
     sync_u = (np.array([], np.int64), np.array([], np.int64))
     if not runtime.empty:
-        launches = runtime[runtime["name"].isin(LAUNCH_CALLS)]
-        corr = k["correlationId"].to_numpy()[order][nxt]
-        lc, le = launches["correlationId"].to_numpy(), launches["end"].to_numpy()
+        is_launch = name_mask(runtime["name"], LAUNCH_CALLS)
+        corr = k["correlationId"].to_numpy()
+        corr = (corr if order is None else corr[order])[nxt]
+        lc, le = runtime["correlationId"].to_numpy()[is_launch], runtime["end"].to_numpy()[is_launch]
         srt = np.argsort(lc, kind="stable")
         pos = np.searchsorted(lc[srt], corr)
         hit = (pos < lc.size) & (lc[srt][np.minimum(pos, lc.size - 1)] == corr) if lc.size else np.zeros(corr.size, bool)
         launch_end = np.where(hit, le[srt][np.minimum(pos, max(lc.size - 1, 0))] if lc.size else -1, -1)
-        syncs = runtime[runtime["name"].isin(SYNC_CALLS)]
-        if not syncs.empty:
-            sync_u = _u(syncs)
+        is_sync = name_mask(runtime["name"], SYNC_CALLS)
+        if is_sync.any():
+            sync_u = iv.union(runtime["start"].to_numpy()[is_sync], runtime["end"].to_numpy()[is_sync])
     starved = launch_end >= gs
     synced = ~starved & ((_coverage(sync_u, ge) - _coverage(sync_u, gs)) > 0.5 * dur)
     other = ~starved & ~synced
@@ -144,8 +173,8 @@ def gemm_streams(k: pd.DataFrame) -> int:
     stream ids in the trace)."""
     if "streamId" not in k or k.empty:
         return 0
-    s = k.loc[k["cls"].isin(("gemm", "grouped_gemm")), "streamId"]
-    return int(s[s >= 0].nunique())
+    s = k["streamId"].to_numpy()[class_mask(k["cls"])(("gemm", "grouped_gemm"))]
+    return int(np.unique(s[s >= 0]).size)
 
 
 def rank_metrics(k: pd.DataFrame, copies: pd.DataFrame, runtime: pd.DataFrame,
@@ -154,7 +183,11 @@ def rank_metrics(k: pd.DataFrame, copies: pd.DataFrame, runtime: pd.DataFrame,
     wms = w.ns / NS_PER_MS
     k = in_window(k, w)
     copies = in_window(copies, w)
-    rt = runtime[(runtime["start"] >= w.start) & (runtime["start"] < w.end)] if not runtime.empty else runtime
+    if not runtime.empty:
+        rs = runtime["start"].to_numpy()
+        rt = rows_where(runtime, (rs >= w.start) & (rs < w.end))
+    else:
+        rt = runtime
     steps = max(w.steps, 1)
     m: dict = {"window_ms": round(wms, 4), "steps": w.steps, "window_source": w.source}
     if w.step_times_ns:
@@ -168,8 +201,9 @@ def rank_metrics(k: pd.DataFrame, copies: pd.DataFrame, runtime: pd.DataFrame,
         m["kernel_class_count"][c] = int(len(sel))
     if wms <= 0:
         return m
-    busy = iv.union(np.concatenate([k["start"].to_numpy(), copies["start"].to_numpy()]),
-                    np.concatenate([k["end"].to_numpy(), copies["end"].to_numpy()]))
+    busy = (iv.union(k["start"].to_numpy(), k["end"].to_numpy()) if copies.empty else
+            iv.union(np.concatenate([k["start"].to_numpy(), copies["start"].to_numpy()]),
+                     np.concatenate([k["end"].to_numpy(), copies["end"].to_numpy()])))
     busy_ns = iv.length(busy)
     ce = comm_exposure(k)
     m.update({
@@ -191,9 +225,9 @@ def rank_metrics(k: pd.DataFrame, copies: pd.DataFrame, runtime: pd.DataFrame,
     m.update(gap_histogram(gs, ge))
     m.update(idle_causes(gs, ge, k, rt))
     if not rt.empty:
-        launches = rt["name"].isin(LAUNCH_CALLS)
+        launches = name_mask(rt["name"], LAUNCH_CALLS)
         m["launch_rate_per_ms"] = round(float(launches.sum()) / wms, 3)
-        m["cuda_graph_launches"] = int(rt["name"].isin(("cudaGraphLaunch", "cuGraphLaunch")).sum())
+        m["cuda_graph_launches"] = int(name_mask(rt["name"], ("cudaGraphLaunch", "cuGraphLaunch")).sum())
     else:
         m["cuda_graph_launches"] = 0
     peak = peak_memory_gb(memory)

@@ -24,8 +24,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from moetune.analysis import keys as rank_scan
 from moetune.analysis.load import (KERNEL_TABLE, PID_MASK, _copies, _gpus, _memory, _nvtx, both, connect,
                            kernels_and_runtime, tables_of)
 
@@ -35,7 +37,7 @@ RANK_IN_NAME = re.compile(r"trace_(\d+)\.")  # the job script's name for a profi
 # Kernels a worker reads in one query. A one-file export's ranks are read in groups up to this many
 # rows: every query scans the whole table (its rows of all ranks are interleaved), so one query per
 # rank would scan an 8-rank file 8 times; a group bounds a worker's memory all the same.
-ROWS_PER_TASK = 600_000
+ROWS_PER_TASK = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,7 @@ def plan(files, workers: int = 1) -> list[Task]:
             tables = tables_of(con, path)
             rows, total = [], 0
             if KERNEL_TABLE in tables:  # a GROUP BY count would sort the table: 5x slower
-                rows = con.execute(f"SELECT DISTINCT globalPid, deviceId FROM {KERNEL_TABLE}").fetchall()
-                total = con.execute(f"SELECT count(*) FROM {KERNEL_TABLE}").fetchone()[0]
+                rows, total = rank_scan.take(path) or rank_scan.rank_keys(con)  # scanned while importing?
         keys = sorted(((-1 if p is None else int(p), -1 if d is None else int(d)), total // len(rows))
                       for p, d in rows)  # kernels per rank: the file's share, as an estimate
         per_file.append((path, keys or [(None, 0)]))
@@ -136,17 +137,38 @@ def _conditions(keys) -> tuple[str, str]:
     return f"{_in('globalPid', pids)} AND {_in('deviceId', {d for _, d in keys})}", f"({' OR '.join(tids)})"
 
 
-def _index(df: pd.DataFrame, cols) -> dict:
-    """{key tuple: positions of its rows}, one pass."""
+def _index(df: pd.DataFrame, cols, keys=None) -> dict:
+    """{key tuple: positions of its rows}, one pass; with a few `keys` (a task's ranks), those keys'
+    positions by comparing the columns (a groupby hashes every row: 3x slower)."""
     if df.empty:
         return {}
+    if keys is not None and len(keys) <= 8:
+        vals = [df[c].to_numpy() for c in cols]
+        out = {}
+        for key in keys:
+            hit = vals[0] == key[0]
+            for v, x in zip(vals[1:], key[1:]):
+                hit &= v == x
+            at = np.flatnonzero(hit)
+            if at.size:
+                out[tuple(key)] = at
+        return out
     by = list(cols) if len(cols) > 1 else cols[0]
     return {tuple(int(x) for x in (k if isinstance(k, tuple) else (k,))): v
             for k, v in df.groupby(by, sort=False).indices.items()}
 
 
 def _rows(df: pd.DataFrame, index: dict, key) -> pd.DataFrame:
-    return df if key is None else df.iloc[index[key]] if key in index else df.iloc[0:0]
+    if key is None:
+        return df
+    if key not in index:
+        return df.iloc[0:0]
+    at = index[key]
+    if len(at) == len(df):  # every row is this rank's
+        return df
+    if at[-1] - at[0] + 1 == len(at):  # the rank's rows are one run (a file written rank by rank): a view
+        return df.iloc[int(at[0]):int(at[-1]) + 1]
+    return df.iloc[at]
 
 
 def _libc():
@@ -208,9 +230,11 @@ def _summarize(task: Task) -> list[RankSummary]:
 
         k, rt, copies = read(on_gpu, on_tid, lo)
         memory = _memory(con, tables, on_gpu)
-        at = {"k": _index(k, ("globalPid", "deviceId")), "rt": _index(rt, ("globalPid",)),
-              "copies": _index(copies, ("globalPid", "deviceId")),
-              "memory": _index(memory, ("globalPid", "deviceId"))}
+        gpu_keys = None if None in keys else keys
+        pid_keys = None if None in keys else sorted({key[:1] for key in keys})
+        at = {"k": _index(k, ("globalPid", "deviceId"), gpu_keys), "rt": _index(rt, ("globalPid",), pid_keys),
+              "copies": _index(copies, ("globalPid", "deviceId"), gpu_keys),
+              "memory": _index(memory, ("globalPid", "deviceId"), gpu_keys)}
         sm = read_sm_active(con, tables)
         gpus = _gpus(con, tables)
         mem_gb = float(gpus["totalMemory"].max()) / 2**30 if not gpus.empty and "totalMemory" in gpus else None
@@ -233,7 +257,7 @@ def _measure(rank, key, k, copies, rt, nvtx, memory, sm, lo) -> RankSummary | No
     """One rank's summary; None when its window begins before `lo` (the first row read)."""
     from moetune.analysis.gpu_metrics import for_device, sm_active_share
     from moetune.analysis.kernels import A2A_CLASSES
-    from moetune.analysis.metrics import rank_metrics
+    from moetune.analysis.metrics import class_mask, rank_metrics, rows_where
     from moetune.analysis.skew import a2a_starts
     from moetune.analysis.window import find_window
     w = find_window(k, rt, nvtx)
@@ -245,7 +269,7 @@ def _measure(rank, key, k, copies, rt, nvtx, memory, sm, lo) -> RankSummary | No
         m["sm_active_share"] = sampled
     a2a = None
     if not k.empty and w.ns > 0:
-        a2a = a2a_starts(k[k["cls"].isin(A2A_CLASSES)])
+        a2a = a2a_starts(rows_where(k[["start", "end", "name"]], class_mask(k["cls"])(A2A_CLASSES)))
     return RankSummary(rank, m, w, a2a, rows_read={"kernels": len(k), "runtime": len(rt)})
 
 

@@ -27,9 +27,14 @@ def a2a_starts(k: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     if k.empty:
         return {}
     order = np.argsort(k["start"].to_numpy(), kind="stable")
-    names = k["name"].astype(str).to_numpy()[order]
     start, end = k["start"].to_numpy(np.int64)[order], k["end"].to_numpy(np.int64)[order]
-    codes, uniques = pd.factorize(names)
+    name = k["name"]
+    if isinstance(name.dtype, pd.CategoricalDtype) and not name.isna().any():  # by code: no strings a row
+        codes, firsts = pd.factorize(name.cat.codes.to_numpy()[order])
+        uniques = [str(name.cat.categories[c]) for c in firsts]
+        if len(set(uniques)) == len(uniques):
+            return {u: (start[codes == i], end[codes == i]) for i, u in enumerate(uniques)}
+    codes, uniques = pd.factorize(name.astype(str).to_numpy()[order])
     return {str(u): (start[codes == i], end[codes == i]) for i, u in enumerate(uniques)}
 
 

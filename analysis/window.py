@@ -43,17 +43,20 @@ def find_window(kernels: pd.DataFrame, runtime: pd.DataFrame, nvtx: pd.DataFrame
     if steps.empty:
         return Window(int(kernels["start"].min()), int(kernels["end"].max()), 0, (), "gpu_span")
     lo, hi = int(steps["start"].iloc[0]), int(steps["end"].iloc[-1])
+    ks, ke = kernels["start"].to_numpy(), kernels["end"].to_numpy()
     inside = _kernels_launched_in(kernels, runtime, lo, hi)
-    if inside.empty:
-        inside = kernels[(kernels["start"] >= lo) & (kernels["start"] < hi)]
-    if inside.empty:
+    if not inside.any():
+        inside = (ks >= lo) & (ks < hi)
+    if not inside.any():
         return Window(lo, lo, len(steps), (), "empty")
     times = tuple(int(x) for x in (steps["end"] - steps["start"]).to_numpy())
-    return Window(int(inside["start"].min()), int(inside["end"].max()), len(steps), times, "nvtx")
+    return Window(int(ks[inside].min()), int(ke[inside].max()), len(steps), times, "nvtx")
 
 
-def _kernels_launched_in(kernels, runtime, lo, hi) -> pd.DataFrame:
+def _kernels_launched_in(kernels, runtime, lo, hi) -> np.ndarray:
+    """A mask of the kernels whose launch call began in [lo, hi)."""
     if runtime.empty:
-        return kernels.iloc[0:0]
-    calls = runtime[(runtime["start"] >= lo) & (runtime["start"] < hi)]
-    return kernels[np.isin(kernels["correlationId"].to_numpy(), calls["correlationId"].to_numpy())]
+        return np.zeros(len(kernels), dtype=bool)
+    rs = runtime["start"].to_numpy()
+    calls = runtime["correlationId"].to_numpy()[(rs >= lo) & (rs < hi)]
+    return np.isin(kernels["correlationId"].to_numpy(), calls)

@@ -13,7 +13,8 @@ the reader candidates (connectorx, adbc-driver-sqlite, Python's sqlite3) on thos
 trace set: whole analysis with 1 and 2 worker processes, on the first `--set-compare` ranks and on
 all, to show that peak memory does not grow with the ranks. Peak memory: the largest sum, over the
 process tree, of each process's proportional set size (PSS: pages shared by forked workers count
-once), sampled every 20 ms. Writes benchmarks/results/analysis.json and the `## Trace analysis
+once), sampled every 20 ms in runs of their own (the sampler slows what it watches; timed runs are
+not sampled). Writes benchmarks/results/analysis.json and the `## Trace analysis
 speed` section of docs/benchmarks.md.
 """
 import argparse
@@ -31,6 +32,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(1, str(REPO))  # tests.nsys_fixture: the export schema
 import checkout  # noqa: E402,F401  (moetune from this checkout)
 from tests.nsys_fixture import PID, SCHEMA_2025  # noqa: E402
 
@@ -115,18 +117,20 @@ def tree_pss_kib(pid: int) -> int:
     return total
 
 
-def run_measured(cmd: list[str], env=None) -> tuple[float, float, subprocess.CompletedProcess]:
-    """(seconds, peak GB of the process tree's PSS, the finished process)."""
+def run_measured(cmd: list[str], env=None, sample: bool = True) -> tuple[float, float, subprocess.CompletedProcess]:
+    """(seconds, peak GB of the process tree's PSS, the finished process). The sampler slows what it
+    measures (reading smaps_rollup walks the page tables under the process's memory lock, which its
+    page faults wait for: 0.3-0.6 s on the 8-rank analysis), so `sample=False` times a run alone."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     peak = [0]
     done = threading.Event()
 
-    def sample():
+    def sample_pss():
         while not done.is_set():
             peak[0] = max(peak[0], tree_pss_kib(proc.pid))
             done.wait(0.02)
-    th = threading.Thread(target=sample, daemon=True)
+    th = threading.Thread(target=sample_pss if sample else done.wait, daemon=True)
     th.start()
     out, err = proc.communicate()
     seconds = time.perf_counter() - t0
@@ -137,7 +141,7 @@ def run_measured(cmd: list[str], env=None) -> tuple[float, float, subprocess.Com
     return seconds, peak[0] / 2**20, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-OURS = ("import sys, json, analysis; w = None if sys.argv[1] == 'auto' else int(sys.argv[1]);"
+OURS = ("import sys, json, checkout; from moetune import analysis; w = None if sys.argv[1] == 'auto' else int(sys.argv[1]);"
         "r = analysis.analyze(sys.argv[2:], workers=w);"
         "import resource; m = lambda who: resource.getrusage(who).ru_maxrss / 2**20;"
         "print(json.dumps({'wall': r['wall'], 'ranks': r['metrics']['combined']['ranks'],"
@@ -198,7 +202,7 @@ def main():
     t0 = time.perf_counter()
     build(trace, args.kernels, args.ranks)
     build_s = time.perf_counter() - t0
-    env_py = dict(os.environ, PYTHONPATH=str(REPO))
+    env_py = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "benchmarks"), str(REPO)]))  # checkout: this tree's moetune
     py = sys.executable
     nsys = shutil.which("nsys")
     stats_report = None
@@ -218,18 +222,23 @@ def main():
     runs = {"moetune": [], "nsys_stats": [], "raw_read": []}
     peak = {"moetune": 0.0, "raw_read": 0.0}
     ours = None
-    for _ in range(args.repeat):  # alternate the three; report medians
-        s, gb, p = run_measured([py, "-c", OURS, "auto", str(trace)], env_py)
+    ours_cmd = [py, "-c", OURS, "auto", str(trace)]
+    raw_cmd = [py, "-c", READ["connectorx"], str(trace), KERNEL_SQL, RUNTIME_SQL]
+    loads = [os.getloadavg()[0]]
+    for _ in range(args.repeat):  # alternate the three, timed alone (no memory sampler); medians
+        s, _, p = run_measured(ours_cmd, env_py, sample=False)
         runs["moetune"].append(s)
-        peak["moetune"] = max(peak["moetune"], gb)
         ours = json.loads(p.stdout.strip().splitlines()[-1])
-        s, gb, _ = run_measured([py, "-c", READ["connectorx"], str(trace), KERNEL_SQL, RUNTIME_SQL], env_py)
+        s, _, _ = run_measured(raw_cmd, env_py, sample=False)
         runs["raw_read"].append(s)
-        peak["raw_read"] = max(peak["raw_read"], gb)
         if stats_report:
             s, _, _ = run_measured([nsys, "stats", "--report", stats_report, "--format", "csv", "--force-export",
-                                    "false", str(trace)])
+                                    "false", str(trace)], sample=False)
             runs["nsys_stats"].append(s)
+        loads.append(os.getloadavg()[0])
+    for _ in range(2):  # peak memory: sampled runs of their own
+        peak["moetune"] = max(peak["moetune"], run_measured(ours_cmd, env_py)[1])
+        peak["raw_read"] = max(peak["raw_read"], run_measured(raw_cmd, env_py)[1])
     med = {k: round(float(np.median(v)), 2) if v else None for k, v in runs.items()}
     files, set_build_s = trace_set(work, args.set_ranks, args.set_kernels)
     sets = []
@@ -245,6 +254,7 @@ def main():
         "date": time.strftime("%Y-%m-%d", time.gmtime()), "workers": "default (analysis.ranks.default_workers)",
         "kernels": args.kernels, "ranks": args.ranks, "build_s": round(build_s, 1), "repeat": args.repeat,
         "cores": len(os.sched_getaffinity(0)), "note": args.note,
+        "load_1min": [round(x, 2) for x in loads],  # before the runs and after each round (others' work)
         "moetune_s": med["moetune"], "nsys_stats_s": med["nsys_stats"], "raw_read_s": med["raw_read"],
         "runs_s": {k: [round(x, 2) for x in v] for k, v in runs.items()},
         "moetune_peak_gb": round(peak["moetune"], 3), "raw_read_peak_gb": round(peak["raw_read"], 3),
@@ -283,8 +293,11 @@ def write_doc(r: dict, args) -> None:
         "NVTX steps), one file. moetune's whole analysis (a fresh process: read each rank's rows, windows,",
         f"every metric, the all-to-all split, the wall; default workers: one per core, here {min(r['cores'], 8)}) against `nsys stats`",
         "and against a raw columnar read (connectorx) of the kernel and runtime columns moetune needs, same",
-        f"file, alternating, median of {r['repeat']} (all runs in benchmarks/results/analysis.json). Peak",
-        "memory: the process tree's PSS (shared pages of forked workers once), sampled every 20 ms.\n",
+        f"file, alternating, median of {r['repeat']} (all runs in benchmarks/results/analysis.json"
+        + (f"; 1-minute load average {min(r['load_1min'])}-{max(r['load_1min'])} during them" if r.get("load_1min") else "")
+        + "). Timed runs are not sampled;",
+        "peak memory: the process tree's PSS (shared pages of forked workers once), sampled every 20 ms in",
+        "two separate runs (the sampler slows the runs it watches).\n",
         "| what | seconds | peak memory |", "|---|---|---|",
         f"| moetune analyze (all metrics + wall) | {r['moetune_s']} | {r['moetune_peak_gb']} GB |",
         f"| `nsys stats --report {r['nsys_stats_report']}` ({r['nsys']}) | {r['nsys_stats_s']} | - |",
