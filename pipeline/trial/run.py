@@ -153,7 +153,7 @@ def record_decide(store, trial, runs_root: Path, executor: str) -> None:
         pass  # decision.json is a copy of what the store holds; the store is the record
 
 
-def run_trial(store, trial, experiment, *, executor: str, runs_root: Path, study: str,
+def run_trial(store, trial, *, executor: str, runs_root: Path,
               bank_dir: Path | None = None, hang_timeout_s: float = 600.0,
               fit_first: bool = False, resubmit: bool = False) -> TrialOutcome:
     """All stages of one trial (the demo's submit replays the bank); the outcome the tuner judges.

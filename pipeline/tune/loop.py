@@ -250,8 +250,7 @@ class Tuner:
         runner.record_decide(self.store, trial, self.runs_root, self.executor)
 
     def _run_trial(self, trial, resubmit: bool = False):
-        return runner.run_trial(self.store, trial, self.exp, executor=self.executor,
-                                runs_root=self.runs_root, study=self.study_name,
+        return runner.run_trial(self.store, trial, executor=self.executor, runs_root=self.runs_root,
                                 bank_dir=self.bank_dir, hang_timeout_s=self.hang_timeout_s,
                                 fit_first=self.fit_first, resubmit=resubmit)
 
