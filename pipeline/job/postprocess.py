@@ -131,7 +131,10 @@ def wait(job_id: str, elements: int, timeout_s: float, poll_s: float = 1.0) -> s
 
 
 def _tool(cmd: list[str], what: str) -> None:
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    except subprocess.TimeoutExpired:
+        raise PostprocessError(f"{what} did not finish in an hour") from None
     if r.returncode:
         tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
         raise PostprocessError(f"{what} failed: {tail[0][:200]}")

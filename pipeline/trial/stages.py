@@ -29,7 +29,6 @@ import hashlib
 import json
 import re
 import shutil
-import subprocess
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
@@ -37,7 +36,7 @@ from typing import Any, Callable
 from moetune import analysis
 from moetune.analysis import summary
 from moetune.analysis.logs import parse_log
-from moetune.analysis.nsys import nsys_binary, qdstrm_importer
+from moetune.analysis.nsys import nsys_binary
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job import render
 from moetune.pipeline.paths import trial_folder
@@ -136,7 +135,6 @@ def _render_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     cluster_d = as_dict(cluster)
     return [], {"config": t.row.config, "model": model.to_dict(), "cluster": cluster_d,
                 "folder": str(t.folder), "launcher": _launcher(t), "templates": render.template_texts()}
-
 
 
 def _launcher(t: TrialContext) -> str:
@@ -332,21 +330,6 @@ def _nsys(t: TrialContext) -> str:
         raise StageError(f"trial {t.id}: {e}") from None
 
 
-def _importer(t: TrialContext) -> str | None:
-    _nsys(t)  # the importer is looked for beside nsys: say so when nsys itself is missing
-    return qdstrm_importer()
-
-
-def _tool(cmd: list[str], what: str, t: TrialContext) -> None:
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    except subprocess.TimeoutExpired:
-        raise StageError(f"trial {t.id}: {what} did not finish in an hour") from None
-    if r.returncode:
-        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise StageError(f"trial {t.id}: {what} failed: {tail[0][:200]}")
-
-
 def do_export(t: TrialContext, local: bool = False, force: bool = False) -> list[Path]:
     """Each rank's report → SQLite. A bare .qdstrm (nsys could not run its importer inside the
     job) is imported to .nsys-rep first. As a job (as_job): wait for the post-processing job,
@@ -355,21 +338,18 @@ def do_export(t: TrialContext, local: bool = False, force: bool = False) -> list
         return _export_as_job(t, force)
     for stale in t.glob("trace_*" + summary.SUFFIX):  # made from an earlier export
         stale.unlink()
-    imported = []
-    for raw in t.glob("trace_*.qdstrm"):
-        rep = raw.with_suffix(".nsys-rep")
+    # each rank's report as the post-processing job exports it (a bare .qdstrm imported first)
+    reports = {p.name.split(".")[0]: p for p in t.glob("trace_*.qdstrm")}
+    reports.update({p.name.split(".")[0]: p for p in t.glob("trace_*.nsys-rep")})
+    imported, out = [], []
+    for report in reports.values():
+        rep = report.with_suffix(".nsys-rep")
         if not rep.exists():
             imported.append(rep)
-            importer = _importer(t)
-            if not importer:
-                raise StageError(f"trial {t.id}: {raw.name} needs nsys's QdstrmImporter; set "
-                                 "MOETUNE_QDSTRM_IMPORTER")
-            _tool([importer, "-i", str(raw)], f"QdstrmImporter on {raw.name}", t)
-    out = []
-    for rep in t.glob("trace_*.nsys-rep"):
-        sqlite = rep.with_suffix(".sqlite")
-        _tool([_nsys(t), "export", "--type", "sqlite", "--force-overwrite", "true",
-               "-o", str(sqlite), str(rep)], f"nsys export of {rep.name}", t)
+        try:
+            sqlite = postprocess.export(report)
+        except (postprocess.PostprocessError, analysis.TraceError) as e:
+            raise StageError(f"trial {t.id}: {e}") from None
         out += [sqlite, postprocess.write_recipes(_nsys(t), rep, sqlite)]
     return imported + out
 
