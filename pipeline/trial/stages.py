@@ -182,12 +182,12 @@ def do_fit(t: TrialContext) -> list[Path]:
     if not capacity:
         raise StageError(f"trial {t.id}: cluster.gpu_type {cluster_d.get('gpu_type')!r} has no known "
                          "memory; set cluster.gpu_memory_gb")
-    v = fit.verdict(measured, capacity)
+    result = {**fit.verdict(measured, capacity).to_dict(), "world": world,
+              "job": {"job_id": ref.job_id, "state": state.state},
+              "ranks": {str(r): m for r, m in measured.items()}}
     out = folder / "fit.json"
-    out.write_text(json.dumps({**v.to_dict(), "world": world, "job": {"job_id": ref.job_id,
-                               "state": state.state}, "ranks": {str(r): m for r, m in measured.items()}},
-                              indent=1, sort_keys=True) + "\n")
-    t.store.set_metrics(t.id, fit.fit_metrics(json.loads(out.read_text())))  # plan reads fit_peak_gb
+    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    t.store.set_metrics(t.id, fit.fit_metrics(result))  # plan reads fit_peak_gb
     return [out]
 
 

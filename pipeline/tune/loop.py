@@ -36,6 +36,7 @@ from moetune.pipeline.spec.experiment import Tuning, load_experiment
 from moetune.pipeline.spec.section import as_dict, get as attr, gpu_count
 from moetune.pipeline.store import now
 from moetune.pipeline.trial import run as runner
+from moetune.pipeline.trial import stages
 from moetune.pipeline.tune.lock import study_lock
 from moetune.pipeline.tune.state import StudyState, image_of, study_state
 from moetune.pipeline.tune.summary import summary
@@ -62,14 +63,6 @@ def _combined(analysis: dict | None) -> dict:
 def _load_analysis(store, runs_root: Path, study: str, trial) -> dict | None:
     p = trial_folder(runs_root, study, store.trial(trial.id)) / "analysis.json"
     return json.loads(p.read_text()) if p.exists() else None
-
-
-def _load_fit(store, runs_root: Path, study: str, trial) -> dict:
-    p = trial_folder(runs_root, study, store.trial(trial.id)) / "fit" / "fit.json"
-    if not p.exists():
-        raise TunerError(f"trial {trial.number}: fit/fit.json is missing; run "
-                         f"`moetune stage fit --trial {trial.id}`")
-    return json.loads(p.read_text())
 
 
 def fit_analysis(fitted: dict) -> dict:
@@ -199,7 +192,7 @@ class Tuner:
         """Nothing fits yet: the next memory fix on top of the last trial that did not fit, in the
         table's fit order, to be fitted on one GPU in its turn. False: none left."""
         parent = st.unfit
-        fitted = _load_fit(self.store, self.runs_root, self.study_name, parent)
+        fitted = stages.load_fit(stages.TrialContext(self.store, parent.id, self.runs_root))
         analysis = fit_analysis(fitted)
         props = rules_mod.proposals(analysis, TrainingConfig.from_dict(parent.config), self.exp.model,
                                     self.exp.cluster, self.exp.tuning, check=check, rules=self.rules)
