@@ -9,7 +9,7 @@ model name or path with spaces, quotes or `$(...)` stays one literal word.
 Cluster keys read (all optional): template (venv|container), nodes, gpus_per_node,
 ntasks_per_node, cpus_per_task, mem (or mem_per_node), time_limit ("HH:MM:SS", "MM:SS" or minutes), partition,
 account, container_image, container_mounts, modules, venv, env, nsys, profile_ranks,
-workload (megatron|cpu_stand_in), stand_in ({ms_per_iter, busy, alloc_mb}), python.
+workload (megatron|cpu_stand_in), stand_in ({ms_per_iter, busy, alloc_mb, model_mb}), python.
 """
 from __future__ import annotations
 

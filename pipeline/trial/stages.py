@@ -314,8 +314,7 @@ def start_postprocess(t: TrialContext, force: bool = False) -> str | None:
             return known["job_id"]
     spec = load_spec(t)
     _, cluster = t.model_and_cluster()
-    world = spec.nodes * spec.ntasks_per_node
-    ranks = [r for r in spec.nsys.ranks if r < world]
+    ranks = [r for r in spec.nsys.ranks if r < spec.ntasks]
     try:
         return postprocess.submit(t.folder, ranks, cluster, after=ref.job_id,
                                   name=t.job_name() + ".post")
