@@ -40,6 +40,7 @@ def has_recipes(nsys: str) -> bool:
     return r.returncode == 0 and "unknown command" not in text and "recipe" in text
 
 
+@lru_cache(maxsize=None)  # asked once per report otherwise
 def version(nsys: str) -> str:
     try:
         r = subprocess.run([nsys, "--version"], capture_output=True, text=True, timeout=60)
