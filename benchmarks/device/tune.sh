@@ -7,8 +7,10 @@
 #     -d .whl megatron-core==0.19.2 submitit pydantic pydantic-core annotated-types typing-inspection \
 #     typing-extensions sqlalchemy greenlet
 #   .devlib: libdw.so.1 and libelf.so.1 from Debian's libdw1/libelf1 (../shared/device-notes.md)
-#   bash benchmarks/device/tune.sh start [EXPERIMENT]   # the tuner in its own session (outlives the call);
-#                                                       # moe_proxy_te: after `device_setup.sh deepep te`
+#   bash benchmarks/device/tune.sh start [--one-gpu] [EXPERIMENT ...]
+#                        # the tuner in its own session (outlives the call), one study after another;
+#                        # moe_proxy_te and --one-gpu studies: after `device_setup.sh te` (and deepep)
+#                        # --one-gpu: `moetune tune EXPERIMENT --one-gpu` (env ITERS, MAX_TRIALS)
 #   bash benchmarks/device/tune.sh wait SECONDS         # until it ends or SECONDS pass; packs if it ended
 #   bash benchmarks/device/tune.sh pack                 # store, reports, logs, analyses, 2 traces → $OUT
 # The tuner's files live under /tmp/moetune-tune, so a later call on the same warm machine finds them;
@@ -27,38 +29,61 @@ setup() {
       --target /tmp/site .whl/*.whl || exit 1
   fi
   # nsys stops at a .qdstrm there; the export stage runs the importer, which needs libdw/libelf
-  printf '#!/bin/sh\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$PWD/.devlib" \
+  mkdir -p "$W/devlib" && cp .devlib/* "$W/devlib/"  # the next call re-sends the checkout
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$W/devlib" \
     "$B/linux-desktop-glibc_2_11_3-x64/QdstrmImporter" > "$W/importer"
   chmod +x "$W/importer"
 }
 
 # `moetune` is not installed there: a link named moetune to this checkout makes it importable
-mkdir -p /tmp/moetune-src && ln -sfn "$PWD" /tmp/moetune-src/moetune
+# (start points it at a copy the tuner runs from; later calls leave it there)
+mkdir -p /tmp/moetune-src && { [ -e /tmp/moetune-src/moetune ] || ln -sfn "$PWD" /tmp/moetune-src/moetune; }
 export PYTHONPATH="/tmp/site:/tmp/moetune-src" MOETUNE_QDSTRM_IMPORTER="$W/importer" MOETUNE_NSYS="$B/target-linux-x64/nsys"
 
 case "${1:-}" in
   start)
+    shift
+    one=""
+    if [ "${1:-}" = --one-gpu ]; then one=--one-gpu; shift; fi
+    [ $# -gt 0 ] || set -- moe_proxy
     setup
-    exp=${2:-moe_proxy}
-    # the experiment as written, with nsys named by its path on this machine
-    python3 - "$exp" "$MOETUNE_NSYS" "$W/experiment.yaml" <<'EOF' || exit 1
+    # the code the tuner and its jobs run, copied: the next call re-sends the checkout under them
+    # (a run started from inside it failed at start, benchmarks/device/fit.sh)
+    rm -rf /tmp/moetune-code && mkdir -p /tmp/moetune-code &&
+      cp -a pipeline analysis experiments sbatch_templates benchmarks pyproject.toml /tmp/moetune-code/ || exit 1
+    ln -sfn /tmp/moetune-code /tmp/moetune-src/moetune
+    for exp in "$@"; do
+      # the experiment as written, with nsys named by its path on this machine; a one-GPU study
+      # also runs its jobs here (venv template, no Slurm, no apex) and profiles rank 0 only, for
+      # ITERS iterations (default 14) with the last two profiled
+      python3 - "$exp" "$MOETUNE_NSYS" "$W/$exp.yaml" "$one" "${ITERS:-14}" <<'EOF2' || exit 1
 import sys, yaml
 from moetune.pipeline.spec.experiment import experiment_path
-d = yaml.safe_load(experiment_path(sys.argv[1]).read_text())
-d["cluster"]["nsys"] = sys.argv[2]
-open(sys.argv[3], "w").write(yaml.safe_dump(d, sort_keys=False))
-EOF
-    # an experiment whose image has TE (moe_proxy_te) needs what device_setup.sh put in /tmp/site-gpu;
-    # the TE-less one runs without it, as its trials were recorded
+exp, nsys, out, one, iters = sys.argv[1:6]
+d = yaml.safe_load(experiment_path(exp).read_text())
+d["cluster"]["nsys"] = nsys
+if one:
+    d["cluster"].update(executor="local", template="venv", has_apex=False, profile_ranks=[0])
+    iters = int(iters)
+    d["baseline"].update(train_iters=iters, profile_step_start=iters - 1, profile_step_end=iters)
+open(out, "w").write(yaml.safe_dump(d, sort_keys=False))
+EOF2
+    done
+    # an experiment whose image has TE needs what device_setup.sh put in /tmp/site-gpu; the
+    # TE-less one runs without it, as its trials were recorded
     if python3 -c 'import sys, yaml; sys.exit(not yaml.safe_load(open(sys.argv[1]))["cluster"].get("has_transformer_engine"))' \
-        "$W/experiment.yaml"; then
+        "$W/$1.yaml"; then
       export PYTHONPATH="/tmp/site-gpu:$PYTHONPATH"
     fi
     date -u +%FT%TZ > "$W/started"
-    setsid nohup python3 -m moetune.pipeline.cli.main --db "$W/moetune.db" tune "$W/experiment.yaml" \
-      --executor local --runs "$W/runs" --out "$W/reports" --no-progress > "$W/tune.log" 2>&1 &
+    cd /tmp/moetune-code || exit 1
+    setsid nohup bash -c 'W=$1 one=$2; shift 2; for e in "$@"; do
+        echo "== $e $one $(date -u +%T)"
+        python3 -m moetune.pipeline.cli.main --db "$W/moetune.db" tune "$W/$e.yaml" $one \
+          --executor local --runs "$W/runs" --out "$W/reports" --no-progress ${MAX_TRIALS:+--max-trials $MAX_TRIALS}
+      done' tune "$W" "$one" "$@" > "$W/tune.log" 2>&1 < /dev/null &
     echo $! > "$W/pid"
-    echo "tuner started (pid $(cat "$W/pid"))"
+    echo "tuner started (pid $(cat "$W/pid")): $* $one"
     ;;
   wait)
     limit=${2:-500}; t0=$SECONDS
@@ -79,6 +104,9 @@ EOF
       n=$(basename "$t"); mkdir -p "$d/runs/$n"
       find "$t" -maxdepth 1 -type f \( -name '*.json' -o -name '*.txt' -o -name '*.sh' -o -name '*.md' \) \
         -size -4M -exec cp {} "$d/runs/$n/" \;
+      if [ -d "$t/fit" ]; then  # the fit: its verdict and each rank's log
+        mkdir -p "$d/runs/$n/fit"; cp "$t"/fit/*.json "$t"/fit/log_rank_*.txt "$d/runs/$n/fit/" 2>/dev/null
+      fi
     done
     python3 - "$W" "$d" <<'EOF'
 import json, pathlib, subprocess, sys
@@ -91,7 +119,14 @@ for t in trials:
     except Exception:
         pass
 keep = set(trials[:1]) | ({min(step, key=step.get)} if step else set())
+keep |= {t for t in step if t.parent.name.endswith("-1gpu")}  # one-GPU studies: every trace
 for t in keep:
+    # NVIDIA's recipe tables beside the report (analysis/recipes.py), kept for the agreement tests
+    for f in t.glob("recipes_trace_*/*/*"):
+        if f.suffix in (".parquet", ".log") and f.stat().st_size < 2_000_000:
+            dest = d / "runs" / t.name / f.parent.parent.name / f.parent.name
+            dest.mkdir(parents=True, exist_ok=True)
+            (dest / f.name).write_bytes(f.read_bytes())
     for s in t.glob("trace_*.sqlite"):
         out = d / "runs" / t.name / s.name
         subprocess.run([sys.executable, "benchmarks/slim_trace.py", str(s), str(out)], check=False)

@@ -50,7 +50,7 @@ def cmd_tune(args, _rest):
     from moetune.pipeline.tune import loop as tuner
     summary = tuner.tune(args.model, _store(args), executor=args.executor,
                          runs_root=Path(args.runs), max_trials=args.max_trials,
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, one_gpu=args.one_gpu)
     md, html = _write_reports(args, summary.get("study", args.model))
     print(f"study {summary.get('study')}: {summary.get('trials', '?')} trials, best "
           f"{summary.get('best_step_time_ms', '?')} ms/step "
@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--max-trials", type=int, default=None,
                         help="override the experiment's trial budget")
         sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+        sp.add_argument("--one-gpu", action="store_true",
+                        help="every trial on one GPU: the layout's rank 0 alone under Megatron's fake "
+                             "process group (tuning.one_gpu; study NAME-1gpu)")
 
     sp = add("fit", cmd_fit, "measure a layout's memory-bounding ranks on one GPU each (Megatron's "
              "fake process group) and say whether it fits; exit 1 when it does not")

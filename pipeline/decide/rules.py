@@ -68,6 +68,7 @@ class Rule:
     when: tuple = ()
     requires: tuple = ()
     verify: str = "none"
+    one_gpu: bool = True  # one rank alone under the fake process group can show the fix
 
     def apply(self, config: TrainingConfig) -> TrainingConfig | None:
         """The changed config, or None when the change cannot be made (e.g. 1 // 2)."""
@@ -125,6 +126,8 @@ def load_rules(path: str | Path | None = None) -> list[Rule]:
         seen.add(rid)
         if raw["wall"] not in WALLS:
             raise RuleError(f"{where}: wall {raw['wall']!r} is not one of {WALLS}")
+        if not isinstance(raw.get("one_gpu", True), bool):
+            raise RuleError(f"{where}: one_gpu {raw['one_gpu']!r} must be true or false")
         if raw.get("verify", "none") not in VERIFY_KINDS:
             raise RuleError(f"{where}: verify {raw['verify']!r} is not one of {VERIFY_KINDS}")
         bad = sorted(set(raw["change"]) - fields_)
@@ -138,7 +141,7 @@ def load_rules(path: str | Path | None = None) -> list[Rule]:
                         priority=int(raw["priority"]), rationale=raw["rationale"],
                         source=raw["source"], when=tuple(map(tuple, raw.get("when") or ())),
                         requires=tuple(map(tuple, raw.get("requires") or ())),
-                        verify=raw.get("verify", "none")))
+                        verify=raw.get("verify", "none"), one_gpu=bool(raw.get("one_gpu", True))))
     return out
 
 

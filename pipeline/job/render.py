@@ -91,7 +91,7 @@ class JobSpec:
 
     @property
     def rank_var(self) -> str:
-        return "SLURM_PROCID" if self.launcher == "srun" else "RANK"
+        return "SLURM_PROCID" if self.launcher == "srun" and not self.fit_ranks else "RANK"
 
 
 def time_minutes(value: Any) -> int:
@@ -123,10 +123,11 @@ def job_env(config: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -
 
 
 def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[str], cluster: Any,
-             launcher: str = "srun", fit: tuple[tuple[int, ...], int] | None = None) -> JobSpec:
+             launcher: str = "srun", fit: tuple[tuple[int, ...], int] | None = None,
+             profile: bool = False) -> JobSpec:
     """Everything one trial's job needs. `argv`: the Megatron argv (TrainingConfig.to_args).
-    `fit`: (ranks, world size): the job is a fit, those ranks one after another on one GPU of one
-    node (spec/fit.py), not profiled."""
+    `fit`: (ranks, world size): the job runs those ranks one after another on one GPU of one node
+    (spec/fit.py); profiled only with `profile` (a one-GPU trial; a fit measures memory alone)."""
     template = str(_get(cluster, "template", "venv"))
     if template not in TEMPLATE_FILES:
         raise RenderError(f"cluster.template {template!r}: allowed {sorted(TEMPLATE_FILES)}")
@@ -154,10 +155,13 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
             if key in s:
                 command += [f"--stand-in-{key.replace('_', '-')}", str(s[key])]
     folder = str(Path(folder).resolve())
-    rank_var = "SLURM_PROCID" if launcher == "srun" else "RANK"
+    # a fit's ranks are named by RANK, which its launch sets (srun's SLURM_PROCID is 0 for each)
+    rank_var = "SLURM_PROCID" if launcher == "srun" and not fit else "RANK"
     ranks = tuple(int(r) for r in _get(cluster, "profile_ranks", [0, 1]))  # ranks a job lacks never match
+    if fit:  # the ranks it runs that the cluster profiles, else its first
+        ranks = tuple(r for r in fit[0] if r in ranks) or tuple(fit[0][:1])
     nsys = None
-    if _get(cluster, "nsys", "nsys") not in ("", "off", False) and not fit:
+    if _get(cluster, "nsys", "nsys") not in ("", "off", False) and (profile or not fit):
         nsys = NsysSpec(binary=str(_get(cluster, "nsys", "nsys")), options=NSYS_MODES[workload],
                         ranks=ranks,
                         output=folder.replace("%", "%%") + f"/trace_%q{{{rank_var}}}")

@@ -379,13 +379,27 @@ def tree_lines(views: list[TrialView]) -> list[tuple[int, TrialView]]:
     return out
 
 
+def one_gpu_sentence(study) -> str | None:
+    """What a one-GPU study's step times are (tuning.one_gpu; spec/fit.py one_gpu_config)."""
+    tuning = (study.experiment or {}).get("tuning") or {}
+    if not tuning.get("one_gpu"):
+        return None
+    return ("One GPU: every trial ran its layout's rank 0 alone under Megatron's fake process group, "
+            f"a step of {tuning.get('one_gpu_samples') or 4} sequences per data-parallel rank with "
+            "static routing; its step time is that rank's compute and host overhead at the "
+            "production shapes, without communication, waiting or pipeline bubbles.")
+
+
 def study_markdown(store, study_name: str) -> str:
     study, views, decisions = gather(store, study_name)
     s = summary(store, study_name)
     best = next((v for v in views if v.trial.number == s.get("best_trial")), None)
     out = [f"# moetune study {md(study.name)}", "",
            f"Model {md(study.model)}; {s['trials']} trials run ({s['skipped']} skipped); "
-           f"stopped: {md(s.get('stop_reason'))}.", "",
+           f"stopped: {md(s.get('stop_reason'))}.", ""]
+    if one_gpu_sentence(study):
+        out += [md(one_gpu_sentence(study)), ""]
+    out += [
            f"Baseline {fmt(s.get('baseline_step_time_ms'))} ms/step → best "
            f"{fmt(s.get('best_step_time_ms'))} ms/step (trial {fmt(s.get('best_trial'))}, "
            f"speed-up {fmt(s.get('speedup'), 3)}x; judged: {fmt(s.get('baseline_judged_step_time_ms'))} → "
@@ -499,6 +513,7 @@ def study_html(store, study_name: str) -> str:
              f"<h1>moetune study {esc(study.name)}</h1>",
              f"<p>Model {esc(study.model)}; {s['trials']} trials run ({s['skipped']} skipped); "
              f"stopped: {esc(s.get('stop_reason'))}.</p>",
+             f"<p>{esc(one_gpu_sentence(study))}</p>" if one_gpu_sentence(study) else "",
              f"<p>Baseline {esc(fmt(s.get('baseline_step_time_ms')))} ms/step → best "
              f"<b>{esc(fmt(s.get('best_step_time_ms')))} ms/step</b> (trial {esc(s.get('best_trial'))}, "
              f"speed-up {esc(fmt(s.get('speedup'), 3))}x; judged: "

@@ -122,6 +122,11 @@ class TrialContext:
         loaded = load_experiment(exp.get("experiment") or self.study.model)
         return loaded.model, loaded.cluster
 
+    @property
+    def one_gpu(self) -> bool:
+        """The study runs every trial as its layout's rank 0 alone on one GPU (tuning.one_gpu)."""
+        return bool((self.experiment.get("tuning") or {}).get("one_gpu"))
+
     def job_name(self) -> str:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.study.name)
         # the folder's hash keeps two stores' trials of one study name apart in Slurm
@@ -145,9 +150,19 @@ def _launcher(t: TrialContext) -> str:
 def do_render(t: TrialContext) -> list[Path]:
     model, cluster = t.model_and_cluster()
     config = TrainingConfig.from_dict(t.row.config)
+    one_rank = None
+    if t.one_gpu:  # rank 0 of the layout alone, profiled (spec/fit.py one_gpu_config)
+        samples = (t.experiment.get("tuning") or {}).get("one_gpu_samples") or 4
+        try:
+            config = fit.one_gpu_config(config, rank_count(cluster), int(samples))
+        except fit.OneGpuError as e:
+            raise StageError(f"trial {t.id}: {e}") from None
+        one_rank = ((0,), rank_count(cluster))
     argv = config.to_args(model, has_apex=as_dict(cluster).get("has_apex", True)) + run_args()
-    spec = render.job_spec(name=t.job_name(), folder=t.folder, config=t.row.config, argv=argv,
-                           cluster=cluster, launcher=_launcher(t))
+    if one_rank:
+        argv += list(fit.FAKE_GROUP_ARGS)
+    spec = render.job_spec(name=t.job_name(), folder=t.folder, config=config.to_dict(), argv=argv,
+                           cluster=cluster, launcher=_launcher(t), fit=one_rank, profile=True)
     out = render.write_job(spec)
     for name, text in (("spec.json", json.dumps(asdict(spec), indent=1, sort_keys=True)),
                        ("config.json", json.dumps(t.row.config, indent=1, sort_keys=True)),
@@ -167,8 +182,8 @@ def do_fit(t: TrialContext) -> list[Path]:
     folder = t.path("fit")
     if folder.exists():  # a fit is measured whole, never half from an earlier run
         shutil.rmtree(folder)
-    config = fit.fit_config(TrainingConfig.from_dict(t.row.config))
     world = rank_count(cluster)
+    config = fit.fit_config(TrainingConfig.from_dict(t.row.config), world)
     ranks = fit.bounding_ranks(config, world)
     argv = config.to_args(model, has_apex=cluster_d.get("has_apex", True)) + run_args() + \
         list(fit.FAKE_GROUP_ARGS)

@@ -27,7 +27,7 @@ from moetune.pipeline.decide import applied
 from moetune.pipeline.decide import rules as rules_mod
 from moetune.pipeline.decide.judge import compare, judged_step
 from moetune.pipeline.errors import MoetuneError
-from moetune.pipeline.job.replay import DEFAULT_BANK, load_bank
+from moetune.pipeline.job.replay import DEFAULT_BANK, find as find_entry, load_bank
 from moetune.pipeline.paths import trial_folder
 from moetune.pipeline.spec import fit
 from moetune.pipeline.spec.config import TrainingConfig
@@ -105,12 +105,15 @@ class Tuner:
             "replay": executor == "replay", "model": experiment.model.to_dict(),
             "cluster": as_dict(experiment.cluster), "tuning": as_dict(experiment.tuning),
             "baseline": experiment.baseline.to_dict()})
-        self.gpus = gpu_count(experiment.cluster)
+        # one GPU (tuning.one_gpu): every trial is the layout's rank 0 alone, so a trial costs
+        # one GPU's time and only the rules one rank can show are proposed
+        self.one_gpu = bool(tuning_value(experiment, "one_gpu"))
+        self.gpus = 1 if self.one_gpu else gpu_count(experiment.cluster)
         # fit first (spec/fit.py): every multi-GPU layout measured on one GPU before it is submitted
         fit_first = attr(experiment.tuning, "fit_first")
         if fit_first is None:
             fit_first = attr(experiment.cluster, "workload", "megatron") == "megatron"
-        self.fit_first = bool(fit_first) and executor != "replay" and self.gpus > 1
+        self.fit_first = bool(fit_first) and executor != "replay" and gpu_count(experiment.cluster) > 1
 
     # -- output -------------------------------------------------------------------------
     def say(self, msg: str) -> None:
@@ -186,7 +189,11 @@ class Tuner:
                              f"`moetune stage analyze --trial {inc.id}`")
         props = rules_mod.proposals(analysis, TrainingConfig.from_dict(inc.config), self.exp.model,
                                     self.exp.cluster, self.exp.tuning, check=check, rules=self.rules)
-        return self._propose(st, inc, analysis, props)
+        return self._propose(st, inc, analysis, self._measurable(props))
+
+    def _measurable(self, props: list) -> list:
+        """In a one-GPU study, the proposals whose rule one rank alone can show (rules.yaml one_gpu)."""
+        return [p for p in props if p.rule.one_gpu] if self.one_gpu else props
 
     def propose_fit(self, st: StudyState) -> bool:
         """Nothing fits yet: the next memory fix on top of the last trial that did not fit, in the
@@ -197,7 +204,7 @@ class Tuner:
         props = rules_mod.proposals(analysis, TrainingConfig.from_dict(parent.config), self.exp.model,
                                     self.exp.cluster, self.exp.tuning, check=check, rules=self.rules)
         order = {rid: i for i, rid in enumerate(self.fit_order)}
-        props = sorted((p for p in props if p.rule.id in order), key=lambda p: order[p.rule.id])
+        props = sorted((p for p in self._measurable(props) if p.rule.id in order), key=lambda p: order[p.rule.id])
         return self._propose(st, parent, analysis, props)
 
     def _propose(self, st: StudyState, parent, analysis: dict, props: list) -> bool:
@@ -328,9 +335,13 @@ class Tuner:
 
 
 def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs",
-         max_trials=None, progress: bool = True, bank_dir=None, study_name: str | None = None) -> dict:
-    """Run (or resume) the study of an experiment; returns `summary`."""
+         max_trials=None, progress: bool = True, bank_dir=None, study_name: str | None = None,
+         one_gpu: bool = False) -> dict:
+    """Run (or resume) the study of an experiment; returns `summary`. `one_gpu`: as if the
+    experiment said tuning.one_gpu (its study is named NAME-1gpu, apart from the cluster's)."""
     exp = load_experiment(experiment_name)
+    if one_gpu:
+        exp.tuning = exp.tuning.model_copy(update={"one_gpu": True})
     if executor == "auto":
         executor = "slurm" if shutil.which("sbatch") else "local"
     if executor not in ("slurm", "local", "replay"):
@@ -338,7 +349,12 @@ def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs
     if executor == "replay":
         bank_dir = Path(bank_dir or DEFAULT_BANK)
         load_bank(bank_dir)  # a clear error now rather than in every job
-    name = study_name or (f"{exp.name}-replay" if executor == "replay" else exp.name)
+        # the bank's baseline ran on one GPU (benchmarks/device/tune.sh --one-gpu): replay it so
+        entry = find_entry(exp.baseline, bank_dir)
+        if entry and entry.get("one_gpu") and not exp.tuning.one_gpu:
+            exp.tuning = exp.tuning.model_copy(update={"one_gpu": True})
+    name = exp.name + ("-1gpu" if exp.tuning.one_gpu else "")
+    name = study_name or (f"{name}-replay" if executor == "replay" else name)
     with study_lock(runs_root, name):  # one tuner per study; a killed one's lock goes with it
         t = Tuner(exp, store, executor=executor, runs_root=Path(runs_root), study_name=name,
                   max_trials=max_trials, bank_dir=bank_dir, progress=progress)
