@@ -185,7 +185,7 @@ def main():
               "|---|---|---|---|---|---|---|"]
     bank = [json.loads(l) for l in (REPO / "benchmarks/trial_bank/bank.jsonl").read_text().splitlines() if l]
     proxy = load_experiment("moe_proxy")
-    picked = [b for b in bank if b["state"] == "COMPLETED" and b["peak_memory_gb"]]
+    picked = [b for b in bank if b["state"] == "COMPLETED" and b["peak_memory_gb"] and not b.get("study")]
     measured = theoretical_memory([b["args"] for b in picked], [b["gpus"] for b in picked])
     from moetune.pipeline.spec.config import TrainingConfig
     ours_d, theirs_d = [], []

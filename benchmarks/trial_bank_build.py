@@ -124,15 +124,17 @@ def build(dirs: list[Path], add: bool = False) -> list[dict]:
             found[log.stem] = d
     (BANK / "logs").mkdir(parents=True, exist_ok=True)
     (BANK / "traces").mkdir(parents=True, exist_ok=True)
-    old = {}
-    if add and (BANK / "bank.jsonl").exists():
-        old = {e["name"]: e for e in map(json.loads, (BANK / "bank.jsonl").read_text().splitlines())}
+    stored = [json.loads(x) for x in (BANK / "bank.jsonl").read_text().splitlines()] \
+        if (BANK / "bank.jsonl").exists() else []
+    old = {e["name"]: e for e in stored} if add else {}
     entries = []
     for name, changes in CONFIGS:
         if name in found:
             entries.append(from_run(name, changes, found[name]))
         elif name in old:
             entries.append(reanalysed(old[name]))
+    # a tuning study's trials (benchmarks/one_gpu_tuning.py) are not configs of this sweep: kept
+    entries += [reanalysed(e) for e in stored if e.get("study")]
     kept = {e["trace"] for e in entries if e["trace"]} | {e["log"] for e in entries}
     for stale in list((BANK / "traces").glob("*")) + list((BANK / "logs").glob("*")):
         if f"{stale.parent.name}/{stale.name}" not in kept:

@@ -93,7 +93,8 @@ def test_estimate_within_10_percent_of_measured_peak():
     bank = [json.loads(line) for line in (REPO / "benchmarks/trial_bank/bank.jsonl").read_text().splitlines()
             if line.strip()]
     proxy = load_experiment("moe_proxy")
-    done = [b for b in bank if b["state"] == "COMPLETED" and b["peak_memory_gb"]]
+    # moe_proxy's sweep; a tuning study's trials (benchmarks/one_gpu_tuning.py) are other models
+    done = [b for b in bank if b["state"] == "COMPLETED" and b["peak_memory_gb"] and not b.get("study")]
     assert len(done) >= 10
     for b in done:
         c = TrainingConfig.from_dict(b["config"])

@@ -61,8 +61,32 @@ def index(bank_dir: str | Path = DEFAULT_BANK) -> dict[str, dict]:
     return _index(str(p), (p / "bank.jsonl").stat().st_mtime if (p / "bank.jsonl").exists() else 0)
 
 
+# How long a run was and which steps it profiled: a recorded run of the same config with another
+# length answers for it (a one-GPU study ran 12 iterations, its experiment says 20)
+RUN_LENGTH = {"train_iters": 0, "profile_step_start": 0, "profile_step_end": 0}
+
+
+def shape_hash(config: TrainingConfig) -> str:
+    return config.replace(**RUN_LENGTH).config_hash()
+
+
+@lru_cache(maxsize=8)
+def _shape_index(bank_dir: str, mtime: float) -> dict[str, dict]:
+    index = {}
+    for e in load_bank(bank_dir):
+        cfg = TrainingConfig.from_dict(e["config"]) if e.get("config") else TrainingConfig.from_args(list(e["args"]))
+        index.setdefault(shape_hash(cfg), e)
+    return index
+
+
 def find(config: TrainingConfig, bank_dir: str | Path = DEFAULT_BANK) -> dict | None:
-    return index(bank_dir).get(config.config_hash())
+    """The entry of this config; else one of the same config run for another length."""
+    found = index(bank_dir).get(config.config_hash())
+    if found is None:
+        p = Path(bank_dir)
+        mtime = (p / "bank.jsonl").stat().st_mtime if (p / "bank.jsonl").exists() else 0
+        found = _shape_index(str(p), mtime).get(shape_hash(config))
+    return found
 
 
 def _copy(src: Path, dst: Path) -> None:

@@ -108,6 +108,21 @@ def main() -> None:
     model_cfg = gpt_config_from_args(args)
     full = pretrain_cfg_container_from_args(args, model_cfg)
     mtraining.pretrain(full, datasets, ModelType.encoder_or_decoder, forward_step)
+    if getattr(args, "fake_process_group", False) or int(os.environ.get("RANK", "0")) == 0:
+        report_peak(args.train_iters)
+
+
+def report_peak(iterations: int) -> None:
+    """The whole run's peak in the form of Megatron's memory report. Megatron reports memory only
+    after the first iterations, before CUDA graphs are captured (after --cuda-graph-warmup-steps):
+    a fit of a graphed layout needs the peak with the graphs' private pools in it."""
+    import torch
+    mb = 1024 * 1024
+    print(f"[Rank {os.environ.get('RANK', '0')}] (after {iterations} iterations) memory (MB) | "
+          f"allocated: {torch.cuda.memory_allocated() / mb:.2f} | "
+          f"max allocated: {torch.cuda.max_memory_allocated() / mb:.2f} | "
+          f"reserved: {torch.cuda.memory_reserved() / mb:.2f} | "
+          f"max reserved: {torch.cuda.max_memory_reserved() / mb:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,17 @@ from dataclasses import dataclass
 from moetune.pipeline.spec.config import TrainingConfig
 
 FIT_ITERS = 3  # Megatron reports memory after iteration 2, when the optimizer states exist
+# Megatron captures CUDA graphs after --cuda-graph-warmup-steps (default 3) iterations, and their
+# private pools then hold GBs more: a 3-iteration fit of qwen3_235b's EP-128 layout with TE graphs
+# peaked at 69 GB and fitted, and its trial ran out of memory at capture, 26.8 GB in graph pools
+# (H100, 2026-11-23). A graphed layout's fit runs two iterations past the capture.
+CUDA_GRAPH_WARMUP_STEPS = 3
+
+
+def fit_iterations(config: TrainingConfig) -> int:
+    if config.cuda_graph_impl in (None, "none"):
+        return FIT_ITERS
+    return max(FIT_ITERS, CUDA_GRAPH_WARMUP_STEPS + 2)
 FAKE_GROUP_ARGS = ("--fake-process-group",)
 
 # What the fake group does not allocate, added to the measured peak before it is compared with the
@@ -50,9 +61,10 @@ def fit_config(config: TrainingConfig, world: int | None = None) -> TrainingConf
     a step of fit_micro_batches() per data-parallel rank instead of the production global batch
     (a fit of qwen3_30b_a3b's baseline ran 64 micro-batches a step, 35 s each, for a peak that 2
     give)."""
+    iters = fit_iterations(config)
     fitted = static_routing(config).replace(
-        train_iters=FIT_ITERS, profile_step_start=FIT_ITERS + 1,
-        profile_step_end=FIT_ITERS + 1)  # no capture range: a fit is not profiled
+        train_iters=iters, profile_step_start=iters + 1,
+        profile_step_end=iters + 1)  # no capture range: a fit is not profiled
     if world:
         shorter = data_parallel(config, world) * config.micro_batch * fit_micro_batches(config)
         fitted = fitted.replace(global_batch=min(config.global_batch, shorter))

@@ -349,6 +349,9 @@ def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs
     if executor == "replay":
         bank_dir = Path(bank_dir or DEFAULT_BANK)
         load_bank(bank_dir)  # a clear error now rather than in every job
+        # the demo submits nothing to a cluster: its jobs render for this machine, whatever the
+        # experiment's cluster runs them in (a container needs Slurm's pyxis)
+        exp.cluster = exp.cluster.model_copy(update={"template": "venv", "executor": "local"})
         # the bank's baseline ran on one GPU (benchmarks/device/tune.sh --one-gpu): replay it so
         entry = find_entry(exp.baseline, bank_dir)
         if entry and entry.get("one_gpu") and not exp.tuning.one_gpu:
