@@ -296,6 +296,7 @@ def recipes_markdown(beside: dict) -> list[str]:
                    f"at most {fmt(100 * worst, 2) if worst is not None else '-'}% apart from "
                    f"cuda_gpu_kern_sum; {busy or 'no gpu_time_util output'}")
         out += [f"  - **disagrees**: {md(d)}" for d in c.get("disagreements") or []]
+        out += [f"  - note: {md(n)}" for n in c.get("notes") or []]
     return out + ([""] if out else [])
 
 
