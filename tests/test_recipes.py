@@ -172,3 +172,12 @@ def test_the_report_shows_the_notes():
     lines = recipes_markdown({"trace_0.sqlite": c})
     assert "  - note: CUDA graphs traced as whole graphs" in "\n".join(lines)
     assert "disagrees" not in "".join(lines)
+
+
+def test_the_trial_report_shows_the_analysis_warning():
+    from types import SimpleNamespace
+    from moetune.pipeline.report.study import TrialView, trial_markdown
+    an = analysis.analyze([MOE_RANKS["qwen3_30b_graphs"]], workers=1)
+    trial = SimpleNamespace(number=2, fix="cuda_graphs_te", state="done", config_hash="x", tflops_per_gpu=None)
+    text = trial_markdown(TrialView(trial, an, None, None, None, None), 1)
+    assert "- **Warning**: qwen3_30b_a3b-1gpu_t2_cuda_graphs_te.sqlite.xz: CUDA graphs traced as whole" in text

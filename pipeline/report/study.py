@@ -335,7 +335,8 @@ def trial_markdown(v: TrialView, parent_number: int | None) -> str:
             f"- Memory: peak {fmt(c.get('peak_memory_gb'), 2)} GB of "
             f"{fmt(an.get('gpu_memory_gb'), 0)} GB",
             f"- CUDA graph launches: {fmt(c.get('cuda_graph_launches'))}; kernels per step "
-            f"{fmt(c.get('kernels_per_step'))}, median kernel {fmt(c.get('median_kernel_us'))} us", ""]
+            f"{fmt(c.get('kernels_per_step'))}, median kernel {fmt(c.get('median_kernel_us'))} us",
+            *[f"- **Warning**: {md(w)}" for w in an.get("warnings") or []], ""]
     ev = an.get("evidence") or []
     if ev:
         out += ["| deciding rule | wall | metric | value | threshold |", "|---|---|---|---|---|"]
