@@ -2,7 +2,9 @@
 
 Public API
     analyze(paths, log=None, gpu_memory_gb=None, workers=None) -> dict   # wall, confidence, evidence,
-                                                            # metrics, log; ranks in `workers` processes
+                                                            # metrics, log, warnings (what the capture
+                                                            # leaves out: CUDA graphs traced whole);
+                                                            # ranks in `workers` processes
     TraceError                                              # one-line message naming the file
     logs.parse_log(path) -> dict                            # Megatron log (plain or .xz)
 
@@ -118,6 +120,7 @@ def analyze(paths=(), log=None, gpu_memory_gb: float | None = None, workers: int
     files = trace_files(paths)
     from moetune.analysis import keys
     keys.start(files)  # the files' ranks are listed while pandas is imported (analysis.keys)
+    from moetune.analysis.load import graphs_traced_whole_in
     from moetune.analysis.metrics import combine
     from moetune.analysis.ranks import map_ranks
     from moetune.analysis.skew import A2ASummaries
@@ -131,13 +134,23 @@ def analyze(paths=(), log=None, gpu_memory_gb: float | None = None, workers: int
                 gpu_memory_gb = s.gpu_memory_gb
         combined = combine(per_rank, a2a.wait_ns()) if per_rank else {}
     return result(combined, per_rank, parsed_log, gpu_memory_gb,
-                  [str(p) for p in files] + ([str(log)] if log else []))
+                  [str(p) for p in files] + ([str(log)] if log else []),
+                  graph_warnings([p.name for p in files if graphs_traced_whole_in(p)]))
+
+
+def graph_warnings(names: list[str]) -> list[str]:
+    """The warning for these trace files, whose CUDA graphs were traced as whole graphs: the kernel
+    table misses the graphs' kernels, so the idle figures count the graphs' time as idle."""
+    from moetune.analysis.load import GRAPHS_WHOLE
+    return [f"{', '.join(names)}: {GRAPHS_WHOLE}. Until then gpu_idle_share is overstated, and "
+            "gpu_busy_share and the kernel times understated, by the graphs' time"] if names else []
 
 
 def result(combined: dict, per_rank: dict, parsed_log: dict | None, gpu_memory_gb: float | None,
-           sources: list[str]) -> dict:
+           sources: list[str], warnings: list[str] | None = None) -> dict:
     """The analysis of combined and per-rank metrics: the log speaks where the trace is silent,
-    then the wall (analyze() and analysis.summary.combine_summaries both end here)."""
+    then the wall (analyze() and analysis.summary.combine_summaries both end here). `warnings`:
+    what the capture leaves out of the figures (the wall is decided on them all the same)."""
     from moetune.analysis.walls import classify as classify_wall
     if parsed_log:
         for key in ("step_time_ms", "step_time_std_ms", "tflops_per_gpu", "tokens_per_s"):
@@ -154,4 +167,5 @@ def result(combined: dict, per_rank: dict, parsed_log: dict | None, gpu_memory_g
         "log": parsed_log,
         "gpu_memory_gb": gpu_memory_gb,
         "sources": sources,
+        "warnings": list(warnings or []),
     }

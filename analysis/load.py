@@ -271,6 +271,34 @@ def _qualified_names(con, short: pd.Series, demangled: pd.Series) -> pd.Categori
     return _categorical([qualified_name(found.get(a, "?"), found.get(b, "")) for a, b in pairs], codes)
 
 
+GRAPH_LAUNCH_CALLS = ("cudaGraphLaunch", "cuGraphLaunch")
+GRAPHS_WHOLE = ("CUDA graphs traced as whole graphs (nsys --cuda-graph-trace=graph): their kernels are "
+                "not in the kernel table; profile with --cuda-graph-trace=node")
+
+
+def graphs_traced_whole(con, tables) -> bool:
+    """Whether the report's CUDA graphs were traced as whole graphs (nsys --cuda-graph-trace=graph,
+    its default): graphs were launched, yet no kernel row names a graph node. Their kernels are then
+    absent from the kernel table, and every busy or idle figure drawn from it misses their time. A
+    kernel table without graphNodeId (older exports) cannot tell: False."""
+    if RUNTIME_TABLE not in tables or "graphNodeId" not in tables.get(KERNEL_TABLE, ()):
+        return False
+    like = " OR ".join(f"value LIKE '{c}%'" for c in GRAPH_LAUNCH_CALLS)
+    ids = [r[0] for r in con.execute(f"SELECT id FROM StringIds WHERE {like}")]
+    if not ids:
+        return False
+    # both stop at the first row found: only a graph-level trace scans its kernel table whole
+    launched = con.execute(f"SELECT EXISTS (SELECT 1 FROM {RUNTIME_TABLE} WHERE nameId IN "
+                           f"({','.join(map(str, ids))}))").fetchone()[0]
+    return bool(launched) and not con.execute(
+        f"SELECT EXISTS (SELECT 1 FROM {KERNEL_TABLE} WHERE graphNodeId IS NOT NULL)").fetchone()[0]
+
+
+def graphs_traced_whole_in(path: str | Path) -> bool:
+    with connect(path) as (con, _local):
+        return graphs_traced_whole(con, tables_of(con, Path(path)))
+
+
 def _copies(con, tables, where: str = "") -> pd.DataFrame:
     parts = []
     for t, kind in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):

@@ -27,6 +27,7 @@ def render_text(r: dict) -> str:
                      ", ".join(f"{k} {_fmt(v)}" for k, v in top))
     if r.get("log") and r["log"].get("failure"):
         lines.append(f"  log: {r['log']['failure']}")
+    lines += [f"  warning: {w}" for w in r.get("warnings") or []]
     return "\n".join(lines)
 
 

@@ -8,7 +8,8 @@ and the login node only combines small files.
 A summary is plain JSON: per rank of the file (in analyze's order) its rank_metrics, its window,
 its all-to-all kernels inside the capture (name, start, end: the cross-rank wait split in skew.py
 matches kernels by name and order, so it needs every rank's starts), its GPU-sampled SM activity,
-and the GPU's memory. Both functions are pure: same inputs, same output, no files written.
+and the GPU's memory; per file, whether its CUDA graphs were traced as whole graphs (the analysis's
+warning). Both functions are pure: same inputs, same output, no files written.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def rank_summary(path: str | Path) -> dict:
     from moetune import analysis
     from moetune.analysis.gpu_metrics import sm_active_share
     from moetune.analysis.kernels import A2A_CLASSES
+    from moetune.analysis.load import graphs_traced_whole_in
     from moetune.analysis.metrics import rank_metrics
     from moetune.analysis.window import find_window
     ranks = []
@@ -57,7 +59,8 @@ def rank_summary(path: str | Path) -> dict:
         if gpu_memory_gb is None and not gpus.empty and "totalMemory" in gpus:
             gpu_memory_gb = float(gpus["totalMemory"].max()) / 2**30
         ranks.append(entry)
-    return {"version": SUMMARY_VERSION, "source": str(path), "ranks": ranks, "gpu_memory_gb": gpu_memory_gb}
+    return {"version": SUMMARY_VERSION, "source": str(path), "ranks": ranks, "gpu_memory_gb": gpu_memory_gb,
+            "graphs_traced_whole": graphs_traced_whole_in(path)}
 
 
 def compact(a2a: dict) -> dict:
@@ -108,5 +111,8 @@ def combine_summaries(summaries: list[dict], log=None, gpu_memory_gb: float | No
         if gpu_memory_gb is None and s.get("gpu_memory_gb") is not None:
             gpu_memory_gb = s["gpu_memory_gb"]
     combined = combine(per_rank, a2a_wait_ns(a2a_kernels, windows)) if per_rank else {}
+    # a summary written before graphs_traced_whole was kept says nothing of its graphs: no warning
+    whole = [Path(s["source"]).name for s in summaries if s.get("graphs_traced_whole")]
     return analysis.result(combined, per_rank, parsed_log, gpu_memory_gb,
-                           [s["source"] for s in summaries] + ([str(log)] if log else []))
+                           [s["source"] for s in summaries] + ([str(log)] if log else []),
+                           analysis.graph_warnings(whole))

@@ -1,8 +1,9 @@
-"""moetune's figures against NVIDIA's Nsight Systems recipes on the same real reports (one H200,
-nsys 2025.3.1, tests/data/gpu/recipes/README.md says how they were recorded): kernel time per name
-within 1 %, GPU busy share within 2 points, over the recipe's window."""
+"""moetune's figures against NVIDIA's Nsight Systems recipes on the same real reports (one H200 or
+H100, nsys 2025.3.1, tests/data/gpu/recipes/README.md says how they were recorded): kernel time per
+name within 1 %, GPU busy share within 2 points, over the recipe's window."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -11,9 +12,16 @@ import pytest
 
 from moetune import analysis
 from moetune.analysis import recipes
+from moetune.analysis.load import GRAPHS_WHOLE, open_trace
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu" / "recipes"
 RECORDED = ("plain", "one_rank_nccl")
+# Megatron-Core MoE ranks (tests/data/gpu/recipes/README.md): the recipes' tables here, the reports'
+# SQLite in the trial bank
+BANK = Path(__file__).resolve().parents[1] / "benchmarks" / "trial_bank" / "traces"
+MOE_RANKS = {"qwen3_235b_one_rank": BANK / "qwen3_235b-1gpu_t3_raise_ep.sqlite.xz",
+             "qwen3_30b_graphs": BANK / "qwen3_30b_a3b-1gpu_t2_cuda_graphs_te.sqlite.xz"}
+IN_USE_ROUNDING = 0.0005 + 0.00005  # In-Use has one decimal of a percentage; moetune's figure 4 decimals
 
 
 @pytest.mark.parametrize("name", RECORDED)
@@ -88,3 +96,88 @@ def test_the_report_shows_the_recipes_beside_moetune():
     assert "gpu_time_util 10.8%" in lines[0] and "disagrees" not in "".join(lines)
     c["disagreements"] = ["GPU 0 busy: moetune 10.8%, gpu_time_util 20.0%"]
     assert any(l.startswith("  - **disagrees**: GPU 0 busy") for l in recipes_markdown({"t": c}))
+
+
+@pytest.mark.parametrize("name", sorted(MOE_RANKS))
+def test_moe_rank_kernel_time_per_name_agrees_with_cuda_gpu_kern_sum(name):
+    c = recipes.compare(MOE_RANKS[name], DATA / name)
+    assert len(c["kernels"]) >= 40
+    assert all(k["rel_diff"] <= recipes.KERNEL_TOLERANCE for k in c["kernels"]), c["kernels"]
+    assert c["disagreements"] == []
+
+
+@pytest.mark.parametrize("name, windows", [("qwen3_235b_one_rank", 5), ("qwen3_30b_graphs", 6)])
+def test_moe_rank_busy_share_agrees_with_gpu_time_util_in_every_window(name, windows):
+    """The recipe's rule (kernels, copies and memsets, each one's time summed) gives its In-Use to
+    its rounding, in every window it lists, well inside the 2-point tolerance."""
+    busy = recipes.compare(MOE_RANKS[name], DATA / name)["busy"]
+    assert len(busy) == windows
+    assert all(b["diff"] <= IN_USE_ROUNDING for b in busy), busy
+
+
+def test_concurrent_operations_count_each_in_gpu_time_util():
+    """On the graphed Qwen3-30B rank the expert GEMMs' streams and the copies beside kernels overlap:
+    the union of its operations, moetune's own busy share, misses the recipe by more than the
+    tolerance in every window (2.6 to 12.5 points, measured); the sum meets it."""
+    busy = recipes.compare(MOE_RANKS["qwen3_30b_graphs"], DATA / "qwen3_30b_graphs")["busy"]
+    assert all(b["recipe"] - b["moetune_union"] > recipes.BUSY_TOLERANCE for b in busy), busy
+
+
+def test_gpu_time_util_counts_memory_copies_and_memsets():
+    """Kernels alone fall short of In-Use by 0.27 to 0.54 points on the Qwen3-235B rank (measured):
+    inside the tolerance, beyond the recipe's rounding; with the copies and memsets it is met."""
+    t = open_trace(MOE_RANKS["qwen3_235b_one_rank"])
+    ops = recipes.gpu_ops(t)
+    kernels_only = recipes.gpu_ops(dataclasses.replace(t, copies=t.copies.iloc[0:0]))
+    assert len(ops) > len(kernels_only)
+    for b in recipes.read_recipes(DATA / "qwen3_235b_one_rank")["busy"]:
+        lo, hi = b["start_ns"], b["start_ns"] + b["duration_ns"]
+        assert b["busy_share"] - recipes.in_use_share(kernels_only, lo, hi) > 2 * IN_USE_ROUNDING
+        assert abs(recipes.in_use_share(ops, lo, hi) - b["busy_share"]) <= IN_USE_ROUNDING
+
+
+def test_graphs_traced_whole_are_a_note_not_a_disagreement(tmp_path):
+    """The graphed rank's graphs were traced whole: the comparison says so, and a busy figure that
+    disagrees there is a note with that cause; on a rank without graphs it is a disagreement."""
+    c = recipes.compare(MOE_RANKS["qwen3_30b_graphs"], DATA / "qwen3_30b_graphs")
+    assert c["notes"] == [GRAPHS_WHOLE] and c["disagreements"] == []
+    assert recipes.compare(MOE_RANKS["qwen3_235b_one_rank"], DATA / "qwen3_235b_one_rank")["notes"] == []
+    for name in MOE_RANKS:
+        shutil.copytree(DATA / name, tmp_path / name)
+        util = tmp_path / name / "gpu_time_util" / "analysis.parquet"
+        u = pd.read_parquet(util)
+        u["In-Use"] = u["In-Use"] + 5.0
+        u.to_parquet(util)
+    c = recipes.compare(MOE_RANKS["qwen3_30b_graphs"], tmp_path / "qwen3_30b_graphs")
+    assert c["disagreements"] == [] and len(c["notes"]) == 1 + 6
+    assert all("gpu_time_util" in n and "--cuda-graph-trace=node" in n for n in c["notes"][1:])
+    c = recipes.compare(MOE_RANKS["qwen3_235b_one_rank"], tmp_path / "qwen3_235b_one_rank")
+    assert len(c["disagreements"]) == 5 and c["notes"] == []
+
+
+def test_the_analysis_warns_where_graphs_were_traced_whole():
+    """gpu_idle_share counts a whole-graph trace's graphs as idle: the analysis says so, and its
+    wall is decided as before (a warning changes no figure)."""
+    graphed = analysis.analyze([MOE_RANKS["qwen3_30b_graphs"]], workers=1)
+    w, = graphed["warnings"]
+    assert "gpu_idle_share is overstated" in w and "--cuda-graph-trace=node" in w
+    assert graphed["metrics"]["combined"]["cuda_graph_launches"] > 0
+    assert analysis.analyze([MOE_RANKS["qwen3_235b_one_rank"]], workers=1)["warnings"] == []
+    assert analysis.analyze([DATA / "plain" / "run.sqlite.xz"], workers=1)["warnings"] == []
+
+
+def test_the_report_shows_the_notes():
+    from moetune.pipeline.report.study import recipes_markdown
+    c = recipes.compare(MOE_RANKS["qwen3_30b_graphs"], DATA / "qwen3_30b_graphs")
+    lines = recipes_markdown({"trace_0.sqlite": c})
+    assert "  - note: CUDA graphs traced as whole graphs" in "\n".join(lines)
+    assert "disagrees" not in "".join(lines)
+
+
+def test_the_trial_report_shows_the_analysis_warning():
+    from types import SimpleNamespace
+    from moetune.pipeline.report.study import TrialView, trial_markdown
+    an = analysis.analyze([MOE_RANKS["qwen3_30b_graphs"]], workers=1)
+    trial = SimpleNamespace(number=2, fix="cuda_graphs_te", state="done", config_hash="x", tflops_per_gpu=None)
+    text = trial_markdown(TrialView(trial, an, None, None, None, None), 1)
+    assert "- **Warning**: qwen3_30b_a3b-1gpu_t2_cuda_graphs_te.sqlite.xz: CUDA graphs traced as whole" in text

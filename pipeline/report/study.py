@@ -296,6 +296,7 @@ def recipes_markdown(beside: dict) -> list[str]:
                    f"at most {fmt(100 * worst, 2) if worst is not None else '-'}% apart from "
                    f"cuda_gpu_kern_sum; {busy or 'no gpu_time_util output'}")
         out += [f"  - **disagrees**: {md(d)}" for d in c.get("disagreements") or []]
+        out += [f"  - note: {md(n)}" for n in c.get("notes") or []]
     return out + ([""] if out else [])
 
 
@@ -334,7 +335,8 @@ def trial_markdown(v: TrialView, parent_number: int | None) -> str:
             f"- Memory: peak {fmt(c.get('peak_memory_gb'), 2)} GB of "
             f"{fmt(an.get('gpu_memory_gb'), 0)} GB",
             f"- CUDA graph launches: {fmt(c.get('cuda_graph_launches'))}; kernels per step "
-            f"{fmt(c.get('kernels_per_step'))}, median kernel {fmt(c.get('median_kernel_us'))} us", ""]
+            f"{fmt(c.get('kernels_per_step'))}, median kernel {fmt(c.get('median_kernel_us'))} us",
+            *[f"- **Warning**: {md(w)}" for w in an.get("warnings") or []], ""]
     ev = an.get("evidence") or []
     if ev:
         out += ["| deciding rule | wall | metric | value | threshold |", "|---|---|---|---|---|"]
