@@ -30,7 +30,8 @@ def test_gpu_nsys_line_has_capture_range_and_per_rank_output(tmp_path):
     sh = render.render_job(spec)["job.sh"]
     bash_parses(sh)
     line = next(ln for ln in sh.splitlines() if "local profile=(" in ln)
-    for part in ("-t cuda,nvtx", "-s none", "--capture-range=cudaProfilerApi", "--capture-range-end=stop"):
+    for part in ("-t cuda,nvtx", "-s none", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
+                 "--cuda-graph-trace=node"):
         assert part in line
     assert "-o " + shlex.quote(f"{spec.folder}/trace_%q{{SLURM_PROCID}}") in sh
     assert "local profile_ranks='0 8'" in sh

@@ -25,7 +25,7 @@ profile() {
   local name=$1; shift
   local t0=$SECONDS
   "$N" profile -t cuda,nvtx -s none --cpuctxsw=none --cuda-memory-usage=true \
-      --capture-range=cudaProfilerApi --capture-range-end=stop \
+      --cuda-graph-trace=node --capture-range=cudaProfilerApi --capture-range-end=stop \
       -o "/tmp/$name" --force-overwrite true "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   if [ -f "/tmp/$name.qdstrm" ]; then

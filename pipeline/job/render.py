@@ -37,7 +37,10 @@ WORKLOADS = {"megatron": WORKLOAD_DIR / "train_moe.py", "cpu_stand_in": WORKLOAD
 # and no capture range, only NVTX. `-s none`: no CPU sampling (a short run made a 2 GB report
 # with it, ../shared/device-notes.md).
 NSYS_MODES = {
-    "megatron": ("-t", "cuda,nvtx", "-s", "none", "--cpuctxsw=none",
+    # --cuda-graph-trace=node: each kernel of a CUDA graph in the kernel table. Traced as whole
+    # graphs (nsys's default) they are missing from it, so a graphed trial's busy time and kernel
+    # times leave the graphs out (the analysis warns: analysis/load.py graphs_traced_whole)
+    "megatron": ("-t", "cuda,nvtx", "-s", "none", "--cpuctxsw=none", "--cuda-graph-trace=node",
                  "--capture-range=cudaProfilerApi", "--capture-range-end=stop"),
     "cpu_stand_in": ("-t", "nvtx", "-s", "none", "--cpuctxsw=none"),
 }
