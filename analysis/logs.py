@@ -17,6 +17,27 @@ MAX_RESERVED = re.compile(r"max reserved:\s*([\d.]+)")  # the caching allocator'
 GLOBAL_BATCH = re.compile(r"global batch size:\s*(\d+)")
 SEQ_LENGTH = re.compile(r"^\s*seq_length\s*\.+\s*(\d+)\s*$", re.MULTILINE)  # Megatron's argument dump
 
+
+def dumped_arg(text: str, name: str) -> str | None:
+    """One value of Megatron's argument dump (`  name ........ value`) at the log's start."""
+    m = re.search(rf"^\s*{name}\s\.+\s(\S+)\s*$", text, re.MULTILINE)
+    return m.group(1) if m else None
+
+
+def unsteady_iterations(text: str) -> list[int]:
+    """Iterations whose time is not the training's own, from Megatron's argument dump: the profiled
+    window (nsys starts and stops its capture inside it: 3.1 and 8.1 s against 2.5 s on an H100,
+    benchmarks/one_gpu_tuning) and, with CUDA graphs, the iterations up to and with the capture
+    (Megatron captures after --cuda-graph-warmup-steps; 4.7 s against 1.6 s there)."""
+    out: set[int] = set()
+    start, end = dumped_arg(text, "profile_step_start"), dumped_arg(text, "profile_step_end")
+    if start and end and start.isdigit() and end.isdigit():
+        out.update(range(int(start), int(end) + 1))
+    impl, warmup = dumped_arg(text, "cuda_graph_impl"), dumped_arg(text, "cuda_graph_warmup_steps")
+    if impl not in (None, "none", "None") and warmup and warmup.isdigit():
+        out.update(range(1, int(warmup) + 2))
+    return sorted(out)
+
 # (failure, pattern). First match in file order of this table wins.
 FAILURES: tuple[tuple[str, re.Pattern], ...] = (
     ("oom", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|"
@@ -90,6 +111,8 @@ def parse_log(path: str | Path, steady_skip: int = 2) -> dict:
     out = {
         "iterations": len(iters),
         "iteration_ms": [ms for _, ms in iters],
+        "first_iteration": iters[0][0] if iters else None,
+        "unsteady_iterations": unsteady_iterations(text),
         "step_time_ms": round(float(np.mean(steady)), 3) if steady else None,
         "step_time_std_ms": round(float(np.std(steady, ddof=1)), 3) if len(steady) > 1 else None,
         "tflops_per_gpu": round(float(np.mean(tflops[steady_skip:] or tflops)), 3) if tflops else None,

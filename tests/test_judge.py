@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moetune.pipeline.decide.judge import compare, faster_p, judged_step, noise_ms
+from moetune.pipeline.decide.judge import compare, faster_p, judged_step, noise_ms, steady_iterations
 
 REPO = Path(__file__).resolve().parents[1]
 # the device run judged by 2 standard errors (its store and analyses; commit 22ab968 has the rest)
@@ -125,3 +125,24 @@ def test_a_cuda_error_far_from_the_log_end_is_still_a_crash():
     assert not any("CUDA error" in x for x in log["last_lines"])
     assert crashed({"state": "failed", "failure": log["failure"], "last_lines": log["last_lines"]})
     assert not crashed({"state": "failed", "failure": "oom", "last_lines": log["last_lines"]})
+
+
+def test_the_log_names_its_profiled_and_capture_iterations():
+    """Megatron's argument dump says which iterations nsys profiled and when CUDA graphs were captured
+    (the one-GPU run on an H100: 2.0 and 6.3 s profiled, 4.7 s capturing, against 1.5 to 1.6 s)."""
+    from pathlib import Path
+    from moetune.analysis.logs import parse_log
+    run = Path(__file__).resolve().parent.parent / "benchmarks" / "one_gpu_tuning" / "runs"
+    graphed = parse_log(run / "2" / "log.txt.xz")
+    assert graphed["unsteady_iterations"] == [1, 2, 3, 4, 11, 12] and graphed["first_iteration"] == 1
+    plain = parse_log(run / "1" / "log.txt.xz")
+    assert plain["unsteady_iterations"] == [11, 12]
+    steady = steady_iterations({"log": graphed})
+    its = graphed["iteration_ms"]
+    assert list(steady) == its[4:10] and max(steady) < min(its[3], its[10], its[11])
+
+
+def test_too_few_quiet_steps_fall_back_to_the_steps_after_warm_up():
+    log = {"iteration_ms": [900.0, 500.0, 400.0] + [100.0] * 6, "first_iteration": 1,
+           "unsteady_iterations": [5, 6]}
+    assert list(steady_iterations({"log": log})) == [100.0] * 6  # 4 quiet ones only: all 6

@@ -91,3 +91,23 @@ def test_the_demo_replays_the_one_gpu_study_as_it_ran(tmp_path):
 
     assert decided(store, store.study(s["study"]))[:9] == decided(device, dstudy)
     assert s["best_trial"] == 2 and s["kept_fixes"] == ["cuda_graphs_te"]
+
+
+def test_a_completed_rank_close_to_capacity_is_not_memory_walled():
+    """qwen3_235b's EP-128 rank on the H100 completed at 68.9 of 79.2 GB (95 % of the GPU with the
+    fit's 7 GB headroom): its recorded trace and log are analysed as host overhead, not memory, and no
+    memory fix is proposed for it. (Not compute-busy: one rank alone keeps the GPU half idle; the
+    compute-busy case is tested on a synthetic trace, test_analysis_walls.py.)"""
+    from moetune import analysis
+    from moetune.pipeline.decide import rules
+    from moetune.pipeline.spec.experiment import load_experiment
+    bank = Path(__file__).resolve().parent.parent / "benchmarks" / "trial_bank"
+    result = analysis.analyze([str(bank / "traces" / "qwen3_235b-1gpu_t3_raise_ep.sqlite.xz")],
+                              log=str(bank / "logs" / "qwen3_235b-1gpu_t3_raise_ep.log.xz"))
+    assert result["wall"] == "host_overhead"
+    peak = result["metrics"]["combined"]["peak_memory_gb"]
+    assert peak == pytest.approx(68.909, abs=0.01) and peak / result["gpu_memory_gb"] > 0.85
+    exp = load_experiment("qwen3_235b")
+    config = TrainingConfig.from_dict(json.loads((RUN / "runs" / "8" / "config.json").read_text()))
+    props = rules.proposals(result, config, exp.model, exp.cluster, exp.tuning)
+    assert props and not [p.rule.id for p in props if p.rule.wall == "memory"]

@@ -55,8 +55,8 @@ case "${1:-}" in
     for exp in "$@"; do
       # the experiment as written, with nsys named by its path on this machine; a one-GPU study
       # also runs its jobs here (venv template, no Slurm, no apex) and profiles rank 0 only, for
-      # ITERS iterations (default 14) with the last two profiled
-      python3 - "$exp" "$MOETUNE_NSYS" "$W/$exp.yaml" "$one" "${ITERS:-14}" <<'EOF2' || exit 1
+      # ITERS iterations (default 30: benchmarks/one_gpu_tuning.py, noise) with the last two profiled
+      python3 - "$exp" "$MOETUNE_NSYS" "$W/$exp.yaml" "$one" "${ITERS:-30}" <<'EOF2' || exit 1
 import sys, yaml
 from moetune.pipeline.spec.experiment import experiment_path
 exp, nsys, out, one, iters = sys.argv[1:6]

@@ -25,9 +25,16 @@ EXACT_UP_TO = 200  # steps on both sides together up to which U's exact distribu
 
 
 def steady_iterations(analysis: dict | None) -> np.ndarray:
-    """The log's iteration times without warm-up (the first fifth, at least 3)."""
-    its = ((analysis or {}).get("log") or {}).get("iteration_ms") or []
-    return np.array(its[max(3, len(its) // 5):], dtype=float)
+    """The log's iteration times without warm-up (the first fifth, at least 3) and without the
+    iterations the log names unsteady (analysis/logs.py: the profiled window, a CUDA graph capture);
+    where that leaves fewer than MIN_LOG_STEPS, only without warm-up."""
+    log = (analysis or {}).get("log") or {}
+    its = log.get("iteration_ms") or []
+    skip = max(3, len(its) // 5)
+    first = log.get("first_iteration") or 1
+    unsteady = set(log.get("unsteady_iterations") or ())
+    quiet = [ms for i, ms in enumerate(its) if i >= skip and first + i not in unsteady]
+    return np.array(quiet if len(quiet) >= MIN_LOG_STEPS else its[skip:], dtype=float)
 
 
 def judged_step(analysis: dict | None) -> dict:
