@@ -13,6 +13,14 @@
 #                        # --one-gpu: `moetune tune EXPERIMENT --one-gpu` (env ITERS, MAX_TRIALS)
 #   bash benchmarks/device/tune.sh wait SECONDS         # until it ends or SECONDS pass; packs if it ended
 #   bash benchmarks/device/tune.sh pack                 # store, reports, logs, analyses, 2 traces → $OUT
+# One-GPU studies need TE (.deps/te1..te3: te_bundle.sh's carry in three parts, joined there as
+# .deps/tecarry) and .whl and .devlib in one call; with the trial bank the tracked tree leaves too
+# little of a call's 64 MiB, so the 2026-11-23 run went from a local branch without
+# benchmarks/trial_bank and tests/data (checked out for the device calls only), with
+#   mkdir -p .deps/tecarry && cat .deps/te1/* .deps/te2/* .deps/te3/tecore.part.02 > \
+#     .deps/tecarry/te_core_sm90.tar.xz && cp .deps/te3/*.whl .deps/te3/*.tar.* .deps/tecarry/
+#   bash benchmarks/device_setup.sh te && ITERS=12 MAX_TRIALS=5 bash benchmarks/device/tune.sh \
+#     start --one-gpu qwen3_30b_a3b qwen3_235b && bash benchmarks/device/tune.sh wait 470
 # The tuner's files live under /tmp/moetune-tune, so a later call on the same warm machine finds them;
 # but the machine goes back after 30 s idle, and a first run's files were lost that way: `wait` packs
 # into $OUT in the same call as soon as the tuner has ended.
