@@ -69,3 +69,15 @@ def test_measured_gb_from_the_store(capsys, tmp_path, monkeypatch):
     # at another GPU count the measurement is not this layout's (the optimizer shards differ)
     _, (row,) = _json(capsys, ["plan", "qwen3_235b", "--gpus", "128", "--baseline", "--format", "json"])
     assert "measured_gb" not in row
+
+
+def test_measured_gb_from_the_store_named_by_db(capsys, no_store):
+    """moetune --db STORE plan: the recorded one-GPU study (benchmarks/one_gpu_tuning) measured
+    qwen3_30b_a3b's baseline layout on one H100 at 65.6 GB; plan shows it beside the estimate."""
+    from moetune.pipeline.paths import ROOT
+    db = str(ROOT / "benchmarks" / "one_gpu_tuning" / "moetune.db")
+    _, (row,) = _json(capsys, ["--db", db, "plan", "qwen3_30b_a3b", "--baseline", "--format", "json"])
+    assert row["measured_gb"] == pytest.approx(65.58, abs=0.01)
+    assert row["estimate_gb"] == pytest.approx(row["measured_gb"], rel=0.10)
+    _, (row,) = _json(capsys, ["plan", "qwen3_30b_a3b", "--baseline", "--format", "json"])
+    assert "measured_gb" not in row  # without --db: the (absent) default store

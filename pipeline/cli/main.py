@@ -25,7 +25,7 @@ def _store(args):
 
 def cmd_plan(args, rest):
     from moetune.pipeline.cli import plan as plan_cli
-    return plan_cli.main(rest)
+    return plan_cli.main(rest, db=args.db)
 
 
 def cmd_check(args, rest):

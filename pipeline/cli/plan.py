@@ -24,10 +24,11 @@ def _layout_key(config: dict) -> str:
     return json.dumps({k: v for k, v in config.items() if k not in _NOT_LAYOUT}, sort_keys=True)
 
 
-def measured_peaks(exp, world: int) -> dict[str, float]:
+def measured_peaks(exp, world: int, db: str | None = None) -> dict[str, float]:
     """{layout key: highest measured peak (GB, Megatron's max allocated)} of the trials in the store
-    (MOETUNE_DB or .moetune/moetune.db; none is created) of this model at this GPU count."""
-    url = os.environ.get("MOETUNE_DB")
+    (`db`: moetune's --db, else MOETUNE_DB, else .moetune/moetune.db; none is created) of this model
+    at this GPU count."""
+    url = db or os.environ.get("MOETUNE_DB")
     if not url and not Path(DEFAULT_DB).exists():
         return {}
     store = Store(url)
@@ -55,11 +56,11 @@ def _row(layout: Layout, measured: dict[str, float]) -> dict:
     return d
 
 
-def main(argv: list[str]) -> int:
-    return exit_code(_main, argv)
+def main(argv: list[str], db: str | None = None) -> int:
+    return exit_code(lambda a: _main(a, db), argv)
 
 
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str], db: str | None = None) -> int:
     p = argparse.ArgumentParser(prog="moetune plan",
                                 description="List the layouts whose estimated per-GPU memory fits, least "
                                             "model parallelism first (fit first: moe-optimization-workflow.md).")
@@ -85,7 +86,7 @@ def _main(argv: list[str]) -> int:
         layouts = plan(exp, args.gpus, args.gpu_type, limit=args.limit)
     _, world, capacity = plan_cluster(exp, args.gpus, args.gpu_type)
     if args.format == "json":
-        measured = measured_peaks(exp, world)
+        measured = measured_peaks(exp, world, db)
         print(json.dumps([_row(l, measured) for l in layouts], indent=1))
         return 0
     gpu_type = args.gpu_type or exp.cluster.gpu_type
