@@ -81,3 +81,20 @@ def test_measured_gb_from_the_store_named_by_db(capsys, no_store):
     assert row["estimate_gb"] == pytest.approx(row["measured_gb"], rel=0.10)
     _, (row,) = _json(capsys, ["plan", "qwen3_30b_a3b", "--baseline", "--format", "json"])
     assert "measured_gb" not in row  # without --db: the (absent) default store
+
+
+def test_a_layout_measured_to_fit_is_planned_though_its_estimate_is_not(capsys, no_store):
+    """qwen3_235b's TP2 PP2 EP128 on 256 H100: estimated 70.1 + 3 GB fixed, over 90 % of 80 GB, so the
+    estimate alone leaves it out; the one-GPU study measured 68.9 GB, which with the fit's 7 GB
+    headroom fits, so plan lists it (without recompute) with its measurement."""
+    from moetune.pipeline.paths import ROOT
+    db = str(ROOT / "benchmarks" / "one_gpu_tuning" / "moetune.db")
+    argv = ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--format", "json", "--limit", "100"]
+    layout = lambda r: (r["config"]["tp"], r["config"]["pp"], r["config"]["ep"], tuple(r["config"]["recompute_modules"]))
+    _, alone = _json(capsys, argv)
+    assert (2, 2, 128, ()) not in map(layout, alone)
+    _, rows = _json(capsys, ["--db", db] + argv)
+    row = next(r for r in rows if layout(r) == (2, 2, 128, ()))
+    assert row["measured_gb"] == pytest.approx(68.91, abs=0.01) and row["memory_gb"] > 0.9 * 80
+    assert (2, 2, 128, ("moe_act", "layernorm")) in map(layout, alone)  # recompute only where needed
+    assert (2, 2, 128, ("moe_act", "layernorm")) not in map(layout, rows)

@@ -12,7 +12,7 @@ from pathlib import Path
 from moetune.pipeline.cli.common import add_gpu_args, exit_code
 from moetune.pipeline.spec.experiment import ConfigError, load_experiment
 from moetune.pipeline.spec.config import TrainingConfig
-from moetune.pipeline.spec.memory import FIXED_GB, Layout, baseline_layout, plan, plan_cluster
+from moetune.pipeline.spec.memory import FIXED_GB, baseline_layout, plan, plan_cluster
 from moetune.pipeline.store import DEFAULT_DB, Store
 
 # Fields that do not change a layout's memory: how long it runs and what is profiled. Routing's
@@ -48,14 +48,6 @@ def measured_peaks(exp, world: int, db: str | None = None) -> dict[str, float]:
     return out
 
 
-def _row(layout: Layout, measured: dict[str, float]) -> dict:
-    d = layout.to_dict()
-    got = measured.get(_layout_key(d["config"]))
-    if got is not None:
-        d["measured_gb"] = round(got, 2)
-    return d
-
-
 def main(argv: list[str], db: str | None = None) -> int:
     return exit_code(lambda a: _main(a, db), argv)
 
@@ -80,14 +72,15 @@ def _main(argv: list[str], db: str | None = None) -> int:
     if args.gpus is not None and (args.gpus < 1 or (args.gpus > per_node and args.gpus % per_node)):
         p.error(f"--gpus {args.gpus}: give 1..{per_node} GPUs of one node or a multiple of "
                 f"{per_node} (the experiment's GPUs per node)")
-    if args.baseline:
-        layouts = [baseline_layout(exp, args.gpus, args.gpu_type)]
-    else:
-        layouts = plan(exp, args.gpus, args.gpu_type, limit=args.limit)
     _, world, capacity = plan_cluster(exp, args.gpus, args.gpu_type)
+    peaks = measured_peaks(exp, world, db)
+    measured = lambda cfg: peaks.get(_layout_key(cfg.to_dict()))  # noqa: E731
+    if args.baseline:
+        layouts = [baseline_layout(exp, args.gpus, args.gpu_type, measured=measured)]
+    else:
+        layouts = plan(exp, args.gpus, args.gpu_type, limit=args.limit, measured=measured)
     if args.format == "json":
-        measured = measured_peaks(exp, world, db)
-        print(json.dumps([_row(l, measured) for l in layouts], indent=1))
+        print(json.dumps([l.to_dict() for l in layouts], indent=1))
         return 0
     gpu_type = args.gpu_type or exp.cluster.gpu_type
     if args.baseline:
@@ -103,8 +96,9 @@ def _main(argv: list[str], db: str | None = None) -> int:
         return 1
     print(f"{exp.name} on {world}x {gpu_type}: {len(layouts)} feasible layouts shown (--limit {args.limit}), "
           "least model parallelism first")
-    print(f"{'TP':>3} {'PP':>3} {'EP':>4} {'recompute':<18} {'GB/GPU':>7}")
+    print(f"{'TP':>3} {'PP':>3} {'EP':>4} {'recompute':<18} {'GB/GPU':>7} {'measured':>8}")
     for l in layouts:
         c = l.config
-        print(f"{c.tp:>3} {c.pp:>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<18} {l.memory_gb:>7.1f}")
+        seen = f"{l.measured_gb:>8.1f}" if l.measured_gb is not None else f"{'-':>8}"
+        print(f"{c.tp:>3} {c.pp:>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<18} {l.memory_gb:>7.1f} {seen}")
     return 0
