@@ -7,6 +7,7 @@ import json
 import os
 import sqlite3
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -78,6 +79,13 @@ def test_hostile_names_and_paths_run_safely(slurm, make_trial, tmp_path):
     r = subprocess.run(["sbatch", "--parsable", "--wait", str(folder / "job.sbatch")], cwd=folder,
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
-    assert jobs.slurm_state(r.stdout.strip().split(";")[0]).state == "COMPLETED"
+    job = r.stdout.strip().split(";")[0]
+    state = jobs.slurm_state(job)
+    for _ in range(40):  # sbatch --wait returns as the job ends; the accounting says so a moment later
+        if state.terminal:
+            break
+        time.sleep(0.5)
+        state = jobs.slurm_state(job)
+    assert state.state == "COMPLETED"
     assert not pwned()
     assert out["collect"]
