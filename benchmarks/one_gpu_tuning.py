@@ -105,8 +105,11 @@ def add_to_bank(src: Path) -> None:
                      "log_step_time_ms": parsed["step_time_ms"], "tflops_per_gpu": parsed["tflops_per_gpu"],
                      "peak_memory_gb": parsed["max_allocated_gb"], "log": f"logs/{name}.log.xz",
                      "trace": rel}
-            analysed = _analyse(name, BANK / rel if rel else None, log) if rel else \
-                json.loads((folder / "analysis.json").read_text()) if (folder / "analysis.json").exists() else None
+            if rel:
+                analysed = _analyse(name, BANK / rel, log)
+            else:  # the bank keeps no trace: the run's own analysis
+                stored = folder / "analysis.json"
+                analysed = json.loads(stored.read_text()) if stored.exists() else None
             if analysed is not None:
                 analysed.get("metrics", {}).pop("per_rank", None)
                 analysed.pop("log", None)

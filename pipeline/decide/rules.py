@@ -164,7 +164,7 @@ def derived(config: TrainingConfig, model: dict, cluster: dict, analysis: dict) 
     per_node = int(cluster.get("gpus_per_node") or gpus)
     nvl = int(cluster.get("nvlink_domain") or per_node)
     etp = config.etp or config.tp
-    dp = gpus // max(config.model_parallel, 1)
+    dp = config.data_parallel(gpus)
     experts = int(model.get("num_experts") or 0)
     layers = int(model.get("num_layers") or 0)
     gpu_type = str(cluster.get("gpu_type") or "")

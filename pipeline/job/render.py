@@ -92,10 +92,6 @@ class JobSpec:
     def log(self) -> str:
         return f"{self.folder}/log.txt"
 
-    @property
-    def rank_var(self) -> str:
-        return "SLURM_PROCID" if self.launcher == "srun" and not self.fit_ranks else "RANK"
-
 
 def time_minutes(value: Any) -> int:
     """Slurm time "HH:MM:SS", "MM:SS", "D-HH:MM:SS" or whole minutes → minutes (at least 1)."""

@@ -26,10 +26,14 @@ class ReplayError(MoetuneError):
     """The trial bank cannot answer this job (one line)."""
 
 
-def entry_hash(entry: dict) -> str:
+def entry_config(entry: dict) -> TrainingConfig:
     if entry.get("config"):
-        return TrainingConfig.from_dict(entry["config"]).config_hash()
-    return TrainingConfig.from_args(list(entry["args"])).config_hash()
+        return TrainingConfig.from_dict(entry["config"])
+    return TrainingConfig.from_args(list(entry["args"]))
+
+
+def entry_hash(entry: dict) -> str:
+    return entry_config(entry).config_hash()
 
 
 def load_bank(bank_dir: str | Path = DEFAULT_BANK) -> list[dict]:
@@ -47,20 +51,6 @@ def load_bank(bank_dir: str | Path = DEFAULT_BANK) -> list[dict]:
     return out
 
 
-@lru_cache(maxsize=8)
-def _index(bank_dir: str, mtime: float) -> dict[str, dict]:
-    index = {}
-    for e in load_bank(bank_dir):
-        index.setdefault(entry_hash(e), e)
-    return index
-
-
-def index(bank_dir: str | Path = DEFAULT_BANK) -> dict[str, dict]:
-    """{config hash: entry}; the first entry of a hash wins."""
-    p = Path(bank_dir)
-    return _index(str(p), (p / "bank.jsonl").stat().st_mtime if (p / "bank.jsonl").exists() else 0)
-
-
 # How long a run was and which steps it profiled: a recorded run of the same config with another
 # length answers for it (a one-GPU study ran 12 iterations, its experiment says 20)
 RUN_LENGTH = {"train_iters": 0, "profile_step_start": 0, "profile_step_end": 0}
@@ -71,22 +61,25 @@ def shape_hash(config: TrainingConfig) -> str:
 
 
 @lru_cache(maxsize=8)
-def _shape_index(bank_dir: str, mtime: float) -> dict[str, dict]:
-    index = {}
+def _indexes(bank_dir: str, mtime: float) -> tuple[dict[str, dict], dict[str, dict]]:
+    """({config hash: entry}, {shape hash: entry}); the first entry of a hash wins."""
+    by_hash, by_shape = {}, {}
     for e in load_bank(bank_dir):
-        cfg = TrainingConfig.from_dict(e["config"]) if e.get("config") else TrainingConfig.from_args(list(e["args"]))
-        index.setdefault(shape_hash(cfg), e)
-    return index
+        cfg = entry_config(e)
+        by_hash.setdefault(cfg.config_hash(), e)
+        by_shape.setdefault(shape_hash(cfg), e)
+    return by_hash, by_shape
+
+
+def _cached(bank_dir: str | Path) -> tuple[dict[str, dict], dict[str, dict]]:
+    p = Path(bank_dir)
+    return _indexes(str(p), (p / "bank.jsonl").stat().st_mtime if (p / "bank.jsonl").exists() else 0)
 
 
 def find(config: TrainingConfig, bank_dir: str | Path = DEFAULT_BANK) -> dict | None:
     """The entry of this config; else one of the same config run for another length."""
-    found = index(bank_dir).get(config.config_hash())
-    if found is None:
-        p = Path(bank_dir)
-        mtime = (p / "bank.jsonl").stat().st_mtime if (p / "bank.jsonl").exists() else 0
-        found = _shape_index(str(p), mtime).get(shape_hash(config))
-    return found
+    by_hash, by_shape = _cached(bank_dir)
+    return by_hash.get(config.config_hash()) or by_shape.get(shape_hash(config))
 
 
 def _copy(src: Path, dst: Path) -> None:

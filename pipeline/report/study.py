@@ -20,6 +20,7 @@ from pathlib import Path
 from moetune import analysis
 from moetune.analysis.metrics import in_window
 from moetune.analysis.window import find_window
+from moetune.pipeline.spec.experiment import tuning_value
 from moetune.pipeline.tune.state import JUDGED
 from moetune.pipeline.tune.summary import summary
 
@@ -384,10 +385,10 @@ def tree_lines(views: list[TrialView]) -> list[tuple[int, TrialView]]:
 def one_gpu_sentence(study) -> str | None:
     """What a one-GPU study's step times are (tuning.one_gpu; spec/fit.py one_gpu_config)."""
     tuning = (study.experiment or {}).get("tuning") or {}
-    if not tuning.get("one_gpu"):
+    if not tuning_value(tuning, "one_gpu"):
         return None
     return ("One GPU: every trial ran its layout's rank 0 alone under Megatron's fake process group, "
-            f"a step of {tuning.get('one_gpu_samples') or 4} sequences per data-parallel rank with "
+            f"a step of {tuning_value(tuning, 'one_gpu_samples')} sequences per data-parallel rank with "
             "static routing; its step time is that rank's compute and host overhead at the "
             "production shapes, without communication, waiting or pipeline bubbles.")
 

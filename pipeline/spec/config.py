@@ -107,6 +107,10 @@ class TrainingConfig:
         """GPUs one model replica of the dense part spans."""
         return self.tp * self.pp * self.cp
 
+    def data_parallel(self, world: int) -> int:
+        """Replicas of the dense part on `world` GPUs (0 where the layout needs more)."""
+        return world // self.model_parallel
+
     # -- Megatron command line ---------------------------------------------------------------
     def to_args(self, model: ModelArch | None = None, has_apex: bool = True) -> list[str]:
         """The Megatron-LM argv: model architecture and this config. `has_apex`: the job's image

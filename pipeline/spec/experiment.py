@@ -16,7 +16,7 @@ from moetune.pipeline.paths import EXPERIMENTS
 from moetune.pipeline.spec import gpus
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.model import ModelArch
-from moetune.pipeline.spec.section import gpu_count
+from moetune.pipeline.spec.section import get, gpu_count
 
 GpuType = Literal[gpus.GPU_TYPES]  # type: ignore[valid-type]
 
@@ -104,6 +104,15 @@ class Tuning(_Strict):
     # one_gpu_config); a study for the walls one rank shows, before the cluster is touched
     one_gpu: bool = False
     one_gpu_samples: int = Field(default=4, gt=0)  # sequences per data-parallel rank in a step
+
+
+def tuning_value(tuning, key: str, override=None):
+    """A tuning section's value (a Tuning, or the dict a study's record keeps); the schema's
+    default where the section lacks it."""
+    if override is not None:
+        return override
+    v = get(tuning, key)
+    return Tuning.model_fields[key].default if v is None else v
 
 
 class ExperimentFile(_Strict):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from moetune.pipeline.spec.config import TrainingConfig
 
 FIT_ITERS = 3  # Megatron reports memory after iteration 2, when the optimizer states exist
+FAKE_GROUP_ARGS = ("--fake-process-group",)
 # Megatron captures CUDA graphs after --cuda-graph-warmup-steps (default 3) iterations, and their
 # private pools then hold GBs more: a 3-iteration fit of qwen3_235b's EP-128 layout with TE graphs
 # peaked at 69 GB and fitted, and its trial ran out of memory at capture, 26.8 GB in graph pools
@@ -25,7 +26,7 @@ def fit_iterations(config: TrainingConfig) -> int:
     if config.cuda_graph_impl in (None, "none"):
         return FIT_ITERS
     return max(FIT_ITERS, CUDA_GRAPH_WARMUP_STEPS + 2)
-FAKE_GROUP_ARGS = ("--fake-process-group",)
+
 
 # What the fake group does not allocate, added to the measured peak before it is compared with the
 # GPU's memory: NCCL's buffers (per communicator; a rank of TP, EP, DP and PP groups holds several)
@@ -42,10 +43,6 @@ def static_routing(config: TrainingConfig) -> TrainingConfig:
     flex dispatcher under the fake group)."""
     return config.replace(dispatcher="alltoall", flex_backend=None, deepep_num_sms=None,
                           hybridep_num_sms=None, capacity_factor=1.0, pad_to_capacity=True)
-
-
-def data_parallel(config: TrainingConfig, world: int) -> int:
-    return max(world // max(config.model_parallel, 1), 1)
 
 
 def fit_micro_batches(config: TrainingConfig) -> int:
@@ -66,7 +63,7 @@ def fit_config(config: TrainingConfig, world: int | None = None) -> TrainingConf
         train_iters=iters, profile_step_start=iters + 1,
         profile_step_end=iters + 1)  # no capture range: a fit is not profiled
     if world:
-        shorter = data_parallel(config, world) * config.micro_batch * fit_micro_batches(config)
+        shorter = max(config.data_parallel(world), 1) * config.micro_batch * fit_micro_batches(config)
         fitted = fitted.replace(global_batch=min(config.global_batch, shorter))
     return fitted
 
@@ -84,7 +81,7 @@ def one_gpu_config(config: TrainingConfig, world: int, samples: int) -> Training
     if samples % config.micro_batch:
         raise OneGpuError(f"micro batch {config.micro_batch} does not divide the one-GPU step's "
                           f"{samples} samples (tuning.one_gpu_samples)")
-    return static_routing(config).replace(global_batch=data_parallel(config, world) * samples)
+    return static_routing(config).replace(global_batch=max(config.data_parallel(world), 1) * samples)
 
 
 def bounding_ranks(config: TrainingConfig, world: int) -> tuple[int, ...]:

@@ -218,7 +218,7 @@ def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True) -
     if not routing:
         return _estimate_dense_scope(m, c, gpus)
     p = count_params(m, c.tp)
-    dp = gpus // (c.tp * c.pp * c.cp)
+    dp = c.data_parallel(gpus)
     etp = c.etp or c.tp
     edp = gpus // (etp * c.ep * c.pp)
     h, E = m.hidden_size, m.num_experts
@@ -264,7 +264,7 @@ def _estimate_dense_scope(m: ModelArch, c: TrainingConfig, gpus: int) -> Estimat
     `routing=False` prices every layer as a dense layer of `ffn_hidden_size`, the scope of
     Megatron's own theoretical figure (for comparing like with like, not for planning)."""
     p = count_params(m, c.tp)
-    dp = gpus // (c.tp * c.pp * c.cp)
+    dp = c.data_parallel(gpus)
     etp = c.etp or c.tp
     edp = gpus // (etp * c.ep * c.pp)
     mtp = mtp_params(m)

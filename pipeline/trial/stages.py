@@ -44,7 +44,7 @@ from moetune.pipeline.job import postprocess
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.spec import fit, gpus
 from moetune.pipeline.spec.config import TrainingConfig, run_args
-from moetune.pipeline.spec.experiment import load_experiment
+from moetune.pipeline.spec.experiment import load_experiment, tuning_value
 from moetune.pipeline.spec.model import ModelArch
 from moetune.pipeline.spec.section import as_dict, rank_count
 from moetune.pipeline.store import Study, now
@@ -125,7 +125,7 @@ class TrialContext:
     @property
     def one_gpu(self) -> bool:
         """The study runs every trial as its layout's rank 0 alone on one GPU (tuning.one_gpu)."""
-        return bool((self.experiment.get("tuning") or {}).get("one_gpu"))
+        return bool(tuning_value(self.experiment.get("tuning") or {}, "one_gpu"))
 
     def job_name(self) -> str:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.study.name)
@@ -152,12 +152,13 @@ def do_render(t: TrialContext) -> list[Path]:
     config = TrainingConfig.from_dict(t.row.config)
     one_rank = None
     if t.one_gpu:  # rank 0 of the layout alone, profiled (spec/fit.py one_gpu_config)
-        samples = (t.experiment.get("tuning") or {}).get("one_gpu_samples") or 4
+        world = rank_count(cluster)
+        samples = int(tuning_value(t.experiment.get("tuning") or {}, "one_gpu_samples"))
         try:
-            config = fit.one_gpu_config(config, rank_count(cluster), int(samples))
+            config = fit.one_gpu_config(config, world, samples)
         except fit.OneGpuError as e:
             raise StageError(f"trial {t.id}: {e}") from None
-        one_rank = ((0,), rank_count(cluster))
+        one_rank = ((0,), world)
     argv = config.to_args(model, has_apex=as_dict(cluster).get("has_apex", True)) + run_args()
     if one_rank:
         argv += list(fit.FAKE_GROUP_ARGS)

@@ -32,7 +32,7 @@ from moetune.pipeline.paths import trial_folder
 from moetune.pipeline.spec import fit
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.constraints import check
-from moetune.pipeline.spec.experiment import Tuning, load_experiment
+from moetune.pipeline.spec.experiment import load_experiment, tuning_value
 from moetune.pipeline.spec.section import as_dict, get as attr, gpu_count
 from moetune.pipeline.store import now
 from moetune.pipeline.trial import run as runner
@@ -46,14 +46,6 @@ RETRY_CAP = 2  # re-submits of one trial after node failures; then it is judged 
 
 class TunerError(MoetuneError):
     """A problem with the study an engineer can act on (one line)."""
-
-
-def tuning_value(experiment, key: str, override=None):
-    """The experiment's tuning value; the schema's default where the section lacks it."""
-    if override is not None:
-        return override
-    v = attr(experiment.tuning, key)
-    return Tuning.model_fields[key].default if v is None else v
 
 
 def _combined(analysis: dict | None) -> dict:
@@ -94,12 +86,12 @@ class Tuner:
         self.rules = rules if rules is not None else rules_mod.load_rules()
         self.rule_by_id = {r.id: r for r in self.rules}
         self.fit_order = rules_mod.load_fit_order(rules=self.rules)
-        self.max_trials = int(tuning_value(experiment, "budget_trials", max_trials))
-        self.budget_gpu_hours = float(tuning_value(experiment, "budget_gpu_hours"))
-        self.rel_noise = float(tuning_value(experiment, "noise_threshold"))
-        self.alpha = float(tuning_value(experiment, "significance"))
-        self.patience = int(tuning_value(experiment, "patience"))
-        self.hang_timeout_s = float(tuning_value(experiment, "hang_timeout_s"))
+        self.max_trials = int(tuning_value(experiment.tuning, "budget_trials", max_trials))
+        self.budget_gpu_hours = float(tuning_value(experiment.tuning, "budget_gpu_hours"))
+        self.rel_noise = float(tuning_value(experiment.tuning, "noise_threshold"))
+        self.alpha = float(tuning_value(experiment.tuning, "significance"))
+        self.patience = int(tuning_value(experiment.tuning, "patience"))
+        self.hang_timeout_s = float(tuning_value(experiment.tuning, "hang_timeout_s"))
         self.study = store.create_study(study_name, experiment.model.name, {
             "experiment": experiment.name, "executor": "local" if executor == "replay" else executor,
             "replay": executor == "replay", "model": experiment.model.to_dict(),
@@ -107,7 +99,7 @@ class Tuner:
             "baseline": experiment.baseline.to_dict()})
         # one GPU (tuning.one_gpu): every trial is the layout's rank 0 alone, so a trial costs
         # one GPU's time and only the rules one rank can show are proposed
-        self.one_gpu = bool(tuning_value(experiment, "one_gpu"))
+        self.one_gpu = bool(tuning_value(experiment.tuning, "one_gpu"))
         self.gpus = 1 if self.one_gpu else gpu_count(experiment.cluster)
         # fit first (spec/fit.py): every multi-GPU layout measured on one GPU before it is submitted
         fit_first = attr(experiment.tuning, "fit_first")
