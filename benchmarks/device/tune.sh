@@ -60,11 +60,13 @@ case "${1:-}" in
     rm -rf /tmp/moetune-code && mkdir -p /tmp/moetune-code &&
       cp -a pipeline analysis experiments sbatch_templates benchmarks pyproject.toml /tmp/moetune-code/ || exit 1
     ln -sfn /tmp/moetune-code /tmp/moetune-src/moetune
+    names=()
     for exp in "$@"; do
+      name=$(basename "$exp" .yaml); names+=("$name")  # a name under experiments/, or a YAML path
       # the experiment as written, with nsys named by its path on this machine; a one-GPU study
       # also runs its jobs here (venv template, no Slurm, no apex) and profiles rank 0 only, for
       # ITERS iterations (default 30: benchmarks/one_gpu_tuning.py, noise) with the last two profiled
-      python3 - "$exp" "$MOETUNE_NSYS" "$W/$exp.yaml" "$one" "${ITERS:-30}" <<'EOF2' || exit 1
+      python3 - "$exp" "$MOETUNE_NSYS" "$W/$name.yaml" "$one" "${ITERS:-30}" <<'EOF2' || exit 1
 import sys, yaml
 from moetune.pipeline.spec.experiment import experiment_path
 exp, nsys, out, one, iters = sys.argv[1:6]
@@ -80,7 +82,7 @@ EOF2
     # an experiment whose image has TE needs what device_setup.sh put in /tmp/site-gpu; the
     # TE-less one runs without it, as its trials were recorded
     if python3 -c 'import sys, yaml; sys.exit(not yaml.safe_load(open(sys.argv[1]))["cluster"].get("has_transformer_engine"))' \
-        "$W/$1.yaml"; then
+        "$W/${names[0]}.yaml"; then
       export PYTHONPATH="/tmp/site-gpu:$PYTHONPATH"
     fi
     date -u +%FT%TZ > "$W/started"
@@ -89,9 +91,9 @@ EOF2
         echo "== $e $one $(date -u +%T)"
         python3 -m moetune.pipeline.cli.main --db "$W/moetune.db" tune "$W/$e.yaml" $one \
           --executor local --runs "$W/runs" --out "$W/reports" --no-progress ${MAX_TRIALS:+--max-trials $MAX_TRIALS}
-      done' tune "$W" "$one" "$@" > "$W/tune.log" 2>&1 < /dev/null &
+      done' tune "$W" "$one" "${names[@]}" > "$W/tune.log" 2>&1 < /dev/null &
     echo $! > "$W/pid"
-    echo "tuner started (pid $(cat "$W/pid")): $* $one"
+    echo "tuner started (pid $(cat "$W/pid")): ${names[*]} $one"
     ;;
   wait)
     limit=${2:-500}; t0=$SECONDS
