@@ -55,6 +55,10 @@ FAILURES: tuple[tuple[str, re.Pattern], ...] = (
     # a CUDA error that is not memory: local CUDA graphs on the device ("operation not permitted on
     # an event last recorded in a capturing stream"); the tuner does not try such a fix again
     ("cuda_error", re.compile(r"CUDA error: |torch\.AcceleratorError|illegal memory access")),
+    # a Python exception that ended the run: Megatron refusing its arguments at start-up
+    # (TransformerConfig's AssertionError on the device: "attention dropout is not supported with
+    # graphed attention recomputation"), a missing module; the traceback's last line names it
+    ("python_error", re.compile(r"^(?:[\w.]+\.)?\w+(?:Error|Exception): \S.*$", re.M)),
 )
 
 

@@ -146,6 +146,31 @@ def test_memory_fixes_are_fitted_in_the_guidance_order_until_one_fits(tmp_path):
     assert s["best_trial"] == 3 and "trial budget spent (1 of 1)" in s["stop_reason"]
 
 
+def test_a_memory_fix_refused_at_start_up_is_passed_over(tmp_path):
+    """As on the device (a graphed layout's fit with core_attn recompute stopped at Megatron's
+    TransformerConfig check): the stand-in refuses the distributed optimizer at start-up, so that
+    fix's fit measures nothing; the report names the refusal, and the next memory fix builds on the
+    last fit that measured (the baseline), not on the refused config."""
+    exp = yaml.safe_load(Path(fit_experiment(tmp_path, gpu_memory_gb=10, stand_in={
+        "ms_per_iter": 20, "model_mb": 16000, "refuse": "--use-distributed-optimizer"})).read_text())
+    exp["tuning"]["budget_trials"] = 1
+    exp["baseline"].update(tp=1, pp=1, ep=2, micro_batch=1, distributed_optimizer=False)
+    path = tmp_path / "fit_stand_in.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    store = Store(str(tmp_path / "db.sqlite"))
+    s = tuner.tune(str(path), store, executor="local", runs_root=tmp_path / "runs", progress=False)
+    trials = store.trials(store.study(s["study"]).id)
+    assert [(t.fix, t.state) for t in trials] == [(None, "no_fit"), ("distributed_optimizer", "no_fit"),
+                                                  ("raise_ep", "completed")]
+    refused = next(d for d in store.decisions(store.study(s["study"]).id)
+                   if d.trial_id == trials[1].id and d.kind == "unfit")
+    assert "AssertionError: the stand-in refuses --use-distributed-optimizer" in refused.reason
+    assert refused.evidence["fit"]["failure"] == "python_error"
+    assert trials[2].parent_id == trials[0].id  # on the baseline, which measured
+    cfg = TrainingConfig.from_dict(trials[2].config)
+    assert (cfg.ep, cfg.distributed_optimizer) == (4, False)
+
+
 @pytest.mark.slurm
 def test_the_fit_stage_through_the_real_slurm(slurm, make_trial):
     """A 2-node x 2-task layout with PP 2 is fitted as one job of one task on one node, its two

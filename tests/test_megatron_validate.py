@@ -60,6 +60,29 @@ def test_every_rendered_flag_is_megatrons():
     assert sorted(ours - mv.known_flags()) == []
 
 
+def test_recompute_inside_graphs_agrees_with_megatron_both_ways():
+    """Selective recompute against CUDA graph scopes (Megatron's dropout and router checks): over a
+    grid of graph scopes and recompute modules, moetune refuses exactly what Megatron refuses."""
+    import itertools
+    rows = ("recompute_core_attn_in_graphed_attention", "recompute_mlp_in_graphed_mlp",
+            "recompute_moe_with_graphed_router")
+    e = load_experiment("qwen3_30b_a3b")
+    configs = []
+    for impl, scopes, modules in itertools.product(
+            ("transformer_engine", "local"), ((), ("attn",), ("attn", "moe_router", "moe_preprocess"), ("moe_router",)),
+            (("core_attn",), ("moe",), ("moe_act",), ("layernorm", "core_attn"))):
+        if impl == "local" and scopes:
+            continue
+        configs.append(e.baseline.replace(cuda_graph_impl=impl, cuda_graph_modules=scopes, capacity_factor=1.0,
+                                          pad_to_capacity=True, recompute_granularity="selective",
+                                          recompute_modules=modules))
+    results = mv.validate([c.to_args(e.model) + run_args() for c in configs], e.cluster.gpus)
+    ours = [bool({v.code for v in check(c, e.model, e.cluster)} & set(rows)) for c in configs]
+    assert sum(ours) >= 10 and sum(not o for o in ours) >= 6
+    assert [(c.cuda_graph_modules, c.recompute_modules, r) for c, o, r in zip(configs, ours, results)
+            if o != bool(r)] == []
+
+
 def test_router_refusals_agree_with_megatron():
     """The router rows of the table: Megatron refuses each one too, and accepts the allowed router."""
     from dataclasses import replace

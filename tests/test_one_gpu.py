@@ -31,6 +31,17 @@ def test_a_one_gpu_step_is_the_same_work_per_rank_whatever_the_micro_batch():
         fit.one_gpu_config(base.replace(micro_batch=8), 256, 4)
 
 
+def test_a_one_gpu_step_fills_the_pipeline_or_is_refused():
+    """The first stage holds as many micro-batches in flight as there are stages, on the cluster;
+    a one-GPU step of fewer would measure less memory than the layout needs."""
+    c = TrainingConfig(tp=1, pp=4, ep=8, micro_batch=1, global_batch=256)
+    assert fit.one_gpu_config(c, 64, 4).global_batch == 16 * 4
+    with pytest.raises(fit.OneGpuError, match="2 micro-batches of 2, fewer than the 4 pipeline stages; "
+                                              "set tuning.one_gpu_samples to 8"):
+        fit.one_gpu_config(c.replace(micro_batch=2), 64, 4)
+    assert fit.one_gpu_config(c.replace(micro_batch=2), 64, 8).global_batch == 16 * 8
+
+
 def test_a_fit_runs_two_micro_batches_a_stage_not_the_production_batch():
     c = TrainingConfig(tp=2, pp=2, ep=32, micro_batch=1, global_batch=1024)
     assert fit.fit_config(c, 256).global_batch == 64 * 1 * 4  # DP 64, 2 micro-batches per stage

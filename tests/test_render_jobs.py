@@ -47,7 +47,7 @@ def test_cpu_stand_in_has_no_capture_range(tmp_path):
     assert "--capture-range" not in sh and "-t nvtx -s none" in sh
     assert "/pipeline/job/cpu_workload.py\n" in sh
     assert "pipeline/job/cpu_workload.py --train-iters 6" in " ".join(spec.command)
-    assert " ".join(spec.command).endswith("--stand-in-ms-per-iter 40")
+    assert " ".join(spec.command).endswith("--stand-in-ms-per-iter=40")
 
 
 def test_container_template_uses_pyxis(tmp_path):

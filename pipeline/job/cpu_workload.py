@@ -160,11 +160,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stand-in-busy", type=float, default=1.0)
     p.add_argument("--stand-in-alloc-mb", type=int, default=0)
     p.add_argument("--stand-in-model-mb", type=float, default=0.0)
+    # a Megatron flag whose presence stops the run at start-up, as Megatron's TransformerConfig
+    # refuses some combinations (selective recompute inside a CUDA-graphed scope on the device)
+    p.add_argument("--stand-in-refuse", default=None)
     for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
                  "--expert-model-parallel-size", "--micro-batch-size"):
         p.add_argument(flag, type=int, default=1)
     p.add_argument("--fake-process-group", action="store_true")  # a fit: this rank runs alone
-    args, _megatron_flags = p.parse_known_args(argv)
+    args, megatron_flags = p.parse_known_args(argv)
+    args.refused = args.stand_in_refuse if args.stand_in_refuse in megatron_flags else None
     return args
 
 
@@ -256,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[Rank {rank}] rendezvous at {me['master_addr']}:{me['master_port']} failed: {e}",
                   file=sys.stderr, flush=True)
             return 1
+    if args.refused:
+        print(f"Traceback (most recent call last):\nAssertionError: the stand-in refuses {args.refused} "
+              "(as Megatron refuses a config at start-up)", file=sys.stderr, flush=True)
+        return 1
     folder = os.environ.get("MOETUNE_TRIAL_DIR")
     if folder:
         path = os.path.join(folder, f"rank_{rank}.json")

@@ -9,7 +9,7 @@ model name or path with spaces, quotes or `$(...)` stays one literal word.
 Cluster keys read (all optional): template (venv|container), nodes, gpus_per_node,
 ntasks_per_node, cpus_per_task, mem (or mem_per_node), time_limit ("HH:MM:SS", "MM:SS" or minutes), partition,
 account, container_image, container_mounts, modules, venv, env, nsys, profile_ranks,
-workload (megatron|cpu_stand_in), stand_in ({ms_per_iter, busy, alloc_mb, model_mb}), python.
+workload (megatron|cpu_stand_in), stand_in ({ms_per_iter, busy, alloc_mb, model_mb, refuse}), python.
 """
 from __future__ import annotations
 
@@ -150,9 +150,9 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
     command = [python, "-u", str(WORKLOADS[workload]), *argv]
     if workload == "cpu_stand_in":
         s = _get(cluster, "stand_in", {}) or {}
-        for key in ("ms_per_iter", "busy", "alloc_mb", "model_mb"):
+        for key in ("ms_per_iter", "busy", "alloc_mb", "model_mb", "refuse"):
             if key in s:
-                command += [f"--stand-in-{key.replace('_', '-')}", str(s[key])]
+                command.append(f"--stand-in-{key.replace('_', '-')}={s[key]}")  # =: a value may start with --
     folder = str(Path(folder).resolve())
     # a fit's ranks are named by RANK, which its launch sets (srun's SLURM_PROCID is 0 for each)
     rank_var = "SLURM_PROCID" if launcher == "srun" and not fit else "RANK"

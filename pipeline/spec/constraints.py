@@ -59,6 +59,15 @@ def _te(c: TrainingConfig, e: Env) -> bool:
     return e.has_te and c.transformer_impl == "transformer_engine"
 
 
+def _graphed_recompute(c: TrainingConfig, module: str, scope: str) -> bool:
+    """Selective recompute of `module` inside a graphed `scope` (a graph of the whole layer, as
+    full-iteration graphs or graphs with no scope named, holds every scope)."""
+    if c.cuda_graph_impl == "none" or c.recompute_granularity != "selective":
+        return False
+    whole_layer = c.cuda_graph_impl == "full_iteration" or not c.cuda_graph_modules
+    return module in c.recompute_modules and (whole_layer or scope in c.cuda_graph_modules)
+
+
 Rule = tuple[str, str, Callable[[TrainingConfig, Env], bool], str]
 
 # (code, source, predicate: True when violated, message with the fix)
@@ -143,6 +152,26 @@ RULES: tuple[Rule, ...] = (
     ("full_recompute_with_te_graphs", WORKFLOW,
      lambda c, e: c.recompute_granularity == "full" and c.cuda_graph_impl == "transformer_engine",
      "TE-scoped CUDA graphs pair with selective recompute, not full recompute"),
+    ("full_recompute_with_layer_graphs", MEGATRON,
+     lambda c, e: c.recompute_granularity == "full" and c.cuda_graph_impl == "local",
+     "full recompute runs only with full-iteration CUDA graphs; use selective recompute"),
+    # A recomputed module inside a graphed scope replays its dropout's random numbers, which a
+    # graph cannot draw: Megatron refuses it while dropout is on (0.1 by default; moetune leaves
+    # it). Seen on the device: a fit of qwen3_30b_a3b's graphed layout with core_attn recompute
+    # stopped at start-up (2026-11-23).
+    ("recompute_core_attn_in_graphed_attention", MEGATRON,
+     lambda c, e: _graphed_recompute(c, "core_attn", "attn"),
+     "Megatron does not recompute core attention inside a CUDA-graphed attention while attention "
+     "dropout is on; graph attn or recompute core_attn, not both"),
+    ("recompute_mlp_in_graphed_mlp", MEGATRON,
+     lambda c, e: _graphed_recompute(c, "mlp", "mlp") or _graphed_recompute(c, "moe", "moe"),
+     "Megatron does not recompute an MLP or MoE layer inside its CUDA graph while hidden dropout "
+     "is on; graph it or recompute it, not both"),
+    ("recompute_moe_with_graphed_router", MEGATRON,
+     lambda c, e: c.cuda_graph_impl == "transformer_engine" and c.recompute_granularity == "selective"
+     and "moe" in c.recompute_modules and "moe_router" in c.cuda_graph_modules,
+     "Megatron does not recompute the whole MoE layer around a CUDA-graphed router; recompute "
+     "moe_act, or drop moe_router from the graphs"),
     ("fp8_needs_te", MEGATRON, lambda c, e: bool(c.fp8_format or c.fp8_recipe) and not _te(c, e),
      "FP8 needs Transformer Engine"),
     ("fp8_recipe_without_format", MEGATRON, lambda c, e: bool(c.fp8_recipe) and not c.fp8_format,

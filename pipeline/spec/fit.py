@@ -81,6 +81,13 @@ def one_gpu_config(config: TrainingConfig, world: int, samples: int) -> Training
     if samples % config.micro_batch:
         raise OneGpuError(f"micro batch {config.micro_batch} does not divide the one-GPU step's "
                           f"{samples} samples (tuning.one_gpu_samples)")
+    # fewer micro-batches than stages leave the first stage holding fewer in flight than on the
+    # cluster: mixtral_8x7b at PP 4, micro batch 2 peaked at 51.6 GB with 2 against the 76 GB
+    # estimated with 4 (H100, 2026-11-23), and a trial that small says nothing of the layout's memory
+    if samples < config.pp * config.micro_batch:
+        raise OneGpuError(f"the one-GPU step's {samples} samples make {samples // config.micro_batch} "
+                          f"micro-batches of {config.micro_batch}, fewer than the {config.pp} pipeline "
+                          f"stages; set tuning.one_gpu_samples to {config.pp * config.micro_batch} or more")
     return static_routing(config).replace(global_batch=max(config.data_parallel(world), 1) * samples)
 
 
@@ -105,10 +112,14 @@ class FitVerdict:
     peak_gb: float | None  # the largest measured peak of the bounding ranks
     headroom_gb: float
     capacity_gb: float
+    # None: measured; "oom"; else why no rank measured (the log's failure: Megatron refusing the
+    # config at start-up is "python_error"), which no memory fix on top of it can mend
+    failure: str | None = None
 
     def to_dict(self) -> dict:
         return {"fits": self.fits, "reason": self.reason, "peak_gb": self.peak_gb,
-                "headroom_gb": round(self.headroom_gb, 2), "capacity_gb": self.capacity_gb}
+                "headroom_gb": round(self.headroom_gb, 2), "capacity_gb": self.capacity_gb,
+                "failure": self.failure}
 
 
 def verdict(ranks: dict, capacity_gb: float) -> FitVerdict:
@@ -117,10 +128,12 @@ def verdict(ranks: dict, capacity_gb: float) -> FitVerdict:
     room = headroom_gb(capacity_gb)
     for rank, r in sorted(ranks.items()):
         if r.get("failure") == "oom":
-            return FitVerdict(False, f"rank {rank} ran out of memory on one GPU", None, room, capacity_gb)
+            return FitVerdict(False, f"rank {rank} ran out of memory on one GPU", None, room, capacity_gb,
+                              "oom")
         if not r.get("max_allocated_gb"):
-            why = r.get("failure") or "no memory report in its log"
-            return FitVerdict(False, f"rank {rank} did not measure ({why})", None, room, capacity_gb)
+            why = r.get("failure_line") or r.get("failure") or "no memory report in its log"
+            return FitVerdict(False, f"rank {rank} did not measure ({why})", None, room, capacity_gb,
+                              r.get("failure") or "no_report")
     peak_rank, peak = max(((rank, max(r["max_allocated_gb"], r.get("max_reserved_gb") or 0.0))
                            for rank, r in ranks.items()), key=lambda x: x[1])
     total = peak + room

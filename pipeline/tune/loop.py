@@ -275,7 +275,8 @@ class Tuner:
         parent = self.store.trial(trial.parent_id) if trial.parent_id else None
         ev = {"parent": parent.config_hash if parent else None, "state": out.state}
         if out.fit:  # the measurement that let the trial onto the cluster, or kept it off
-            ev["fit"] = {k: out.fit.get(k) for k in ("fits", "reason", "peak_gb", "headroom_gb", "capacity_gb")}
+            ev["fit"] = {k: out.fit.get(k) for k in ("fits", "reason", "peak_gb", "headroom_gb", "capacity_gb",
+                                                       "failure")}
         rid = trial.fix
         if out.state == "no_fit":  # never reached the cluster; a memory fix is fitted next
             self.decide("unfit", out.error or "does not fit", trial, rid, **ev)

@@ -54,6 +54,13 @@ def crashed(evidence: dict) -> bool:
         evidence.get("failure") in CRASH_FAILURES or any(m in text for m in CRASH_MARKS))
 
 
+def measured_fit(evidence: dict | None) -> bool:
+    """An unfit trial whose fit measured a peak or ran out of memory: the parent of the next memory
+    fix. A fit that measured nothing (Megatron refused the config at start-up) is passed over: its
+    fix stays tried from that parent, and the next one builds on the last fit that measured."""
+    return ((evidence or {}).get("fit") or {}).get("failure") in (None, "oom")
+
+
 def study_state(store, study, cluster) -> StudyState:
     st = StudyState(trials=store.trials(study.id))
     by_id = {t.id: t for t in st.trials}
@@ -67,7 +74,7 @@ def study_state(store, study, cluster) -> StudyState:
             st.incumbent, st.since_keep = by_id[d.trial_id], 0
         elif d.kind in ("revert", "not_applied", "unfit") or (d.kind == "skip" and d.trial_id):
             st.since_keep += 1 if d.kind != "skip" else 0
-        if d.kind == "unfit" and st.incumbent is None and d.trial_id in by_id:
+        if d.kind == "unfit" and st.incumbent is None and d.trial_id in by_id and measured_fit(d.evidence):
             st.unfit = by_id[d.trial_id]
         if d.kind == "stop":
             st.stopped = d
