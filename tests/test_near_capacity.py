@@ -1,0 +1,71 @@
+"""A completed run busy on compute with its allocator near the GPU's capacity, recorded on one H100
+(tests/data/gpu/near_capacity, made by benchmarks/near_capacity.py): it is not memory-walled, the
+near-capacity row stands in its evidence as a limit, and it bars the fixes that grow memory. And the
+same run's fit logs: a graphed layout's fit counts the graph pools, and a config Megatron refuses
+is named by its refusal."""
+import json
+from pathlib import Path
+
+import pytest
+
+from moetune import analysis
+from moetune.analysis.logs import parse_log
+from moetune.pipeline.decide import rules
+from moetune.pipeline.spec import fit
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.experiment import load_experiment
+
+DATA = Path(__file__).parent / "data" / "gpu" / "near_capacity"
+GROWS_MEMORY = {"larger_micro_batch", "compute_larger_micro_batch"}
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    return analysis.analyze([DATA / "trace.sqlite.xz"], log=DATA / "log.txt.xz")
+
+
+def test_a_compute_busy_run_near_capacity_is_not_memory_walled(recorded):
+    c = recorded["metrics"]["combined"]
+    assert recorded["gpu_memory_gb"] == pytest.approx(79.18, abs=0.01)  # the H100, from the trace
+    assert recorded["log"]["failure"] is None and recorded["log"]["iterations"] == 16
+    assert c["gpu_idle_share"] < 0.1 and c["sm_util_estimate"] > 0.9  # busy on compute
+    assert recorded["wall"] == "compute"
+    near = next(e for e in recorded["evidence"] if e["rule"] == "memory_near_capacity")
+    assert near["wall"] is None and near["limits"].startswith("memory: fixes that grow memory")
+    assert near["value"] == pytest.approx(75.767 / 79.18, abs=0.002) and near["value"] >= 0.92
+    assert [e["rule"] for e in recorded["evidence"] if e["wall"]] == ["busy_compute"]
+
+
+def test_near_capacity_bars_the_fixes_that_grow_memory(recorded):
+    """The recorded run's proposals leave out a larger micro batch; the same trace read against a
+    GPU with room (its peak a half of an H200's 141 GB) proposes it."""
+    info = json.loads((DATA / "config.json").read_text())
+    exp = load_experiment(info.pop("variant").split("_tp")[0])
+    config = TrainingConfig.from_dict(info)
+    assert (config.tp, config.pp, config.ep, config.micro_batch) == (2, 1, 8, 2)
+    cluster = exp.cluster.model_dump()
+    near = {p.rule.id for p in rules.proposals(recorded, config, exp.model, cluster, exp.tuning)}
+    roomy = {p.rule.id for p in rules.proposals({**recorded, "gpu_memory_gb": 141.0}, config, exp.model,
+                                                cluster, exp.tuning)}
+    assert near and not near & GROWS_MEMORY
+    assert "compute_larger_micro_batch" in roomy
+
+
+def test_a_graphed_fit_counts_the_graph_pools():
+    """qwen3_30b_a3b's one-GPU layout with TE graphs, fitted for 5 iterations: the capture after
+    iteration 3 takes GBs that Megatron's max allocated never shows; its end-of-run report holds
+    them as reserved memory, and the verdict reads the larger."""
+    p = parse_log(DATA / "fit_graphed.log.xz")
+    assert p["iterations"] == fit.CUDA_GRAPH_WARMUP_STEPS + 2 and p["failure"] is None
+    assert p["max_allocated_gb"] == pytest.approx(65.578, abs=1e-3)
+    assert p["max_reserved_gb"] == pytest.approx(74.184, abs=1e-3)  # after iteration 5: graph pools
+    v = fit.verdict({0: p}, 80.0)
+    assert v.peak_gb == pytest.approx(74.184, abs=1e-3) and not v.fits and v.failure is None
+
+
+def test_a_fit_megatron_refused_names_the_refusal():
+    p = parse_log(DATA / "fit_python_error.log.xz")
+    assert p["failure"] == "python_error" and p["iterations"] == 0
+    assert p["failure_line"] == "AssertionError: attention dropout is not supported with graphed attention recomputation."
+    v = fit.verdict({0: p}, 80.0)
+    assert not v.fits and v.failure == "python_error" and "attention dropout" in v.reason
