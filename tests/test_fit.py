@@ -171,6 +171,20 @@ def test_a_memory_fix_refused_at_start_up_is_passed_over(tmp_path):
     assert (cfg.ep, cfg.distributed_optimizer) == (4, False)
 
 
+def test_a_baseline_megatron_refuses_stops_the_study_saying_why(tmp_path):
+    exp = yaml.safe_load(Path(fit_experiment(tmp_path, stand_in={
+        "ms_per_iter": 20, "refuse": "--use-distributed-optimizer"})).read_text())
+    exp["baseline"]["distributed_optimizer"] = True
+    path = tmp_path / "fit_stand_in.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    store = Store(str(tmp_path / "db.sqlite"))
+    s = tuner.tune(str(path), store, executor="local", runs_root=tmp_path / "runs", progress=False)
+    assert [t.state for t in store.trials(store.study(s["study"]).id)] == ["no_fit"]
+    assert s["stop_reason"] == ("baseline trial did not complete (fit: rank 0 did not measure (AssertionError: "
+                                "the stand-in refuses --use-distributed-optimizer (as Megatron refuses a config "
+                                "at start-up))); fix the baseline first")
+
+
 @pytest.mark.slurm
 def test_the_fit_stage_through_the_real_slurm(slurm, make_trial):
     """A 2-node x 2-task layout with PP 2 is fitted as one job of one task on one node, its two

@@ -141,9 +141,11 @@ class Tuner:
                     self.stop(f"no memory fix left to try on trial {st.unfit.number}, which does not fit "
                               "one GPU; add GPUs or change the layout")
                     continue
-                if st.trials:  # the baseline ran and was not kept
-                    self.stop(f"baseline trial did not complete ({st.trials[0].state}); "
-                              "fix the baseline first")
+                if st.trials:  # the baseline ran and was not kept, or its fit measured nothing
+                    base = st.trials[0]
+                    why = next((d.reason for d in self.store.decisions(self.study.id)
+                                if d.trial_id == base.id and d.kind == "unfit"), base.state)
+                    self.stop(f"baseline trial did not complete ({why}); fix the baseline first")
                     continue
                 cfg = self.exp.baseline
                 self.store.add_trial(self.study.id, cfg.to_dict(), cfg.config_hash(), fix=None)
