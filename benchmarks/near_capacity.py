@@ -97,7 +97,8 @@ def keep_run(src: Path, dest: Path) -> None:
     tests read is in tests/data/gpu/near_capacity)."""
     shutil.rmtree(dest, ignore_errors=True)
     for f in src.rglob("*"):
-        if not f.is_file() or ".sqlite" in f.name or "recipes_trace" in str(f) or f.suffix == ".parquet":
+        if (not f.is_file() or ".sqlite" in f.name or "recipes_trace" in str(f) or f.suffix == ".parquet"
+                or f.name == "job.sh" or f.suffix == ".html"):  # rendered again from spec.json, the store
             continue
         out = dest / f.relative_to(src)
         out.parent.mkdir(parents=True, exist_ok=True)

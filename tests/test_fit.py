@@ -120,19 +120,25 @@ def test_the_report_shows_the_fit_and_the_compute_floor(tmp_path):
     assert "ms is this rank's compute measured alone on one GPU" in text
 
 
-def test_memory_fixes_are_fitted_in_the_guidance_order_until_one_fits(tmp_path):
-    """The baseline (EP 2) does not fit a 10 GB GPU: the distributed optimizer (first in the table's
-    fit_order) leaves the stand-in's memory as it was, so it does not fit either; raising EP on top
-    of it halves the rank's share of the model and fits; only that layout reaches the cluster, and it
-    is kept as the first layout that fits."""
-    exp = yaml.safe_load(Path(fit_experiment(tmp_path, gpu_memory_gb=10,
-                                                  stand_in={"ms_per_iter": 20, "model_mb": 16000})).read_text())
+def tune_ep2_on_10gb(tmp_path, **stand_in):
+    """The stand-in's EP 2 baseline, 16 GB of model, on a 10 GB GPU, without the distributed
+    optimizer; one trial's budget."""
+    exp = yaml.safe_load(Path(fit_experiment(tmp_path, gpu_memory_gb=10, stand_in={
+        "ms_per_iter": 20, "model_mb": 16000, **stand_in})).read_text())
     exp["tuning"]["budget_trials"] = 1
     exp["baseline"].update(tp=1, pp=1, ep=2, micro_batch=1, distributed_optimizer=False)
     path = tmp_path / "fit_stand_in.yaml"
     path.write_text(yaml.safe_dump(exp))
     store = Store(str(tmp_path / "db.sqlite"))
-    s = tuner.tune(str(path), store, executor="local", runs_root=tmp_path / "runs", progress=False)
+    return store, tuner.tune(str(path), store, executor="local", runs_root=tmp_path / "runs", progress=False)
+
+
+def test_memory_fixes_are_fitted_in_the_guidance_order_until_one_fits(tmp_path):
+    """The baseline (EP 2) does not fit a 10 GB GPU: the distributed optimizer (first in the table's
+    fit_order) leaves the stand-in's memory as it was, so it does not fit either; raising EP on top
+    of it halves the rank's share of the model and fits; only that layout reaches the cluster, and it
+    is kept as the first layout that fits."""
+    store, s = tune_ep2_on_10gb(tmp_path)
     study = store.study(s["study"])
     trials = store.trials(study.id)
     assert [(t.fix, t.state) for t in trials] == [(None, "no_fit"), ("distributed_optimizer", "no_fit"),
@@ -151,14 +157,7 @@ def test_a_memory_fix_refused_at_start_up_is_passed_over(tmp_path):
     TransformerConfig check): the stand-in refuses the distributed optimizer at start-up, so that
     fix's fit measures nothing; the report names the refusal, and the next memory fix builds on the
     last fit that measured (the baseline), not on the refused config."""
-    exp = yaml.safe_load(Path(fit_experiment(tmp_path, gpu_memory_gb=10, stand_in={
-        "ms_per_iter": 20, "model_mb": 16000, "refuse": "--use-distributed-optimizer"})).read_text())
-    exp["tuning"]["budget_trials"] = 1
-    exp["baseline"].update(tp=1, pp=1, ep=2, micro_batch=1, distributed_optimizer=False)
-    path = tmp_path / "fit_stand_in.yaml"
-    path.write_text(yaml.safe_dump(exp))
-    store = Store(str(tmp_path / "db.sqlite"))
-    s = tuner.tune(str(path), store, executor="local", runs_root=tmp_path / "runs", progress=False)
+    store, s = tune_ep2_on_10gb(tmp_path, refuse="--use-distributed-optimizer")
     trials = store.trials(store.study(s["study"]).id)
     assert [(t.fix, t.state) for t in trials] == [(None, "no_fit"), ("distributed_optimizer", "no_fit"),
                                                   ("raise_ep", "completed")]
