@@ -44,6 +44,14 @@ VARIANTS = {
     "mixtral_8x7b_pp4_mbs2_attn": ("mixtral_8x7b", {"tp": 1, "pp": 4, "ep": 8, "micro_batch": 2,
                                                      "recompute_granularity": "selective",
                                                      "recompute_modules": ["core_attn"]}),
+    # what core_attn recompute frees, measured: the same layouts as two above, with it
+    "mixtral_8x7b_tp2_mbs2_attn": ("mixtral_8x7b", {"tp": 2, "pp": 1, "ep": 8, "etp": 1,
+                                                     "sequence_parallel": True, "micro_batch": 2,
+                                                     "recompute_granularity": "selective",
+                                                     "recompute_modules": ["core_attn"]}),
+    "mixtral_8x7b_pp4_attn": ("mixtral_8x7b", {"tp": 1, "pp": 4, "ep": 8, "micro_batch": 1,
+                                                "recompute_granularity": "selective",
+                                                "recompute_modules": ["core_attn"]}),
 }
 # Not near capacity: the last device run's fixes, not yet run there (a graphed layout's fit runs
 # past the graphs' capture, train_moe.py prints the run's peak at its end, nsys traces each kernel
