@@ -228,6 +228,19 @@ def table(r: dict) -> str:
               "The estimate then was 76.3 GB: it had core_attn recompute free Q, K, V and the output, "
               "which the checkpoint (its inputs) and the projection (its input) keep; it frees only "
               "the softmax statistics now (81.1 GB)."]
+    by = {v["variant"]: v for v in r["variants"] if not v["failure"]}
+    pairs = [(by[a], by[a + "_attn"]) for a in by if a + "_attn" in by]
+    if pairs:
+        lines += ["", "What core_attn recompute frees under Transformer Engine's fused attention, measured: "
+                  + "; ".join(f"{w['variant']} {w['max_allocated_gb']:.1f} GB against {wo['max_allocated_gb']:.1f} "
+                              f"without it ({w['max_allocated_gb'] - wo['max_allocated_gb']:+.1f} GB)"
+                              for wo, w in pairs)
+                  + ". It frees nothing: the checkpoint keeps Q, K and V and the projection keeps the output. "
+                  "So a memory fix is built on only when its fit lowered the measured peak "
+                  "(pipeline/tune/state.py lowered())."]
+    if "mixtral_8x7b_pp4_attn" in by:  # its layout without core_attn is the fit lease's baseline
+        lines[-1] += (f" mixtral_8x7b_pp4_attn: {by['mixtral_8x7b_pp4_attn']['max_allocated_gb']:.1f} GB, "
+                      "against 49.9 GB without it (mixtral_8x7b's baseline in the fit lease, docs/memory.md, H200).")
     for v in r["variants"]:
         if v.get("graph_launches"):
             whole = [w for w in v["warnings"] if "graph" in w.lower()]

@@ -92,7 +92,7 @@ def test_a_layout_that_does_not_fit_never_reaches_the_cluster(tmp_path):
     assert first.evidence["fit"]["fits"] is False
     fixes = [t.fix for t in trials[1:]]
     order = [rid for rid in rules.load_fit_order() if rid in fixes]
-    assert fixes == order  # the guidance's order, each on top of the last
+    assert fixes == order  # the guidance's order (none frees memory here: each on the baseline)
     assert "no memory fix left to try" in s["stop_reason"]
 
 
@@ -135,9 +135,9 @@ def tune_ep2_on_10gb(tmp_path, **stand_in):
 
 def test_memory_fixes_are_fitted_in_the_guidance_order_until_one_fits(tmp_path):
     """The baseline (EP 2) does not fit a 10 GB GPU: the distributed optimizer (first in the table's
-    fit_order) leaves the stand-in's memory as it was, so it does not fit either; raising EP on top
-    of it halves the rank's share of the model and fits; only that layout reaches the cluster, and it
-    is kept as the first layout that fits."""
+    fit_order) leaves the stand-in's memory as it was, so it does not fit either, and, having freed
+    nothing, is not built on; raising EP on the baseline halves the rank's share of the model and
+    fits; only that layout reaches the cluster, and it is kept as the first layout that fits."""
     store, s = tune_ep2_on_10gb(tmp_path)
     study = store.study(s["study"])
     trials = store.trials(study.id)
@@ -147,9 +147,24 @@ def test_memory_fixes_are_fitted_in_the_guidance_order_until_one_fits(tmp_path):
     assert kinds == [("unfit", None), ("apply", "distributed_optimizer"), ("unfit", "distributed_optimizer"),
                      ("apply", "raise_ep"), ("keep", "raise_ep")]
     assert [r.stage for r in store.stage_runs(trials[1].id)] == ["fit"]  # never submitted
-    assert TrainingConfig.from_dict(trials[2].config).ep == 4
-    assert trials[2].parent_id == trials[1].id  # fixes stack until one fits
+    cfg = TrainingConfig.from_dict(trials[2].config)
+    assert (cfg.ep, cfg.distributed_optimizer) == (4, False)
+    assert trials[2].parent_id == trials[0].id  # not on the fix that freed nothing
     assert s["best_trial"] == 3 and "trial budget spent (1 of 1)" in s["stop_reason"]
+
+
+def test_a_memory_fix_that_lowers_the_peak_is_built_on(tmp_path):
+    """40 GB of model on a 10 GB GPU: EP 4 halves the baseline's peak and still does not fit, so
+    the next fixes go on top of it (the distributed optimizer again, freeing nothing there either,
+    then EP 8, which fits)."""
+    store, s = tune_ep2_on_10gb(tmp_path, model_mb=40000)
+    trials = store.trials(store.study(s["study"]).id)
+    peaks = [store.metrics(t.id).get("fit_peak_gb") for t in trials]
+    assert [t.fix for t in trials] == [None, "distributed_optimizer", "raise_ep", "distributed_optimizer",
+                                       "raise_ep"]
+    assert [t.parent_id for t in trials[1:]] == [trials[0].id, trials[0].id, trials[2].id, trials[2].id]
+    assert peaks[2] < 0.6 * peaks[0] and peaks[4] < 0.6 * peaks[2]
+    assert TrainingConfig.from_dict(trials[-1].config).ep == 8 and trials[-1].state == "completed"
 
 
 def test_a_memory_fix_refused_at_start_up_is_passed_over(tmp_path):

@@ -22,8 +22,8 @@ def image_of(cluster) -> str:
 @dataclass
 class StudyState:
     incumbent: object | None = None
-    # before any trial ran: the last trial whose fit kept it off the cluster, the parent of the
-    # next memory fix (spec/fit.py; the rule table's fit_order)
+    # before any trial ran: the trial whose fit kept it off the cluster with the lowest peak so far,
+    # the parent of the next memory fix (spec/fit.py; the rule table's fit_order; lowered())
     unfit: object | None = None
     pending: object | None = None
     tried: dict = field(default_factory=dict)  # parent config hash -> {rule ids}
@@ -61,11 +61,25 @@ def measured_fit(evidence: dict | None) -> bool:
     return ((evidence or {}).get("fit") or {}).get("failure") in (None, "oom")
 
 
+MIN_DROP_SHARE = 0.002  # of the parent's peak: less is the same memory measured again
+
+
+def lowered(peak: float | None, parent_peak: float | None) -> bool:
+    """Did a memory fix lower its parent's measured peak? Only then is it the parent of the next
+    one: a fix that freed nothing costs step time for no memory (core_attn recompute under fused
+    attention held 1.2 GB more on Mixtral 8x7B, H100, 2026-11-23), so the next fix goes on the
+    parent instead. A parent that ran out of memory is beaten by any peak."""
+    if parent_peak is None:
+        return True
+    return peak is not None and peak < parent_peak * (1 - MIN_DROP_SHARE)
+
+
 def study_state(store, study, cluster) -> StudyState:
     st = StudyState(trials=store.trials(study.id))
     by_id = {t.id: t for t in st.trials}
     decisions = store.decisions(study.id)
     judged = {d.trial_id for d in decisions if d.kind in JUDGED and d.trial_id}
+    peaks = {}  # unfit trial id -> its fit's measured peak (None: out of memory)
     for d in decisions:
         parent = (d.evidence or {}).get("parent")
         if d.rule and parent and d.kind in ("apply",) + JUDGED:
@@ -75,7 +89,9 @@ def study_state(store, study, cluster) -> StudyState:
         elif d.kind in ("revert", "not_applied", "unfit") or (d.kind == "skip" and d.trial_id):
             st.since_keep += 1 if d.kind != "skip" else 0
         if d.kind == "unfit" and st.incumbent is None and d.trial_id in by_id and measured_fit(d.evidence):
-            st.unfit = by_id[d.trial_id]
+            peaks[d.trial_id] = ((d.evidence or {}).get("fit") or {}).get("peak_gb")
+            if st.unfit is None or lowered(peaks[d.trial_id], peaks.get(st.unfit.id)):
+                st.unfit = by_id[d.trial_id]
         if d.kind == "stop":
             st.stopped = d
         if d.kind == "revert" and d.rule and crashed(d.evidence or {}):
