@@ -82,8 +82,9 @@ def one_gpu_config(config: TrainingConfig, world: int, samples: int) -> Training
         raise OneGpuError(f"micro batch {config.micro_batch} does not divide the one-GPU step's "
                           f"{samples} samples (tuning.one_gpu_samples)")
     # fewer micro-batches than stages leave the first stage holding fewer in flight than on the
-    # cluster: mixtral_8x7b at PP 4, micro batch 2 peaked at 51.6 GB with 2 against the 76 GB
-    # estimated with 4 (H100, 2026-11-23), and a trial that small says nothing of the layout's memory
+    # cluster: mixtral_8x7b at PP 4, micro batch 2 (core_attn recompute) peaked at 51.6 GB with 2,
+    # and ran out of memory past 78 GB with 4 (H100, 2026-11-23): a step that small hides the
+    # layout's memory
     if samples < config.pp * config.micro_batch:
         raise OneGpuError(f"the one-GPU step's {samples} samples make {samples // config.micro_batch} "
                           f"micro-batches of {config.micro_batch}, fewer than the {config.pp} pipeline "
