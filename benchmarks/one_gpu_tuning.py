@@ -236,13 +236,18 @@ def markdown(results: list[dict]) -> str:
            "permute fusion and cross-entropy fusion did not beat the noise. The graphed trials' idle "
            "shares (0.58 to 0.65) leave the graphs' kernels out: nsys traced them as whole graphs "
            "(section \"moetune beside NVIDIA's recipes\"; Megatron trials are now profiled with "
-           "`--cuda-graph-trace=node`).",
+           "`--cuda-graph-trace=node`; traced so since, the same graphed trial is 14.9 % idle: "
+           "section \"A compute-busy run near capacity\", run 2).",
            "- **A fit missed the CUDA graphs' memory, now fixed.** qwen3_235b's graphed trial fitted "
            "at 69.0 GB (3 iterations) and ran out of memory when Megatron captured its graphs after "
            "the third iteration, with 26.8 GB in the graphs' private pools (the guidance: \"budget "
            "several extra GB\"). A graphed layout's fit now runs two iterations past the capture, and "
-           "the training prints the whole run's peak at its end (pipeline/job/train_moe.py; not yet "
-           "run on the device).",
+           "the training prints the whole run's peak at its end (pipeline/job/train_moe.py). Run on "
+           "the device since (section \"A compute-busy run near capacity\"): qwen3_30b_a3b's graphed "
+           "layout kept 65.6 GB max allocated while its reserved memory grew to 74.2 GB at the capture "
+           "(the graphs' pools); the fit reads the larger, and with the 7 GB headroom the layout no "
+           "longer fits an 80 GB H100, so today's tuner would not keep trial 2 of the first study as "
+           "it stands (with layernorm recompute under the graphs it measured 72.3 GB and fits).",
            "- **Fits need not run the production batch.** A fit now runs 2 micro-batches a pipeline "
            "stage: qwen3_30b_a3b's baseline measured 67,152.26 MB max allocated with 2 micro-batches a "
            "step here, exactly what the fit lease measured with its 64 (docs/memory.md), in 1.3 s "
