@@ -197,7 +197,8 @@ def keep_test_data(rows: list[dict]) -> None:
         best = min(busy, key=lambda r: r["gpu_idle_share"])
         _xz(best["folder"] / "trace_0.sqlite.xz", DATA / "trace.sqlite.xz")
         _xz(_found(best["folder"] / "log_rank_0.txt"), DATA / "log.txt.xz")
-        (DATA / "config.json").write_text(json.dumps({"variant": best["variant"], **best["config"]},
+        (DATA / "config.json").write_text(json.dumps({"variant": best["variant"],
+                                                      "experiment": VARIANTS[best["variant"]][0], **best["config"]},
                                                      indent=1, sort_keys=True) + "\n")
     for r in rows:
         r.pop("folder")

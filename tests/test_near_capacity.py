@@ -40,7 +40,8 @@ def test_near_capacity_bars_the_fixes_that_grow_memory(recorded):
     """The recorded run's proposals leave out a larger micro batch; the same trace read against a
     GPU with room (its peak a half of an H200's 141 GB) proposes it."""
     info = json.loads((DATA / "config.json").read_text())
-    exp = load_experiment(info.pop("variant").split("_tp")[0])
+    info.pop("variant")
+    exp = load_experiment(info.pop("experiment"))
     config = TrainingConfig.from_dict(info)
     assert (config.tp, config.pp, config.ep, config.micro_batch) == (2, 1, 8, 2)
     cluster = exp.cluster.model_dump()
