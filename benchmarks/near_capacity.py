@@ -4,7 +4,8 @@ classified `memory` (tests/test_near_capacity.py).
 
 Each variant is a production experiment's model with a layout and micro batch chosen by
 `pipeline/spec/memory.py`'s estimate to peak at 92-97 % of an 80 GB H100 (the `memory_near_capacity`
-row of analysis/walls.py fires at 0.92). It runs as a one-GPU study of one trial without the fit
+row of analysis/walls.py fires at 0.92), or the same layout with core_attn recompute, to measure
+what that frees. It runs as a one-GPU study of one trial without the fit
 gate (`tuning.fit_first: false`): the fit's headroom for NCCL buffers and uneven routing (7 GB on
 an H100) would keep any layout this close to capacity off the GPU, which is the point of the fit,
 and not what this run measures.
@@ -53,10 +54,10 @@ VARIANTS = {
                                                 "recompute_granularity": "selective",
                                                 "recompute_modules": ["core_attn"]}),
 }
-# Not near capacity: the last device run's fixes, not yet run there (a graphed layout's fit runs
-# past the graphs' capture, train_moe.py prints the run's peak at its end, nsys traces each kernel
-# of a graph): qwen3_30b_a3b's kept one-GPU trial (TE graphs), fitted first
-# (the _trial check runs it without the fit: its trace shows graph kernels node by node)
+# Not near capacity: checks of a graphed layout (its fit runs past the graphs' capture and reads
+# their pools, train_moe.py prints the run's peak at its end, nsys traces each kernel of a graph)
+# on qwen3_30b_a3b's kept one-GPU trial (TE graphs), fitted first; the _trial check runs it without
+# the fit, for its trace
 GRAPHS = {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["attn", "moe_router", "moe_preprocess"]}
 CHECKS = {"qwen3_30b_a3b_graphs": ("qwen3_30b_a3b", GRAPHS),
           "qwen3_30b_a3b_graphs_trial": ("qwen3_30b_a3b", GRAPHS)}
