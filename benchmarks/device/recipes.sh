@@ -2,7 +2,8 @@
 # On the GPU machine (nsys 2025.3 with `nsys recipe`): profile benchmarks/device/recipe_workload.py,
 # import and export its report to SQLite, and run NVIDIA's recipes on it; everything to $OUT
 # (recipe outputs, the SQLite as xz). Carry .devlib (libdw, libelf for QdstrmImporter; see
-# ../shared/device-notes.md). From the repo root:  bash benchmarks/device/recipes.sh [--nccl]
+# ../shared/device-notes.md). From the repo root:  [RANKS=2] bash benchmarks/device/recipes.sh [--nccl]
+# (RANKS > 1: torchrun starts that many ranks, one GPU each, and NCCL launches its kernels)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -12,7 +13,8 @@ Q=$B/linux-desktop-glibc_2_11_3-x64/QdstrmImporter
 W=/tmp/recipes; rm -rf "$W"; mkdir -p "$W"
 t0=$SECONDS
 "$N" profile -t cuda,nvtx -s none --cpuctxsw=none -o "$W/run" --force-overwrite true \
-  python3 benchmarks/device/recipe_workload.py "$@" > "$OUT/profile.log" 2>&1
+  python3 $([ "${RANKS:-1}" -gt 1 ] && echo "-m torch.distributed.run --nproc_per_node=$RANKS") \
+  benchmarks/device/recipe_workload.py "$@" > "$OUT/profile.log" 2>&1
 [ -f "$W/run.nsys-rep" ] || LD_LIBRARY_PATH=$PWD/.devlib "$Q" -i "$W/run.qdstrm" >> "$OUT/profile.log" 2>&1
 "$N" export --type sqlite -o "$W/run.sqlite" --force-overwrite true "$W/run.nsys-rep" >> "$OUT/profile.log" 2>&1
 echo "profile+export: $((SECONDS - t0)) s"
