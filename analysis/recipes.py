@@ -43,12 +43,15 @@ import pandas as pd
 
 from moetune.analysis import intervals as iv
 from moetune.analysis.errors import TraceError
+from moetune.analysis.kernels import classify
 from moetune.analysis.load import GRAPHS_WHOLE, _load, connect, graphs_traced_whole, tables_of
+from moetune.analysis.metrics import comm_exposure
 from moetune.analysis.nsys import has_recipes, version
 
 RECIPES = ("cuda_gpu_kern_sum", "gpu_time_util", "nccl_gpu_overlap_trace")
 KERNEL_TOLERANCE = 0.01  # relative, per kernel name
 BUSY_TOLERANCE = 0.02  # absolute, as a share of the window
+OVERLAP_TOLERANCE = 0.02  # absolute, as a share of the NCCL kernels' time
 
 
 def short_name(name: str) -> str:
@@ -63,7 +66,10 @@ def read_recipes(folder: str | Path) -> dict:
     out: dict = {}
     kern = folder / "cuda_gpu_kern_sum" / "all_stats.parquet"
     util = folder / "gpu_time_util" / "analysis.parquet"
+    nccl = folder / "nccl_gpu_overlap_trace" / "rank_trace.parquet"
     try:
+        if nccl.exists():
+            out["nccl_overlap"] = nccl_overlap_rows(pd.read_parquet(nccl))
         if kern.exists():
             df = pd.read_parquet(kern)
             names = df.index if "Name" not in df.columns else df["Name"]
@@ -77,6 +83,30 @@ def read_recipes(folder: str | Path) -> dict:
     except (OSError, KeyError, ValueError) as e:
         raise TraceError(f"{folder}: not a recipe output this moetune reads ({e})") from None
     return out
+
+
+def nccl_overlap_rows(trace: pd.DataFrame) -> list[dict]:
+    """nccl_gpu_overlap_trace's rank_trace (a row a kernel: Start, End, PID, DeviceID and, for an
+    NCCL kernel, `Compute Overlap`, the % of it that compute kernels cover) per process and device:
+    the NCCL kernels' time and the share of it covered, weighted by each kernel's duration (as the
+    recipe's grouped_trace weighs its per-name figure)."""
+    df = trace.reset_index() if "Name" not in trace.columns else trace
+    df = df[df["Name"].astype(str).str.contains("nccl", case=False)]
+    out = []
+    for (pid, dev), g in df.groupby(["PID", "DeviceID"]):
+        dur = (g["End"] - g["Start"]).to_numpy(np.float64)
+        if dur.sum() > 0:
+            out.append({"device": int(dev), "pid": int(pid), "nccl_ms": float(dur.sum()) / 1e6,
+                        "overlap_share": float((g["Compute Overlap"].to_numpy() * dur).sum() / dur.sum()) / 100})
+    return out
+
+
+def comm_overlap_share(kernels: pd.DataFrame) -> tuple[float, float]:
+    """(communication ms, the share of it that compute covers) by moetune's own rule (metrics.py
+    comm_exposure: classified kernels, 1 - exposed_comm / comm), for one process on one GPU."""
+    ce = comm_exposure(kernels.assign(cls=classify(kernels["name"])))
+    share = 1 - ce["exposed_comm_ns"] / ce["comm_ns"] if ce["comm_ns"] else 0.0
+    return ce["comm_ns"] / 1e6, share
 
 
 def kernel_ms_by_name(kernels: pd.DataFrame) -> dict[str, float]:
@@ -152,7 +182,7 @@ def compare(trace: str | Path, folder: str | Path) -> dict:
         tables = tables_of(con, Path(trace))
         whole_graphs = graphs_traced_whole(con, tables)
         overheads = profiling_overheads(con, tables)
-    out: dict = {"kernels": [], "busy": [], "disagreements": [],
+    out: dict = {"kernels": [], "busy": [], "nccl_overlap": [], "disagreements": [],
                  "notes": [GRAPHS_WHOLE] if whole_graphs else []}
     ours = kernel_ms_by_name(t.kernels)
     for name, theirs in sorted((recipes.get("kernel_ms") or {}).items(), key=lambda kv: -kv[1]):
@@ -177,6 +207,16 @@ def compare(trace: str | Path, folder: str | Path) -> dict:
             out["notes"].append(f"{line}: {GRAPHS_WHOLE}")
         elif diff > BUSY_TOLERANCE:
             out["disagreements"].append(line)
+    k = t.kernels.assign(pid=pid_of(t.kernels["globalPid"]))
+    for n in recipes.get("nccl_overlap") or []:
+        mine_ms, mine = comm_overlap_share(k[(k["deviceId"] == n["device"]) & (k["pid"] == n["pid"])])
+        diff = abs(mine - n["overlap_share"])
+        out["nccl_overlap"].append({"device": n["device"], "pid": n["pid"], "moetune_comm_ms": round(mine_ms, 4),
+                                    "recipe_nccl_ms": round(n["nccl_ms"], 4), "moetune": round(mine, 4),
+                                    "recipe": round(n["overlap_share"], 4), "diff": round(diff, 4)})
+        if diff > OVERLAP_TOLERANCE:
+            out["disagreements"].append(f"GPU {n['device']} NCCL time under compute: moetune {mine:.1%}, "
+                                        f"nccl_gpu_overlap_trace {n['overlap_share']:.1%}")
     return out
 
 

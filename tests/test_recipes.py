@@ -1,6 +1,7 @@
 """moetune's figures against NVIDIA's Nsight Systems recipes on the same real reports (one H200 or
 H100, nsys 2025.3.1, tests/data/gpu/recipes/README.md says how they were recorded): kernel time per
-name within 1 %, GPU busy share within 2 points, over the recipe's window."""
+name within 1 %, GPU busy share within 2 points, over the recipe's window, and the share of NCCL
+time under compute within 2 points (two H200s)."""
 from __future__ import annotations
 
 import dataclasses
@@ -181,3 +182,58 @@ def test_the_trial_report_shows_the_analysis_warning():
     trial = SimpleNamespace(number=2, fix="cuda_graphs_te", state="done", config_hash="x", tflops_per_gpu=None)
     text = trial_markdown(TrialView(trial, an, None, None, None, None), 1)
     assert "- **Warning**: qwen3_30b_a3b-1gpu_t2_cuda_graphs_te.sqlite.xz: CUDA graphs traced as whole" in text
+
+
+TWO = DATA / "two_rank_nccl"
+
+
+def test_two_ranks_agree_with_the_recipes_on_each_gpu():
+    c = recipes.compare(TWO / "run.sqlite.xz", TWO)
+    assert c["disagreements"] == [] and len(c["kernels"]) >= 5
+    assert sorted(b["device"] for b in c["busy"]) == [0, 1]
+    assert all(b["diff"] <= recipes.BUSY_TOLERANCE for b in c["busy"])
+
+
+def test_nccl_time_under_compute_agrees_with_nccl_gpu_overlap_trace():
+    """Each rank all-reduces on a side stream beside its GEMMs: part of the NCCL time runs under
+    compute. moetune's figure is its own (metrics.comm_exposure: 1 - exposed / communication); the
+    recipe's, its per-kernel Compute Overlap weighted by duration."""
+    c = recipes.compare(TWO / "run.sqlite.xz", TWO)
+    rows = c["nccl_overlap"]
+    assert sorted(r["device"] for r in rows) == [0, 1]
+    for r in rows:
+        assert r["moetune_comm_ms"] == pytest.approx(r["recipe_nccl_ms"], rel=0.01)
+        assert abs(r["moetune"] - r["recipe"]) <= recipes.OVERLAP_TOLERANCE
+        assert 0.5 < r["recipe"] < 0.9  # partly hidden, as the workload was built
+
+
+def test_the_overlap_rule_weighs_by_duration_as_the_recipe_does():
+    """The recipe's grouped_trace gives one figure per kernel name over both ranks: the duration
+    -weighted mean of its per-kernel Compute Overlap (the plain mean is another figure)."""
+    trace = pd.read_parquet(TWO / "nccl_gpu_overlap_trace" / "rank_trace.parquet").reset_index()
+    grouped = pd.read_parquet(TWO / "nccl_gpu_overlap_trace" / "grouped_trace.parquet")
+    name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+    rows = recipes.nccl_overlap_rows(trace[trace["Name"] == name])
+    weighted = sum(r["overlap_share"] * r["nccl_ms"] for r in rows) / sum(r["nccl_ms"] for r in rows)
+    assert 100 * weighted == pytest.approx(grouped.loc[name, "Compute Overlap"], abs=0.05)
+    plain = trace[trace["Name"] == name]["Compute Overlap"].mean()
+    assert abs(plain - grouped.loc[name, "Compute Overlap"]) > 1  # the rule matters here
+
+
+def test_an_overlap_disagreement_is_flagged(tmp_path):
+    shutil.copytree(TWO, tmp_path / "r")
+    f = tmp_path / "r" / "nccl_gpu_overlap_trace" / "rank_trace.parquet"
+    df = pd.read_parquet(f)
+    df["Compute Overlap"] = df["Compute Overlap"] * 0.5
+    df.to_parquet(f)
+    c = recipes.compare(TWO / "run.sqlite.xz", tmp_path / "r")
+    assert len(c["disagreements"]) == 2
+    assert all("NCCL time under compute: moetune 68." in d for d in c["disagreements"])
+
+
+def test_the_report_shows_nccl_overlap_beside_the_recipe():
+    from moetune.pipeline.report.study import recipes_markdown
+    line, = [ln for ln in recipes_markdown({"trace_0": recipes.compare(TWO / "run.sqlite.xz", TWO)})
+             if ln.startswith("- Beside")]
+    assert "GPU 0 NCCL time under compute: moetune 68.1%, nccl_gpu_overlap_trace 68.1%" in line
+    assert "GPU 1 NCCL time under compute: moetune 68.4%, nccl_gpu_overlap_trace 68.4%" in line

@@ -293,9 +293,11 @@ def recipes_markdown(beside: dict) -> list[str]:
         worst = max((k["rel_diff"] for k in kern), default=None)
         busy = "; ".join(f"GPU {b['device']} busy: moetune {100 * b['moetune']:.1f}%, gpu_time_util "
                          f"{100 * b['recipe']:.1f}%" for b in c.get("busy") or [])
+        nccl = "; ".join(f"GPU {n['device']} NCCL time under compute: moetune {100 * n['moetune']:.1f}%, "
+                         f"nccl_gpu_overlap_trace {100 * n['recipe']:.1f}%" for n in c.get("nccl_overlap") or [])
         out.append(f"- Beside Nsight's recipes ({md(report)}): {len(kern)} kernel names, time per name "
                    f"at most {fmt(100 * worst, 2) if worst is not None else '-'}% apart from "
-                   f"cuda_gpu_kern_sum; {busy or 'no gpu_time_util output'}")
+                   f"cuda_gpu_kern_sum; {busy or 'no gpu_time_util output'}" + (f"; {nccl}" if nccl else ""))
         out += [f"  - **disagrees**: {md(d)}" for d in c.get("disagreements") or []]
         out += [f"  - note: {md(n)}" for n in c.get("notes") or []]
     return out + ([""] if out else [])
