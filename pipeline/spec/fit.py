@@ -31,7 +31,9 @@ def fit_iterations(config: TrainingConfig) -> int:
 # What the fake group does not allocate, added to the measured peak before it is compared with the
 # GPU's memory: NCCL's buffers (per communicator; a rank of TP, EP, DP and PP groups holds several)
 # and uneven routing (the fit routes statically, perfectly balanced; real routing sends some experts
-# more tokens than others, and the allocator's fragmentation grows with it).
+# more tokens than others, and the allocator's fragmentation grows with it). One communicator of two
+# H200s held 1,282 MiB per rank outside PyTorch's allocator after an all-reduce and an all-to-all
+# (benchmarks/device/recipe_workload.py, 2026-11-23); a rank of several groups holds more.
 NCCL_BUFFERS_GB = 3.0
 ROUTING_IMBALANCE_SHARE = 0.05  # of the GPU's memory
 
