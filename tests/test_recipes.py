@@ -237,3 +237,17 @@ def test_the_report_shows_nccl_overlap_beside_the_recipe():
              if ln.startswith("- Beside")]
     assert "GPU 0 NCCL time under compute: moetune 68.1%, nccl_gpu_overlap_trace 68.1%" in line
     assert "GPU 1 NCCL time under compute: moetune 68.4%, nccl_gpu_overlap_trace 68.4%" in line
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_megatron_moe_trial_on_two_gpus_agrees_with_the_recipes(rank):
+    """moe_proxy's baseline (EP 2, alltoall) run by `moetune tune` on two H200s: its export stage ran
+    the recipes on each rank's report. The all-to-all runs on the compute stream, so none of its
+    NCCL time is under compute on either side; rank 0 waits in it five times as long as rank 1."""
+    d = DATA / f"moe_proxy_ep2_rank{rank}"
+    c = recipes.compare(d / "run.sqlite.xz", d)
+    assert c["disagreements"] == [] and len(c["kernels"]) > 100 and c["busy"]
+    n, = c["nccl_overlap"]
+    assert n["device"] == rank and n["moetune_comm_ms"] == pytest.approx(n["recipe_nccl_ms"], rel=0.01)
+    assert n["moetune"] == n["recipe"] == 0.0
+    assert n["recipe_nccl_ms"] > (1000 if rank == 0 else 200)
