@@ -1,7 +1,8 @@
 """moetune's figures beside NVIDIA's Nsight Systems recipes (`nsys recipe`, Nsight Systems 2023.x and
 later), which performance engineers already trust: where both read one report, they must agree.
 
-    read_recipes(folder)              -> what the recipes' outputs say (kernel time by name, GPU busy)
+    read_recipes(folder)              -> what the recipes' outputs say (kernel time by name, GPU busy,
+                                          NCCL time under compute)
     kernel_ms_by_name(kernels)        -> moetune's kernel time by (short) name, from its kernel frame
     busy_share(ops, lo, hi)           -> moetune's GPU busy share over [lo, hi): the union of the GPU's
                                           kernels, memory copies and memsets (its gpu_busy_share)
@@ -14,6 +15,9 @@ The recipes read (their output folders, named as the recipes are):
     cuda_gpu_kern_sum/all_stats.parquet   Name, Sum (ns): each kernel name's total time
     gpu_time_util/analysis.parquet        Start, Duration (ns), In-Use (%) per process (PID) and
                                           device: busy share
+    nccl_gpu_overlap_trace/rank_trace.parquet
+                                          Start, End, PID, DeviceID, Compute Overlap (%) per kernel:
+                                          NCCL time under compute, against moetune's comm_exposure
 
 Where the two differ by design, compare() states the rule and applies it:
 - names: moetune qualifies a kernel's name with its namespace (at::native::reduce_kernel), the
@@ -59,9 +63,9 @@ def short_name(name: str) -> str:
 
 
 def read_recipes(folder: str | Path) -> dict:
-    """{"kernel_ms": {short name: ms}, "busy": [{"device", "pid", "start_ns", "duration_ns", "busy_share"}]}
-    (busy in time order; pid None where the output has no PID column); a recipe whose output is
-    absent (no data of its kind in the report) is left out."""
+    """{"kernel_ms": {short name: ms}, "busy": [{"device", "pid", "start_ns", "duration_ns", "busy_share"}],
+    "nccl_overlap": nccl_overlap_rows()} (busy in time order; pid None where the output has no PID
+    column); a recipe whose output is absent (no data of its kind in the report) is left out."""
     folder = Path(folder)
     out: dict = {}
     kern = folder / "cuda_gpu_kern_sum" / "all_stats.parquet"

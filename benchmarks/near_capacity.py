@@ -21,9 +21,9 @@ and not what this run measures.
 from __future__ import annotations
 
 import json
-import lzma
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -35,6 +35,7 @@ import checkout  # noqa: E402,F401  (moetune from this checkout)
 from moetune.pipeline.spec import memory  # noqa: E402
 from moetune.pipeline.spec.config import TrainingConfig  # noqa: E402
 from moetune.pipeline.spec.experiment import experiment_path, load_experiment  # noqa: E402
+from tuning import publish, xz_copy  # noqa: E402
 
 # variant -> (experiment, layout and micro batch on top of its baseline)
 VARIANTS = {
@@ -82,8 +83,14 @@ def variant(name: str) -> dict:
     return d
 
 
-def estimate_gb(path: Path) -> float:
-    exp = load_experiment(path)
+def load_variant(name: str, folder: Path):
+    """The variant written to folder/<name>.yaml and loaded as moetune loads an experiment."""
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(variant(name), sort_keys=False))
+    return load_experiment(path)
+
+
+def estimate_gb(exp) -> float:
     e = memory.estimate(exp.model, exp.baseline, exp.cluster.gpus)
     return round(e.total_gb - e.fixed_gb, 1)  # as Megatron's max allocated reports it
 
@@ -91,9 +98,7 @@ def estimate_gb(path: Path) -> float:
 def write(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in [*VARIANTS, *CHECKS]:
-        path = out / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(variant(name), sort_keys=False))
-        print(f"{path}: estimate {estimate_gb(path)} GB")
+        print(f"{out / name}.yaml: estimate {estimate_gb(load_variant(name, out))} GB")
 
 
 def _found(path: Path) -> Path:
@@ -112,18 +117,9 @@ def keep_run(src: Path, dest: Path) -> None:
         out = dest / f.relative_to(src)
         out.parent.mkdir(parents=True, exist_ok=True)
         if f.suffix == ".txt" and f.name.startswith("log"):
-            _xz(f, out.with_name(out.name + ".xz"))
+            xz_copy(f, out.with_name(out.name + ".xz"))
         else:
             shutil.copyfile(f, out)
-
-
-def _xz(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if src.name.endswith(".xz"):
-        shutil.copyfile(src, dst)
-    else:
-        with lzma.open(dst, "wb", preset=9) as f:
-            f.write(src.read_bytes())
 
 
 def import_runs(srcs: list[Path]) -> dict:
@@ -153,8 +149,10 @@ def import_run(src: Path) -> dict:
 
     store = Store(str(src / "moetune.db"))
     rows, checks = [], []
+    tmp = Path(tempfile.mkdtemp(prefix="moetune-near-capacity-"))
     for study in store.studies():
         name = study.name.removesuffix("-1gpu")
+        exp = load_variant(name, tmp)
         for t in store.trials(study.id):
             folder = src / "runs" / str(t.id)
             if name == "qwen3_30b_a3b_graphs":  # the fit's verdict as today's code gives it from the same log
@@ -165,18 +163,15 @@ def import_run(src: Path) -> dict:
                                "iterations": measured["iterations"]})
                 kind = "graphed" if v.peak_gb else v.failure
                 if kind in ("graphed", "python_error") and not (DATA / f"fit_{kind}.log.xz").exists():
-                    _xz(_found(folder / "fit" / "log_rank_0.txt"), DATA / f"fit_{kind}.log.xz")
+                    xz_copy(_found(folder / "fit" / "log_rank_0.txt"), DATA / f"fit_{kind}.log.xz")
                 continue
             if not (folder / "analysis.json").exists():
                 continue
             a = json.loads((folder / "analysis.json").read_text())
             log = parse_log(_found(folder / "log_rank_0.txt"))
             c = a["metrics"]["combined"]
-            path = src / f"{name}.yaml"
-            path.write_text(yaml.safe_dump(variant(name), sort_keys=False))
-            world = load_experiment(path).cluster.gpus
-            rows.append({"variant": name, "config": t.config, "estimate_gb": estimate_gb(path),
-                         "micro_batches": micro_batches(folder, t.config, world),
+            rows.append({"variant": name, "config": t.config, "estimate_gb": estimate_gb(exp),
+                         "micro_batches": micro_batches(folder, t.config, exp.cluster.gpus),
                          "graph_launches": c.get("cuda_graph_launches"), "warnings": a.get("warnings") or [],
                          "max_allocated_gb": log["max_allocated_gb"], "max_reserved_gb": log["max_reserved_gb"],
                          "gpu_memory_gb": a["gpu_memory_gb"],  # from the trace (none: no trace)
@@ -186,18 +181,19 @@ def import_run(src: Path) -> dict:
                          "step_time_ms": c.get("step_time_ms"), "wall": a["wall"], "failure": log["failure"],
                          "evidence": [e["rule"] + (" (limit)" if e.get("limits") else "")
                                       for e in a["evidence"]], "folder": folder})
-            path.unlink()
+    shutil.rmtree(tmp)
     return {"variants": rows, "checks": checks}
 
 
 def keep_test_data(rows: list[dict]) -> None:
-    busy = [r for r in rows if r["wall"] != "memory" and not r["failure"] and r["memory_used_share"] >= 0.92
-            and (r["gpu_idle_share"] or 1) < 0.25 and (r["sm_util_estimate"] or 0) >= 0.7]
-    busy = [r for r in busy if (r["folder"] / "trace_0.sqlite.xz").exists()]  # kept runs keep no traces
+    # compute-walled with the near-capacity row as a limit: the analysis's own verdict
+    # (analysis/walls.py), from a packed run (the kept runs keep no traces)
+    busy = [r for r in rows if r["wall"] == "compute" and "memory_near_capacity (limit)" in r["evidence"]
+            and (r["folder"] / "trace_0.sqlite.xz").exists()]
     if busy:  # the one the test reads: the busiest near capacity
         best = min(busy, key=lambda r: r["gpu_idle_share"])
-        _xz(best["folder"] / "trace_0.sqlite.xz", DATA / "trace.sqlite.xz")
-        _xz(_found(best["folder"] / "log_rank_0.txt"), DATA / "log.txt.xz")
+        xz_copy(best["folder"] / "trace_0.sqlite.xz", DATA / "trace.sqlite.xz")
+        xz_copy(_found(best["folder"] / "log_rank_0.txt"), DATA / "log.txt.xz")
         (DATA / "config.json").write_text(json.dumps({"variant": best["variant"],
                                                       "experiment": VARIANTS[best["variant"]][0], **best["config"]},
                                                      indent=1, sort_keys=True) + "\n")
@@ -267,7 +263,6 @@ def main(argv: list[str]) -> int:
         write(Path(argv[1]))
         return 0
     if len(argv) >= 2 and argv[0] == "import":
-        from tuning import publish
         srcs = [Path(a) for a in argv[1:]]
         for i, src in enumerate(srcs, 1):  # kept beside this script; importing them again is the same
             kept = KEPT / f"run{i}"

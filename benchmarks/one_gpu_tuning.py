@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import lzma
 import shutil
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ import checkout  # noqa: E402,F401  (moetune from this checkout)
 from moetune.analysis.logs import parse_log  # noqa: E402
 from moetune.pipeline.decide.judge import compare, faster_p, judged_step, steady_iterations  # noqa: E402
 from moetune.pipeline.store import Store  # noqa: E402
-from tuning import publish  # noqa: E402
+from tuning import publish, xz_copy  # noqa: E402
 
 RUN = REPO / "benchmarks" / "one_gpu_tuning"
 BANK = REPO / "benchmarks" / "trial_bank"
@@ -41,12 +40,6 @@ SECTION = "## One-GPU tuning at production shapes"
 # `make demo MODEL=qwen3_30b_a3b` replays, and the incumbent of the other (the bank stays < 60 MB)
 BANK_TRACES = {"qwen3_30b_a3b-1gpu": "all", "qwen3_235b-1gpu": {3}}
 SMALL = (".json", ".md", ".sh")  # a trial's files copied as they are; logs go in xz'd
-
-
-def _xz(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with open(src, "rb") as f, lzma.open(dst, "wb", preset=9) as out:
-        shutil.copyfileobj(f, out)
 
 
 def import_run(src: Path) -> None:
@@ -67,7 +60,7 @@ def import_run(src: Path) -> None:
                 (dst / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(f, dst / rel)
             elif f.is_file() and f.suffix == ".txt":
-                _xz(f, dst / rel.with_name(rel.name + ".xz"))
+                xz_copy(f, dst / rel.with_name(rel.name + ".xz"))
     add_to_bank(src)
 
 
@@ -89,7 +82,7 @@ def add_to_bank(src: Path) -> None:
                 continue
             name = bank_name(study.name, t)
             parsed = parse_log(log)
-            _xz(log, BANK / "logs" / f"{name}.log.xz")
+            xz_copy(log, BANK / "logs" / f"{name}.log.xz")
             keep = BANK_TRACES.get(study.name)
             trace = folder / "trace_0.sqlite.xz"
             rel = None

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
+import shutil
 import sys
 import tempfile
 import time
@@ -49,15 +51,8 @@ def log_median_ms(bank_dir: Path, e: dict, spread: bool = False):
     (with spread=True: (median, MAD-based spread))."""
     if e.get("state") != "COMPLETED" or not e.get("log"):
         return (None, None) if spread else None
-    import lzma
-    import tempfile
-    from moetune.analysis.logs import parse_log
-    src = Path(bank_dir) / e["log"]
-    text = lzma.open(src).read() if src.suffix == ".xz" else src.read_bytes()
-    with tempfile.NamedTemporaryFile(suffix=".log") as f:
-        f.write(text)
-        f.flush()
-        j = judge.judged_step({"log": parse_log(f.name)})
+    from moetune.analysis.logs import parse_log  # reads .xz logs as they are
+    j = judge.judged_step({"log": parse_log(Path(bank_dir) / e["log"])})
     if j["source"] != "log median":
         return (None, None) if spread else None
     return (j["step_time_ms"], j["step_time_std_ms"]) if spread else j["step_time_ms"]
@@ -178,6 +173,16 @@ def write_section(doc: Path, text: str, section: str = SECTION) -> None:
     nxt = src.find("\n## ", start + len(section))
     end = len(src) if nxt < 0 else nxt + 1
     doc.write_text(src[:start] + text + ("\n" if nxt >= 0 else "") + src[end:])
+
+
+def xz_copy(src: Path, dst: Path) -> None:
+    """src as dst, xz-compressed (a source already .xz is copied as it is)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.name.endswith(".xz"):
+        shutil.copyfile(src, dst)
+        return
+    with open(src, "rb") as f, lzma.open(dst, "wb", preset=9) as out:
+        shutil.copyfileobj(f, out)
 
 
 def publish(results_name: str, r: dict, text: str, section: str, docs: bool) -> None:
