@@ -402,8 +402,9 @@ def study_markdown(store, study_name: str) -> str:
     out = [f"# moetune study {md(study.name)}", "",
            f"Model {md(study.model)}; {s['trials']} trials run ({s['skipped']} skipped); "
            f"stopped: {md(s.get('stop_reason'))}.", ""]
-    if one_gpu_sentence(study):
-        out += [md(one_gpu_sentence(study)), ""]
+    one_gpu = one_gpu_sentence(study)
+    if one_gpu:
+        out += [md(one_gpu), ""]
     out += [
            f"Baseline {fmt(s.get('baseline_step_time_ms'))} ms/step → best "
            f"{fmt(s.get('best_step_time_ms'))} ms/step (trial {fmt(s.get('best_trial'))}, "
@@ -508,6 +509,7 @@ def trial_html(v: TrialView, parent_number: int | None) -> str:
 def study_html(store, study_name: str) -> str:
     study, views, decisions = gather(store, study_name)
     s = summary(store, study_name)
+    one_gpu = one_gpu_sentence(study)
     best = next((v for v in views if v.trial.number == s.get("best_trial")), None)
     number = {v.trial.id: v.trial.number for v in views}
     rows = [["\u00a0\u00a0" * d + ("└ " if d else "") + str(v.trial.number), v.trial.fix or "baseline",
@@ -518,7 +520,7 @@ def study_html(store, study_name: str) -> str:
              f"<h1>moetune study {esc(study.name)}</h1>",
              f"<p>Model {esc(study.model)}; {s['trials']} trials run ({s['skipped']} skipped); "
              f"stopped: {esc(s.get('stop_reason'))}.</p>",
-             f"<p>{esc(one_gpu_sentence(study))}</p>" if one_gpu_sentence(study) else "",
+             f"<p>{esc(one_gpu)}</p>" if one_gpu else "",
              f"<p>Baseline {esc(fmt(s.get('baseline_step_time_ms')))} ms/step → best "
              f"<b>{esc(fmt(s.get('best_step_time_ms')))} ms/step</b> (trial {esc(s.get('best_trial'))}, "
              f"speed-up {esc(fmt(s.get('speedup'), 3))}x; judged: "
