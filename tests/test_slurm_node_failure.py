@@ -34,7 +34,7 @@ def experiment(tmp_path) -> str:
     exp["name"] = "two_node_stand_in"
     exp["cluster"] = {"name": "cpu-2node", "template": "venv", "workload": "cpu_stand_in",
                       "nodes": 2, "gpus_per_node": 1, "ntasks_per_node": 1, "cpus_per_task": 1,
-                      "mem_per_node": "500M", "gpu_type": "H100", "time_limit": "00:05:00", "nsys": "off",
+                      "mem": "500M", "gpu_type": "H100", "time_limit": "00:05:00", "nsys": "off",
                       "python": sys.executable, "has_transformer_engine": False,
                       "stand_in": {"ms_per_iter": 40, "busy": 0.2}}
     # token drop allowed: a second rule applies to the stand-in's analysis, so the study has a

@@ -47,7 +47,7 @@ def experiment(tmp_path, **postprocess) -> str:
     exp["name"] = "postprocess_as_jobs"
     exp["cluster"] = {"name": "cpu-2node", "template": "venv", "workload": "cpu_stand_in",
                       "nodes": 2, "gpus_per_node": 1, "ntasks_per_node": 1, "cpus_per_task": 1,
-                      "mem_per_node": "500M", "gpu_type": "H100", "time_limit": "00:05:00",
+                      "mem": "500M", "gpu_type": "H100", "time_limit": "00:05:00",
                       "python": sys.executable, "has_transformer_engine": False,
                       "profile_ranks": [0, 1], "stand_in": {"ms_per_iter": 40, "busy": 0.2},
                       "postprocess": {"time_limit": "00:10:00", "mem": "1G", **postprocess}}

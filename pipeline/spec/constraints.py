@@ -247,7 +247,9 @@ RULES: tuple[Rule, ...] = (
 
 
 def env_of(model, cluster) -> Env:
-    g = lambda k, d=None: (cluster.get(k, d) if isinstance(cluster, dict) else getattr(cluster, k, d))
+    def g(k, d=None):  # a key the section leaves None (not probed, not set) reads as its default
+        v = cluster.get(k) if isinstance(cluster, dict) else getattr(cluster, k, None)
+        return d if v is None else v
     gpus = gpu_count(cluster, per_node=8)
     return Env(m=model, gpus=gpus, generation=generation(g("gpu_type", "H100"), default="hopper"),
                has_te=bool(g("has_transformer_engine", True)), has_deep_ep=bool(g("has_deep_ep", False)),

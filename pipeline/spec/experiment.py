@@ -41,27 +41,45 @@ class Postprocess(_Strict):
 
 
 class Cluster(_Strict):
+    """Where and how trials run. Every job-script default lives here, once; job/render.py reads
+    this model, never a default of its own."""
     name: str = "local"
     executor: Literal["slurm", "local"] = "slurm"
     partition: str | None = None
     account: str | None = None
+    wckey: str | None = None  # clusters that enforce wckeys; none is sent unless named
     nodes: int = Field(default=1, gt=0)
     gpus_per_node: int = Field(default=8, gt=0)
     gpu_type: GpuType = "H100"
     nvlink_domain: int = Field(default=8, gt=0)
+    time_limit: str = "00:30:00"
+    # resources as NVIDIA's Slurm launchers ask for them (../shared/cluster-notes.md, Megatron-Bridge
+    # scripts/performance executors): whole nodes, all their memory, the node's CPUs shared out
+    # among its ranks, each rank bound to its GPU's NUMA node
+    exclusive: bool = True
+    mem: str | None = "0"  # --mem per node; "0" is all of it; None sends no --mem
+    cpus_per_task: int | None = Field(default=None, gt=0)  # None: the node's CPUs / ranks per node
+    cpu_bind: Literal["numa", "none"] = "numa"
+    gres: str | None = None  # e.g. "gpu:8", for clusters that need --gres beside --gpus-per-node
+    ntasks_per_node: int | None = None
+    template: Literal["container", "venv"] = "container"
     container_image: str | None = None
     container_mounts: list[str] = []
-    time_limit: str = "00:30:00"
-    template: Literal["container", "venv"] = "container"
+    # Enroot set-ups whose default root file system is read-only (ENROOT_ROOTFS_WRITABLE=no)
+    container_writable: bool = False
     venv: str | None = None
     modules: list[str] = []
-    has_transformer_engine: bool = True
-    has_deep_ep: bool = False
-    has_hybrid_ep: bool = False  # deep_ep built with HybridEP
-    has_apex: bool = True  # apex's fused kernels (NVIDIA's PyTorch containers have them)
+    python: str | None = None
+    # a Megatron-LM source tree inside the image (NeMo images carry one); first on PYTHONPATH
+    megatron_path: str | None = None
+    workdir: str | None = None  # where the job starts; None: the folder moetune runs in
+    # what the image holds; None: what the preflight probed (explicit values override it)
+    has_transformer_engine: bool | None = None
+    has_deep_ep: bool | None = None
+    has_hybrid_ep: bool | None = None  # deep_ep built with HybridEP
+    has_apex: bool | None = None  # apex's fused kernels (NVIDIA's PyTorch containers have them)
     gpu_memory_gb: float | None = None
-    mem_per_node: str | None = None
-    # job-script knobs read by pipeline/render.py
+    # job-script knobs read by job/render.py
     workload: Literal["megatron", "cpu_stand_in"] = "megatron"
     stand_in: dict = {}
     # two ranks by default: with one rank traced, its all-to-all kernels waiting for a late peer
@@ -69,9 +87,6 @@ class Cluster(_Strict):
     profile_ranks: list[int] = [0, 1]
     nsys: str = "nsys"
     env: dict[str, str] = {}
-    cpus_per_task: int | None = None
-    ntasks_per_node: int | None = None
-    python: str | None = None
     postprocess: Postprocess = Postprocess()
 
     @property

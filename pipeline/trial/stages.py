@@ -159,7 +159,7 @@ def do_render(t: TrialContext) -> list[Path]:
         except fit.OneGpuError as e:
             raise StageError(f"trial {t.id}: {e}") from None
         one_rank = ((0,), world)
-    argv = config.to_args(model, has_apex=as_dict(cluster).get("has_apex", True)) + run_args()
+    argv = config.to_args(model, has_apex=as_dict(cluster).get("has_apex") is not False) + run_args()
     if one_rank:
         argv += list(fit.FAKE_GROUP_ARGS)
     spec = render.job_spec(name=t.job_name(), folder=t.folder, config=config.to_dict(), argv=argv,
@@ -186,7 +186,7 @@ def do_fit(t: TrialContext) -> list[Path]:
     world = rank_count(cluster)
     config = fit.fit_config(TrainingConfig.from_dict(t.row.config), world)
     ranks = fit.bounding_ranks(config, world)
-    argv = config.to_args(model, has_apex=cluster_d.get("has_apex", True)) + run_args() + \
+    argv = config.to_args(model, has_apex=cluster_d.get("has_apex") is not False) + run_args() + \
         list(fit.FAKE_GROUP_ARGS)
     spec = render.job_spec(name=t.job_name() + ".fit", folder=folder, config=config.to_dict(),
                            argv=argv, cluster=cluster, launcher=_launcher(t), fit=(ranks, world))
