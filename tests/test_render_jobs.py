@@ -9,15 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job import render
 from tests.conftest import stand_in_cluster
 
 ARGV = ["--train-iters", "6", "--micro-batch-size", "2"]
 
 
-def spec_of(tmp_path, cluster, config=None, launcher="srun", name="t1"):
+def spec_of(tmp_path, cluster, config=None, launcher="srun", name="t1", node_cpus=None):
+    """A trial's job spec; the venv template unless the cluster names one (the schema's default
+    is the container template, which needs an image)."""
     return render.job_spec(name=name, folder=tmp_path / "trial", config=config or {}, argv=ARGV,
-                           cluster=cluster, launcher=launcher)
+                           cluster={"template": "venv", **cluster}, launcher=launcher,
+                           node_cpus=node_cpus)
 
 
 def bash_parses(text: str) -> None:
@@ -76,14 +80,15 @@ def test_environment_follows_the_config(tmp_path):
 
 
 @pytest.mark.parametrize("cluster, message", [
-    ({"template": "docker"}, r"cluster.template 'docker': allowed \['container', 'venv'\]"),
+    ({"template": "docker"}, r"cluster.template: 'docker' is not allowed; use one of 'container' or 'venv'"),
     ({"template": "container"}, "cluster.container_image is required"),
-    ({"workload": "gpu"}, "cluster.workload 'gpu'"),
+    ({"workload": "gpu"}, "cluster.workload: 'gpu' is not allowed"),
+    ({"cpus_per_task": 0}, "cluster.cpus_per_task: Input should be greater than 0"),
     ({"time_limit": "soon"}, "cluster.time_limit 'soon'"),
     ({"env": {"BAD NAME": "1"}}, "cluster.env: 'BAD NAME' is not a shell variable name"),
 ])
 def test_bad_cluster_values_are_one_line(tmp_path, cluster, message):
-    with pytest.raises(render.RenderError, match=message):
+    with pytest.raises(MoetuneError, match=message):
         render.render_job(spec_of(tmp_path, cluster))
 
 
@@ -130,6 +135,10 @@ def test_only_the_ranks_asked_for_are_profiled(tmp_path, nsys_bin):
 FAKE_NSYS = """#!/bin/bash
 # stands in for nsys 2022.4's failure to reach its daemon: fails the first time, then runs the program
 here=$(dirname "$0")
+case "$1" in  # the job asks the nsys that recorded for its version and exports with it
+  --version) echo "NVIDIA Nsight Systems version 2022.4.2.1-stand-in"; exit 0 ;;
+  export) exit 0 ;;
+esac
 if [ ! -e "$here/tried" ]; then
   touch "$here/tried"
   echo "[QuadDCommon::tag_message*] = Local Endpoint is not available." >&2

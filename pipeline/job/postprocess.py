@@ -19,16 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from moetune.analysis import recipes
-from moetune.analysis.nsys import nsys_binary, qdstrm_importer
+from moetune.analysis.nsys import nsys_binary, qdstrm_importer, version as nsys_version
 from moetune.analysis.summary import rank_summary, summary_path
 from moetune.pipeline.errors import MoetuneError
-from moetune.pipeline.job.render import shell_word, time_minutes
+from moetune.pipeline.job.render import NSYS_VERSION_SUFFIX, shell_word, time_minutes
 from moetune.pipeline.job.scheduler import ACTIVE
 
 STATE_FILE = "postprocess.json"  # the job's id and the trial job it is for
@@ -140,16 +141,42 @@ def _tool(cmd: list[str], what: str) -> None:
         raise PostprocessError(f"{what} failed: {tail[0][:200]}")
 
 
-def _report(folder: Path, rank: int) -> Path | None:
-    for suffix in (".nsys-rep", ".qdstrm", ".sqlite"):  # a report is exported again, fresh
-        p = folder / f"trace_{rank}{suffix}"
-        if p.exists():
-            return p
-    return None
+def rank_report(folder: Path, rank: int | str) -> Path | None:
+    """The rank's report to read: the SQLite the job exported where it is newer than the report
+    (exported by the nsys that recorded it), else the report itself (exported again, fresh)."""
+    found = {s: folder / f"trace_{rank}{s}" for s in (".nsys-rep", ".qdstrm", ".sqlite")}
+    found = {s: p for s, p in found.items() if p.exists()}
+    rep = found.get(".nsys-rep") or found.get(".qdstrm")
+    sqlite = found.get(".sqlite")
+    if sqlite and (rep is None or sqlite.stat().st_mtime >= rep.stat().st_mtime):
+        return sqlite
+    return rep
+
+
+def _release(text: str) -> tuple[int, ...]:
+    """'NVIDIA Nsight Systems version 2025.3.2.474-...' -> (2025, 3, 2, 474)."""
+    m = re.search(r"(\d{4})\.(\d+)(?:\.(\d+))?(?:\.(\d+))?", text or "")
+    return tuple(int(x) for x in m.groups() if x is not None) if m else ()
+
+
+def check_recorder(report: Path, nsys: str) -> None:
+    """An older nsys cannot open a newer report, and may write a corrupt export where it tries:
+    refuse, in one line, a report recorded by a newer nsys than this one."""
+    recorded = report.with_name(report.name.split(".")[0] + NSYS_VERSION_SUFFIX)
+    if not recorded.exists():
+        return
+    theirs, ours = _release(recorded.read_text(errors="replace")), _release(nsys_version(nsys))
+    if theirs and ours and theirs > ours:
+        raise PostprocessError(
+            f"{report.name} was recorded by nsys {'.'.join(map(str, theirs))}; this nsys ({nsys}) "
+            f"is {'.'.join(map(str, ours))} and cannot open it: export in the job (nsys in the "
+            "image, cluster.nsys) or set MOETUNE_NSYS to an nsys at least as new")
 
 
 def export(report: Path) -> Path:
     """report (.qdstrm | .nsys-rep | .sqlite) -> its SQLite export, beside it."""
+    if report.suffix in (".qdstrm", ".nsys-rep"):
+        check_recorder(report, nsys_binary())
     if report.suffix == ".qdstrm":
         rep = report.with_suffix(".nsys-rep")
         if not rep.exists():
@@ -191,7 +218,7 @@ def write_recipes(nsys: str, report: Path, sqlite: Path) -> Path:
 
 def process_report(folder: str | Path, rank: int, for_job: str | None = None) -> list[Path]:
     folder = Path(folder)
-    report = _report(folder, rank)
+    report = rank_report(folder, rank)
     if report is None:
         return []  # the rank wrote no report (the job died before it); the reader says so
     sqlite = export(report) if report.suffix != ".sqlite" else report

@@ -6,10 +6,8 @@ from the trial config and the experiment's `cluster` section; `render_job(spec)`
 runs). Every value reaches the shell through `shlex.quote` (the environment's `finalize`), so a
 model name or path with spaces, quotes or `$(...)` stays one literal word.
 
-Cluster keys read (all optional): template (venv|container), nodes, gpus_per_node,
-ntasks_per_node, cpus_per_task, mem (or mem_per_node), time_limit ("HH:MM:SS", "MM:SS" or minutes), partition,
-account, container_image, container_mounts, modules, venv, env, nsys, profile_ranks,
-workload (megatron|cpu_stand_in), stand_in ({ms_per_iter, busy, alloc_mb, model_mb, refuse}), python.
+The cluster section is validated by the schema (spec/experiment.py `Cluster`), which holds every
+default once; a stored section of an older study is read through the same model.
 """
 from __future__ import annotations
 
@@ -25,7 +23,7 @@ import jinja2
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.paths import TEMPLATES, WORKLOADS as WORKLOAD_DIR
 from moetune.pipeline.spec.environment import config_env
-from moetune.pipeline.spec.section import get as _get
+from moetune.pipeline.spec.experiment import Cluster, cluster_section
 
 TEMPLATE_FILES = {"venv": "venv.sh.j2", "container": "container.sh.j2"}
 # Each workload is one self-contained script (stdlib, torch, megatron-core): the job runs it by
@@ -45,6 +43,10 @@ NSYS_MODES = {
     "cpu_stand_in": ("-t", "nvtx", "-s", "none", "--cpuctxsw=none"),
 }
 
+# beside each profiled rank's report: the version of the nsys that recorded it (trace_R + suffix)
+NSYS_VERSION_SUFFIX = ".nsys-version"
+
+
 class RenderError(MoetuneError):
     """A job script cannot be rendered from these values (one line, names the key)."""
 
@@ -61,7 +63,7 @@ class NsysSpec:
 class JobSpec:
     name: str
     folder: str  # the trial folder, absolute
-    workdir: str  # where the launch runs (the repository)
+    workdir: str  # where the launch runs
     template: str
     launcher: str  # srun | local
     nodes: int
@@ -75,10 +77,16 @@ class JobSpec:
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     nsys: NsysSpec | None
+    exclusive: bool = False
+    gres: str | None = None
+    wckey: str | None = None
+    cpu_bind: str = "none"  # numa: each rank on the CPUs and memory of its share of NUMA nodes
     container_image: str | None = None
     container_mounts: tuple[str, ...] = ()
+    container_writable: bool = False
     modules: tuple[str, ...] = ()
     venv: str | None = None
+    megatron_path: str | None = None  # first on the rank's PYTHONPATH, inside the image
     workload_dir: str = str(WORKLOAD_DIR)  # mounted into a container: the workload runs by its path
     # a fit (spec/fit.py): these ranks of a world of fit_world, one after another on one GPU
     fit_ranks: tuple[int, ...] = ()
@@ -91,6 +99,12 @@ class JobSpec:
     @property
     def log(self) -> str:
         return f"{self.folder}/log.txt"
+
+    @property
+    def container_env(self) -> tuple[str, ...]:
+        """The names pyxis must take from the host (--container-env): every variable the job
+        exports and the rendezvous, so the image's own values never win over them."""
+        return tuple(sorted({k for k, _ in self.env} | {"MASTER_ADDR", "MASTER_PORT"}))
 
 
 def time_minutes(value: Any) -> int:
@@ -111,70 +125,74 @@ def time_minutes(value: Any) -> int:
     return max(1, -(-secs // 60))
 
 
-def job_env(config: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """What the config needs (spec/environment.py) and the cluster's own variables."""
-    env = config_env(config)
-    for k, v in (extra or {}).items():
+def job_env(config: Mapping[str, Any], cluster: Cluster) -> dict[str, str]:
+    """What the config needs on this cluster (spec/environment.py) and the cluster's own variables,
+    which win."""
+    env = config_env(config, cluster)
+    for k, v in cluster.env.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)):
             raise RenderError(f"cluster.env: {k!r} is not a shell variable name")
         env[str(k)] = str(v)
     return env
 
 
+def cpus_per_rank(cluster: Cluster, ranks_per_node: int, node_cpus: int | None) -> int:
+    """cluster.cpus_per_task, else the node's CPUs shared out among its ranks (at least one):
+    one CPU per rank would leave the data-loader workers, NCCL's proxy threads and nsys to fight
+    over it, and the GPU's idle time would read as a host-overhead wall."""
+    if cluster.cpus_per_task:
+        return cluster.cpus_per_task
+    return max(1, (node_cpus or 1) // max(1, ranks_per_node))
+
+
 def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[str], cluster: Any,
              launcher: str = "srun", fit: tuple[tuple[int, ...], int] | None = None,
-             profile: bool = False) -> JobSpec:
+             profile: bool = False, node_cpus: int | None = None) -> JobSpec:
     """Everything one trial's job needs. `argv`: the Megatron argv (TrainingConfig.to_args).
     `fit`: (ranks, world size): the job runs those ranks one after another on one GPU of one node
-    (spec/fit.py); profiled only with `profile` (a one-GPU trial; a fit measures memory alone)."""
-    template = str(_get(cluster, "template", "venv"))
-    if template not in TEMPLATE_FILES:
-        raise RenderError(f"cluster.template {template!r}: allowed {sorted(TEMPLATE_FILES)}")
-    workload = str(_get(cluster, "workload", "megatron"))
-    if workload not in WORKLOADS:
-        raise RenderError(f"cluster.workload {workload!r}: allowed {sorted(WORKLOADS)}")
-    if template == "container" and not _get(cluster, "container_image"):
+    (spec/fit.py); profiled only with `profile` (a one-GPU trial; a fit measures memory alone).
+    `node_cpus`: CPUs of one compute node (the preflight's record, else Slurm's), shared out among
+    its ranks where cluster.cpus_per_task is not set."""
+    c = cluster_section(cluster)
+    if c.template == "container" and not c.container_image:
         raise RenderError("cluster.container_image is required by template 'container'")
-    if template == "container" and launcher != "srun":
+    if c.template == "container" and launcher != "srun":
         raise RenderError("cluster.template 'container' needs Slurm (pyxis srun); use 'venv' locally")
-    gpus = int(_get(cluster, "gpus_per_node", 0))
-    if workload == "cpu_stand_in":
-        gpus = 0
-    tasks = int(_get(cluster, "ntasks_per_node", gpus or 1))
-    nodes = int(_get(cluster, "nodes", 1))
+    gpus = 0 if c.workload == "cpu_stand_in" else c.gpus_per_node
+    tasks = c.ntasks_per_node or gpus or 1
+    nodes = c.nodes
+    # a fit's rank gets what one rank of the layout gets: its share of the node's CPUs
+    cpus = cpus_per_rank(c, tasks, node_cpus)
     if fit:
         nodes, tasks, gpus = 1, 1, min(gpus, 1)
     # the interpreter of the container or of cluster.venv; with neither, the one running moetune
-    own_python = template == "venv" and not _get(cluster, "venv")
-    python = str(_get(cluster, "python", sys.executable if own_python else "python"))
-    command = [python, "-u", str(WORKLOADS[workload]), *argv]
-    if workload == "cpu_stand_in":
-        s = _get(cluster, "stand_in", {}) or {}
+    own_python = c.template == "venv" and not c.venv
+    python = c.python or (sys.executable if own_python else "python")
+    command = [python, "-u", str(WORKLOADS[c.workload]), *argv]
+    if c.workload == "cpu_stand_in":
         for key in ("ms_per_iter", "busy", "alloc_mb", "model_mb", "refuse"):
-            if key in s:
-                command.append(f"--stand-in-{key.replace('_', '-')}={s[key]}")  # =: a value may start with --
+            if key in c.stand_in:  # =: a value may start with --
+                command.append(f"--stand-in-{key.replace('_', '-')}={c.stand_in[key]}")
     folder = str(Path(folder).resolve())
     # a fit's ranks are named by RANK, which its launch sets (srun's SLURM_PROCID is 0 for each)
     rank_var = "SLURM_PROCID" if launcher == "srun" and not fit else "RANK"
-    ranks = tuple(int(r) for r in _get(cluster, "profile_ranks", [0, 1]))  # ranks a job lacks never match
+    ranks = tuple(int(r) for r in c.profile_ranks)  # ranks a job lacks never match
     if fit:  # the ranks it runs that the cluster profiles, else its first
         ranks = tuple(r for r in fit[0] if r in ranks) or tuple(fit[0][:1])
     nsys = None
-    if _get(cluster, "nsys", "nsys") not in ("", "off", False) and (profile or not fit):
-        nsys = NsysSpec(binary=str(_get(cluster, "nsys", "nsys")), options=NSYS_MODES[workload],
-                        ranks=ranks,
+    if c.nsys not in ("", "off") and (profile or not fit):
+        nsys = NsysSpec(binary=c.nsys, options=NSYS_MODES[c.workload], ranks=ranks,
                         output=folder.replace("%", "%%") + f"/trace_%q{{{rank_var}}}")
-    venv = _get(cluster, "venv")
     return JobSpec(
-        name=name, folder=folder, workdir=str(_get(cluster, "workdir", Path.cwd())), template=template,
-        launcher=launcher, nodes=nodes, ntasks_per_node=tasks,
-        gpus_per_node=gpus, cpus_per_task=int(_get(cluster, "cpus_per_task", 1)),
-        mem=_get(cluster, "mem", _get(cluster, "mem_per_node")), time_min=time_minutes(_get(cluster, "time_limit", 30)),
-        partition=_get(cluster, "partition"), account=_get(cluster, "account"),
-        command=tuple(command), env=tuple(sorted(job_env(config, _get(cluster, "env", {})).items())),
-        nsys=nsys, container_image=_get(cluster, "container_image"),
-        container_mounts=tuple(_get(cluster, "container_mounts", ())),
-        modules=tuple(_get(cluster, "modules", ())), venv=str(venv) if venv else None,
+        name=name, folder=folder, workdir=c.workdir or str(Path.cwd()), template=c.template,
+        launcher=launcher, nodes=nodes, ntasks_per_node=tasks, gpus_per_node=gpus,
+        cpus_per_task=cpus, mem=c.mem, time_min=time_minutes(c.time_limit),
+        partition=c.partition, account=c.account, command=tuple(command),
+        env=tuple(sorted(job_env(config, c).items())), nsys=nsys,
+        exclusive=c.exclusive and launcher == "srun", gres=c.gres, wckey=c.wckey, cpu_bind=c.cpu_bind,
+        container_image=c.container_image, container_mounts=tuple(c.container_mounts),
+        container_writable=c.container_writable, modules=tuple(c.modules), venv=c.venv,
+        megatron_path=c.megatron_path,
         fit_ranks=tuple(fit[0]) if fit else (), fit_world=int(fit[1]) if fit else 0)
 
 
@@ -206,8 +224,9 @@ def render_job(spec: JobSpec) -> dict[str, str]:
     """{"job.sbatch": text, "job.sh": text}."""
     env = environment()
     try:
-        return {"job.sbatch": env.get_template("sbatch.j2").render(spec=spec),
-                "job.sh": env.get_template(TEMPLATE_FILES[spec.template]).render(spec=spec)}
+        names = {"spec": spec, "nsys_version_suffix": NSYS_VERSION_SUFFIX}
+        return {"job.sbatch": env.get_template("sbatch.j2").render(**names),
+                "job.sh": env.get_template(TEMPLATE_FILES[spec.template]).render(**names)}
     except jinja2.TemplateError as e:
         raise RenderError(f"{TEMPLATES}: {e}") from None
 

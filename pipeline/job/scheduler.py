@@ -169,10 +169,16 @@ def make_executor(kind: str, folder: str | Path, spec: JobSpec | None = None):
                       # itself after a node failure (JobRequeue=1 is Slurm's default)
                       additional_parameters={"signal": "B:USR2@1", "no_requeue": True},
                       setup=["trap '' USR2"])
-        for key, value in (("gpus_per_node", spec.gpus_per_node), ("mem", spec.mem),
-                           ("partition", spec.partition), ("account", spec.account)):
+        # submitit sends --wckey=submitit unless told otherwise: clusters that enforce wckeys
+        # refuse that one, so none is sent unless the cluster names its own
+        params["wckey"] = spec.wckey or ""
+        for key, value in (("gpus_per_node", spec.gpus_per_node), ("partition", spec.partition),
+                           ("account", spec.account), ("gres", spec.gres),
+                           ("exclusive", spec.exclusive)):
             if value:
                 params[key] = value
+        if spec.mem is not None:  # "0": all of the node's memory
+            params["mem"] = spec.mem
         ex.update_parameters(**params)
     return ex
 
@@ -197,6 +203,17 @@ def _run(cmd: list[str]) -> str:
         raise JobError(f"{' '.join(cmd[:2])} failed: {e.stderr.strip()[:200]}") from None
     except subprocess.TimeoutExpired:
         raise JobError(f"{' '.join(cmd[:2])} did not answer in 60 s (slurmctld/slurmdbd down?)") from None
+
+
+def node_cpus(partition: str | None = None) -> int | None:
+    """CPUs of the partition's smallest node, as Slurm knows them (`sinfo %c`); None where Slurm
+    does not answer."""
+    cmd = ["sinfo", "-h", "-o", "%c"] + ([f"--partition={partition}"] if partition else [])
+    try:
+        found = [int(x) for x in _run(cmd).split() if x.isdigit()]
+    except JobError:
+        return None
+    return min(found) if found else None
 
 
 def _clean(value: str) -> str | None:

@@ -16,7 +16,7 @@ from moetune.pipeline.paths import EXPERIMENTS
 from moetune.pipeline.spec import gpus
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.model import ModelArch
-from moetune.pipeline.spec.section import get, gpu_count
+from moetune.pipeline.spec.section import as_dict, get, gpu_count
 
 GpuType = Literal[gpus.GPU_TYPES]  # type: ignore[valid-type]
 
@@ -49,7 +49,7 @@ class Cluster(_Strict):
     account: str | None = None
     wckey: str | None = None  # clusters that enforce wckeys; none is sent unless named
     nodes: int = Field(default=1, gt=0)
-    gpus_per_node: int = Field(default=8, gt=0)
+    gpus_per_node: int = Field(default=8, ge=0)  # 0: the CPU stand-in's nodes
     gpu_type: GpuType = "H100"
     nvlink_domain: int = Field(default=8, gt=0)
     time_limit: str = "00:30:00"
@@ -174,6 +174,33 @@ def _keys(section: str | None) -> list[str]:
                 .get(section, ExperimentFile).model_fields)
 
 
+def one_line(e: ValidationError, section: str = "") -> str:
+    """pydantic's first error as `key: what is wrong; what is allowed`. `section`: where the
+    validated data sits in an experiment file (e.g. "cluster")."""
+    err = dict(e.errors()[0])
+    err["loc"] = tuple(section.split(".") if section else ()) + tuple(err["loc"])
+    allowed = ""
+    if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+        where = ".".join(map(str, err["loc"][:-1])) or None
+        allowed = f"; allowed keys: {', '.join(_keys(where))}"
+    msg = err["msg"]
+    if err["type"] == "literal_error":  # pydantic's message already lists what is allowed
+        msg = f"{err.get('input')!r} is not allowed; use one of {err['ctx']['expected']}"
+    return f"{_where(err)}: {msg}{allowed}"
+
+
+def cluster_section(cluster) -> Cluster:
+    """A cluster section as the schema's model, whatever holds it (a stored study keeps a dict;
+    keys an older schema had and left unset are dropped, a set one must still be known)."""
+    if isinstance(cluster, Cluster):
+        return cluster
+    data = {k: v for k, v in as_dict(cluster).items() if k in Cluster.model_fields or v is not None}
+    try:
+        return Cluster.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(one_line(e, "cluster")) from None
+
+
 def load_experiment(name_or_path: str | Path) -> Experiment:
     path = experiment_path(name_or_path)
     if not path.exists():
@@ -189,15 +216,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
     try:
         data = ExperimentFile.model_validate(raw)
     except ValidationError as e:
-        err = e.errors()[0]
-        allowed = ""
-        if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            section = ".".join(map(str, err["loc"][:-1])) or None
-            allowed = f"; allowed keys: {', '.join(_keys(section))}"
-        msg = err["msg"]
-        if err["type"] == "literal_error":  # pydantic's message already lists what is allowed
-            msg = f"{err.get('input')!r} is not allowed; use one of {err['ctx']['expected']}"
-        raise ConfigError(f"{path}: {_where(err)}: {msg}{allowed}") from None
+        raise ConfigError(f"{path}: {one_line(e)}") from None
     try:
         baseline = TrainingConfig.from_dict(data.baseline)
     except (TypeError, ValueError) as e:

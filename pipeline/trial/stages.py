@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 from dataclasses import asdict
@@ -139,12 +140,22 @@ def _render_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     model, cluster = t.model_and_cluster()
     cluster_d = as_dict(cluster)
     return [], {"config": t.row.config, "model": model.to_dict(), "cluster": cluster_d,
-                "folder": str(t.folder), "launcher": _launcher(t), "templates": render.template_texts()}
+                "folder": str(t.folder), "launcher": _launcher(t), "node_cpus": node_cpus(t),
+                "templates": render.template_texts()}
 
 
 def _launcher(t: TrialContext) -> str:
     slurm = t.executor == "slurm" or (t.executor == "auto" and jobs.slurm_available())
     return "srun" if slurm else "local"
+
+
+def node_cpus(t: TrialContext) -> int | None:
+    """CPUs of one compute node, shared out among its ranks (render.cpus_per_rank): Slurm's word
+    for the partition, or this machine's where the job runs here."""
+    if _launcher(t) == "local":
+        return os.cpu_count()
+    _, cluster = t.model_and_cluster()
+    return jobs.node_cpus(as_dict(cluster).get("partition"))
 
 
 def do_render(t: TrialContext) -> list[Path]:
@@ -163,7 +174,8 @@ def do_render(t: TrialContext) -> list[Path]:
     if one_rank:
         argv += list(fit.FAKE_GROUP_ARGS)
     spec = render.job_spec(name=t.job_name(), folder=t.folder, config=config.to_dict(), argv=argv,
-                           cluster=cluster, launcher=_launcher(t), fit=one_rank, profile=True)
+                           cluster=cluster, launcher=_launcher(t), fit=one_rank, profile=True,
+                           node_cpus=node_cpus(t))
     out = render.write_job(spec)
     for name, text in (("spec.json", json.dumps(asdict(spec), indent=1, sort_keys=True)),
                        ("config.json", json.dumps(t.row.config, indent=1, sort_keys=True)),
@@ -189,7 +201,8 @@ def do_fit(t: TrialContext) -> list[Path]:
     argv = config.to_args(model, has_apex=cluster_d.get("has_apex") is not False) + run_args() + \
         list(fit.FAKE_GROUP_ARGS)
     spec = render.job_spec(name=t.job_name() + ".fit", folder=folder, config=config.to_dict(),
-                           argv=argv, cluster=cluster, launcher=_launcher(t), fit=(ranks, world))
+                           argv=argv, cluster=cluster, launcher=_launcher(t), fit=(ranks, world),
+                           node_cpus=node_cpus(t))
     render.write_job(spec)
     ref = jobs.submit(spec, jobs.resolve_kind(t.executor))
     state = jobs.wait(ref, poll_s=1.0)
@@ -353,11 +366,12 @@ def do_export(t: TrialContext, local: bool = False, force: bool = False) -> list
         return _export_as_job(t, force)
     for stale in t.glob("trace_*" + summary.SUFFIX):  # made from an earlier export
         stale.unlink()
-    # each rank's report as the post-processing job exports it (a bare .qdstrm imported first)
-    reports = {p.name.split(".")[0]: p for p in t.glob("trace_*.qdstrm")}
-    reports.update({p.name.split(".")[0]: p for p in t.glob("trace_*.nsys-rep")})
+    # each rank's report as the post-processing job reads it: the job's own export where it made
+    # one, else the report exported here (a bare .qdstrm imported first)
+    ranks = {p.name.split(".")[0].removeprefix("trace_") for p in t.glob(*TRACE_GLOBS)}
     imported, out = [], []
-    for report in reports.values():
+    for rank in sorted(ranks):
+        report = postprocess.rank_report(t.folder, rank)
         rep = report.with_suffix(".nsys-rep")
         if not rep.exists():
             imported.append(rep)
