@@ -28,6 +28,11 @@ def cmd_plan(args, rest):
     return plan_cli.main(rest, db=args.db)
 
 
+def cmd_render(args, rest):
+    from moetune.pipeline.cli import render as render_cli
+    return render_cli.main(rest)
+
+
 def cmd_check(args, rest):
     from moetune.pipeline.cli import check as check_cli
     return check_cli.main(rest)
@@ -113,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("plan", cmd_plan, "list memory-feasible layouts for a model, least model parallelism "
         "first (moetune plan MODEL [--gpus N --gpu-type T] [--format text|json])", True)
+    add("render", cmd_render, "write exactly what a trial would submit (job.sbatch, job.sh, the "
+        "export job), without a store (moetune render MODEL [--gpus N] [--fix RULE ...] --out DIR)", True)
     add("check", cmd_check, "check a Megatron command line against Megatron's and the MoE "
         "guidance's constraints (moetune check [--gpus N --gpu-type T] -- ARGS...)", True)
     add("analyze", cmd_analyze, "classify the wall of nsys traces and/or a training log "
@@ -179,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-PASSTHROUGH = ("plan", "check", "analyze")
+PASSTHROUGH = ("plan", "render", "check", "analyze")
 
 
 def _first_command(argv: list[str]) -> int | None:

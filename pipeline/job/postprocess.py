@@ -59,9 +59,10 @@ def settings(cluster) -> dict:
     return out
 
 
-def submit(folder: str | Path, ranks: list[int], cluster, after: str, name: str,
-           python: str = sys.executable) -> str:
-    """sbatch the post-processing of `ranks`' reports in `folder`, after job `after` ends."""
+def sbatch_argv(folder: str | Path, ranks: list[int], cluster, after: str, name: str,
+                python: str = sys.executable) -> list[str]:
+    """The sbatch command line of the post-processing of `ranks`' reports in `folder`, after job
+    `after` ends (whatever way it ends: a timed-out run still has reports to read)."""
     folder = Path(folder).resolve()
     s = settings(cluster)
     # a job array, one element per profiled rank: elements start as CPUs free up, so 8 ranks
@@ -77,7 +78,14 @@ def submit(folder: str | Path, ranks: list[int], cluster, after: str, name: str,
     # the words go to sbatch as argv (no shell on this side); --wrap's shell sees them quoted
     task = [python, "-m", "moetune.pipeline.job.postprocess", str(folder),
             "--ranks", ",".join(map(str, ranks)), "--for-job", str(after)]
-    cmd += ["--wrap", " ".join(map(shell_word, task))]
+    return cmd + ["--wrap", " ".join(map(shell_word, task))]
+
+
+def submit(folder: str | Path, ranks: list[int], cluster, after: str, name: str,
+           python: str = sys.executable) -> str:
+    """sbatch the post-processing of `ranks`' reports in `folder`, after job `after` ends."""
+    folder = Path(folder).resolve()
+    cmd = sbatch_argv(folder, ranks, cluster, after, name, python)
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         if r.returncode and "dependency" in (r.stderr or "").lower():

@@ -23,6 +23,7 @@ import jinja2
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.paths import TEMPLATES, WORKLOADS as WORKLOAD_DIR
 from moetune.pipeline.spec.environment import config_env
+from moetune.pipeline.spec import gpus
 from moetune.pipeline.spec.experiment import Cluster, cluster_section
 
 TEMPLATE_FILES = {"venv": "venv.sh.j2", "container": "container.sh.j2"}
@@ -137,12 +138,17 @@ def job_env(config: Mapping[str, Any], cluster: Cluster) -> dict[str, str]:
 
 
 def cpus_per_rank(cluster: Cluster, ranks_per_node: int, node_cpus: int | None) -> int:
-    """cluster.cpus_per_task, else the node's CPUs shared out among its ranks (at least one):
-    one CPU per rank would leave the data-loader workers, NCCL's proxy threads and nsys to fight
-    over it, and the GPU's idle time would read as a host-overhead wall."""
+    """cluster.cpus_per_task, else the node's CPUs shared out among its ranks, else what a rank
+    gets on the GPU's reference node (spec/gpus.py): one CPU per rank would leave the data-loader
+    workers, NCCL's proxy threads and nsys to fight over it, and the GPU's idle time would read
+    as a host-overhead wall."""
     if cluster.cpus_per_task:
         return cluster.cpus_per_task
-    return max(1, (node_cpus or 1) // max(1, ranks_per_node))
+    if node_cpus:
+        return max(1, node_cpus // max(1, ranks_per_node))
+    if cluster.workload == "megatron":
+        return gpus.cpus_per_gpu(cluster.gpu_type) or 1
+    return 1
 
 
 def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[str], cluster: Any,
@@ -158,13 +164,13 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
         raise RenderError("cluster.container_image is required by template 'container'")
     if c.template == "container" and launcher != "srun":
         raise RenderError("cluster.template 'container' needs Slurm (pyxis srun); use 'venv' locally")
-    gpus = 0 if c.workload == "cpu_stand_in" else c.gpus_per_node
-    tasks = c.ntasks_per_node or gpus or 1
+    node_gpus = 0 if c.workload == "cpu_stand_in" else c.gpus_per_node
+    tasks = c.ntasks_per_node or node_gpus or 1
     nodes = c.nodes
     # a fit's rank gets what one rank of the layout gets: its share of the node's CPUs
     cpus = cpus_per_rank(c, tasks, node_cpus)
     if fit:
-        nodes, tasks, gpus = 1, 1, min(gpus, 1)
+        nodes, tasks, node_gpus = 1, 1, min(node_gpus, 1)
     # the interpreter of the container or of cluster.venv; with neither, the one running moetune
     own_python = c.template == "venv" and not c.venv
     python = c.python or (sys.executable if own_python else "python")
@@ -185,7 +191,7 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
                         output=folder.replace("%", "%%") + f"/trace_%q{{{rank_var}}}")
     return JobSpec(
         name=name, folder=folder, workdir=c.workdir or str(Path.cwd()), template=c.template,
-        launcher=launcher, nodes=nodes, ntasks_per_node=tasks, gpus_per_node=gpus,
+        launcher=launcher, nodes=nodes, ntasks_per_node=tasks, gpus_per_node=node_gpus,
         cpus_per_task=cpus, mem=c.mem, time_min=time_minutes(c.time_limit),
         partition=c.partition, account=c.account, command=tuple(command),
         env=tuple(sorted(job_env(config, c).items())), nsys=nsys,

@@ -171,7 +171,7 @@ def make_executor(kind: str, folder: str | Path, spec: JobSpec | None = None):
                       setup=["trap '' USR2"])
         # submitit sends --wckey=submitit unless told otherwise: clusters that enforce wckeys
         # refuse that one, so none is sent unless the cluster names its own
-        params["wckey"] = spec.wckey or ""
+        params["wckey"] = spec.wckey or None  # None: submitit writes no --wckey line
         for key, value in (("gpus_per_node", spec.gpus_per_node), ("partition", spec.partition),
                            ("account", spec.account), ("gres", spec.gres),
                            ("exclusive", spec.exclusive)):

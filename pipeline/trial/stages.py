@@ -158,30 +158,46 @@ def node_cpus(t: TrialContext) -> int | None:
     return jobs.node_cpus(as_dict(cluster).get("partition"))
 
 
-def do_render(t: TrialContext) -> list[Path]:
-    model, cluster = t.model_and_cluster()
-    config = TrainingConfig.from_dict(t.row.config)
+def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluster, tuning,
+               launcher: str, node_cpus: int | None) -> render.JobSpec:
+    """What one trial submits: its layout's job, or in a one-GPU study (tuning.one_gpu) the
+    layout's rank 0 alone, profiled (spec/fit.py one_gpu_config; fit.OneGpuError where the step
+    cannot hold the layout)."""
     one_rank = None
-    if t.one_gpu:  # rank 0 of the layout alone, profiled (spec/fit.py one_gpu_config)
+    if tuning_value(tuning or {}, "one_gpu"):
         world = rank_count(cluster)
-        samples = int(tuning_value(t.experiment.get("tuning") or {}, "one_gpu_samples"))
-        try:
-            config = fit.one_gpu_config(config, world, samples)
-        except fit.OneGpuError as e:
-            raise StageError(f"trial {t.id}: {e}") from None
+        samples = int(tuning_value(tuning or {}, "one_gpu_samples"))
+        config = fit.one_gpu_config(config, world, samples)
         one_rank = ((0,), world)
     argv = config.to_args(model, has_apex=as_dict(cluster).get("has_apex") is not False) + run_args()
     if one_rank:
         argv += list(fit.FAKE_GROUP_ARGS)
-    spec = render.job_spec(name=t.job_name(), folder=t.folder, config=config.to_dict(), argv=argv,
-                           cluster=cluster, launcher=_launcher(t), fit=one_rank, profile=True,
-                           node_cpus=node_cpus(t))
+    return render.job_spec(name=name, folder=folder, config=config.to_dict(), argv=argv,
+                           cluster=cluster, launcher=launcher, fit=one_rank, profile=True,
+                           node_cpus=node_cpus)
+
+
+def write_trial_job(spec: render.JobSpec, config: dict) -> list[Path]:
+    """The job's scripts and, beside them, its spec, the trial's config and the command line."""
     out = render.write_job(spec)
+    folder = Path(spec.folder)
     for name, text in (("spec.json", json.dumps(asdict(spec), indent=1, sort_keys=True)),
-                       ("config.json", json.dumps(t.row.config, indent=1, sort_keys=True)),
+                       ("config.json", json.dumps(config, indent=1, sort_keys=True)),
                        ("command.txt", " ".join(map(render.shell_word, spec.command)))):
-        t.path(name).write_text(text + "\n")
-        out.append(t.path(name))
+        (folder / name).write_text(text + "\n")
+        out.append(folder / name)
+    return out
+
+
+def do_render(t: TrialContext) -> list[Path]:
+    model, cluster = t.model_and_cluster()
+    try:
+        spec = trial_spec(name=t.job_name(), folder=t.folder, config=TrainingConfig.from_dict(t.row.config),
+                          model=model, cluster=cluster, tuning=t.experiment.get("tuning"),
+                          launcher=_launcher(t), node_cpus=node_cpus(t))
+    except fit.OneGpuError as e:
+        raise StageError(f"trial {t.id}: {e}") from None
+    out = write_trial_job(spec, t.row.config)
     t.store.update_trial(t.id, folder=str(t.folder))
     return out
 
