@@ -6,9 +6,9 @@ from the trial config and the experiment's `cluster` section; `render_job(spec)`
 runs). Every value reaches the shell through `shlex.quote` (the environment's `finalize`), so a
 model name or path with spaces, quotes or `$(...)` stays one literal word.
 
-Cluster keys read (all optional): template (venv|container), nodes, gpus_per_node,
+Cluster keys read (all optional): template (venv|container|oci), nodes, gpus_per_node,
 ntasks_per_node, cpus_per_task, mem (or mem_per_node), time_limit ("HH:MM:SS", "MM:SS" or minutes), partition,
-account, container_image, container_mounts, modules, venv, env, nsys, profile_ranks,
+account, container_image, container_bundle, container_mounts, modules, venv, env, nsys, profile_ranks,
 workload (megatron|cpu_stand_in), stand_in ({ms_per_iter, busy, alloc_mb, model_mb, refuse}), python.
 """
 from __future__ import annotations
@@ -23,11 +23,12 @@ from typing import Any, Mapping
 import jinja2
 
 from moetune.pipeline.errors import MoetuneError
+from moetune.pipeline.job import oci
 from moetune.pipeline.paths import TEMPLATES, WORKLOADS as WORKLOAD_DIR
 from moetune.pipeline.spec.environment import config_env
 from moetune.pipeline.spec.section import get as _get
 
-TEMPLATE_FILES = {"venv": "venv.sh.j2", "container": "container.sh.j2"}
+TEMPLATE_FILES = {"venv": "venv.sh.j2", "container": "container.sh.j2", "oci": "oci.sh.j2"}
 # Each workload is one self-contained script (stdlib, torch, megatron-core): the job runs it by
 # its path, so the image needs no moetune installed, only the file system the login node shares.
 WORKLOADS = {"megatron": WORKLOAD_DIR / "train_moe.py", "cpu_stand_in": WORKLOAD_DIR / "cpu_workload.py"}
@@ -76,6 +77,7 @@ class JobSpec:
     env: tuple[tuple[str, str], ...]
     nsys: NsysSpec | None
     container_image: str | None = None
+    container_bundle: str | None = None  # template "oci": the image's OCI bundle (job/oci.py)
     container_mounts: tuple[str, ...] = ()
     modules: tuple[str, ...] = ()
     venv: str | None = None
@@ -135,8 +137,10 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
         raise RenderError(f"cluster.workload {workload!r}: allowed {sorted(WORKLOADS)}")
     if template == "container" and not _get(cluster, "container_image"):
         raise RenderError("cluster.container_image is required by template 'container'")
-    if template == "container" and launcher != "srun":
-        raise RenderError("cluster.template 'container' needs Slurm (pyxis srun); use 'venv' locally")
+    if template == "oci" and not _get(cluster, "container_bundle"):
+        raise RenderError("cluster.container_bundle is required by template 'oci'")
+    if template in ("container", "oci") and launcher != "srun":
+        raise RenderError(f"cluster.template {template!r} needs Slurm (srun); use 'venv' locally")
     gpus = int(_get(cluster, "gpus_per_node", 0))
     if workload == "cpu_stand_in":
         gpus = 0
@@ -173,6 +177,7 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
         partition=_get(cluster, "partition"), account=_get(cluster, "account"),
         command=tuple(command), env=tuple(sorted(job_env(config, _get(cluster, "env", {})).items())),
         nsys=nsys, container_image=_get(cluster, "container_image"),
+        container_bundle=_get(cluster, "container_bundle"),
         container_mounts=tuple(_get(cluster, "container_mounts", ())),
         modules=tuple(_get(cluster, "modules", ())), venv=str(venv) if venv else None,
         fit_ranks=tuple(fit[0]) if fit else (), fit_world=int(fit[1]) if fit else 0)
@@ -199,6 +204,7 @@ def environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.filters["slurm_filename"] = slurm_filename
+    env.globals.update(oci_bundle=oci.bundle, oci_passed_names=oci.passed_names)
     return env
 
 
@@ -210,6 +216,8 @@ def render_job(spec: JobSpec) -> dict[str, str]:
                 "job.sh": env.get_template(TEMPLATE_FILES[spec.template]).render(spec=spec)}
     except jinja2.TemplateError as e:
         raise RenderError(f"{TEMPLATES}: {e}") from None
+    except oci.OciError as e:
+        raise RenderError(str(e)) from None
 
 
 def write_job(spec: JobSpec) -> list[Path]:
