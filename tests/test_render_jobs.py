@@ -76,7 +76,7 @@ def test_environment_follows_the_config(tmp_path):
 
 
 @pytest.mark.parametrize("cluster, message", [
-    ({"template": "docker"}, r"cluster.template 'docker': allowed \['container', 'venv'\]"),
+    ({"template": "docker"}, r"cluster.template 'docker': allowed \['container', 'oci', 'venv'\]"),
     ({"template": "container"}, "cluster.container_image is required"),
     ({"workload": "gpu"}, "cluster.workload 'gpu'"),
     ({"time_limit": "soon"}, "cluster.time_limit 'soon'"),
