@@ -80,7 +80,7 @@ def test_environment_follows_the_config(tmp_path):
 
 
 @pytest.mark.parametrize("cluster, message", [
-    ({"template": "docker"}, r"cluster.template: 'docker' is not allowed; use one of 'container' or 'venv'"),
+    ({"template": "docker"}, r"cluster.template: 'docker' is not allowed; use one of 'container', 'venv' or 'oci'"),
     ({"template": "container"}, "cluster.container_image is required"),
     ({"workload": "gpu"}, "cluster.workload: 'gpu' is not allowed"),
     ({"cpus_per_task": 0}, "cluster.cpus_per_task: Input should be greater than 0"),

@@ -251,7 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     me = launch_env()
     rank = me["rank"]
     # a fit's rank runs alone, its peers skipped as Megatron's fake process group skips them
-    if me["world_size"] > 1 and me["master_addr"] and me["master_port"] and not args.fake_process_group:
+    if me["world_size"] > 1 and not args.fake_process_group and not (me["master_addr"] and me["master_port"]):
+        # as torch.distributed's env:// rendezvous refuses to start
+        print(f"[Rank {rank}] ValueError: {me['world_size']} ranks but MASTER_ADDR/MASTER_PORT not set "
+              f"({me['master_addr']!r}, {me['master_port']!r})", file=sys.stderr, flush=True)
+        return 1
+    if me["world_size"] > 1 and not args.fake_process_group:
         try:
             me["met"] = [{"rank": p["rank"], "slurm_node": p["slurm_node"], "hostname": p["hostname"]}
                          for p in rendezvous(rank, me["world_size"], me["master_addr"],

@@ -21,12 +21,13 @@ from typing import Any, Mapping
 import jinja2
 
 from moetune.pipeline.errors import MoetuneError
+from moetune.pipeline.job import oci
 from moetune.pipeline.paths import TEMPLATES, WORKLOADS as WORKLOAD_DIR
 from moetune.pipeline.spec.environment import config_env
 from moetune.pipeline.spec import gpus
 from moetune.pipeline.spec.experiment import Cluster, cluster_section
 
-TEMPLATE_FILES = {"venv": "venv.sh.j2", "container": "container.sh.j2"}
+TEMPLATE_FILES = {"venv": "venv.sh.j2", "container": "container.sh.j2", "oci": "oci.sh.j2"}
 # Each workload is one self-contained script (stdlib, torch, megatron-core): the job runs it by
 # its path, so the image needs no moetune installed, only the file system the login node shares.
 WORKLOADS = {"megatron": WORKLOAD_DIR / "train_moe.py", "cpu_stand_in": WORKLOAD_DIR / "cpu_workload.py"}
@@ -83,6 +84,7 @@ class JobSpec:
     wckey: str | None = None
     cpu_bind: str = "none"  # numa: each rank on the CPUs and memory of its share of NUMA nodes
     container_image: str | None = None
+    container_bundle: str | None = None  # template "oci": the image's OCI bundle (job/oci.py)
     container_mounts: tuple[str, ...] = ()
     container_writable: bool = False
     modules: tuple[str, ...] = ()
@@ -103,9 +105,12 @@ class JobSpec:
 
     @property
     def container_env(self) -> tuple[str, ...]:
-        """The names pyxis must take from the host (--container-env): every variable the job
-        exports and the rendezvous, so the image's own values never win over them."""
-        return tuple(sorted({k for k, _ in self.env} | {"MASTER_ADDR", "MASTER_PORT"}))
+        """The variables a rank gets from the job, the one list both container templates pass in
+        (pyxis: --container-env, where the image's own value would win otherwise; Slurm's OCI
+        runtime: srun --export): the config's and the cluster's, the rendezvous, and RANK for a
+        fit (its ranks are named by it)."""
+        names = [k for k, _ in self.env] + ["MASTER_ADDR", "MASTER_PORT"] + (["RANK"] if self.fit_ranks else [])
+        return tuple(dict.fromkeys(names))
 
 
 def time_minutes(value: Any) -> int:
@@ -162,8 +167,10 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
     c = cluster_section(cluster)
     if c.template == "container" and not c.container_image:
         raise RenderError("cluster.container_image is required by template 'container'")
-    if c.template == "container" and launcher != "srun":
-        raise RenderError("cluster.template 'container' needs Slurm (pyxis srun); use 'venv' locally")
+    if c.template == "oci" and not c.container_bundle:
+        raise RenderError("cluster.container_bundle is required by template 'oci'")
+    if c.template in ("container", "oci") and launcher != "srun":
+        raise RenderError(f"cluster.template {c.template!r} needs Slurm (srun); use 'venv' locally")
     node_gpus = 0 if c.workload == "cpu_stand_in" else c.gpus_per_node
     tasks = c.ntasks_per_node or node_gpus or 1
     nodes = c.nodes
@@ -196,7 +203,8 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
         partition=c.partition, account=c.account, command=tuple(command),
         env=tuple(sorted(job_env(config, c).items())), nsys=nsys,
         exclusive=c.exclusive and launcher == "srun", gres=c.gres, wckey=c.wckey, cpu_bind=c.cpu_bind,
-        container_image=c.container_image, container_mounts=tuple(c.container_mounts),
+        container_image=c.container_image, container_bundle=c.container_bundle,
+        container_mounts=tuple(c.container_mounts),
         container_writable=c.container_writable, modules=tuple(c.modules), venv=c.venv,
         megatron_path=c.megatron_path,
         fit_ranks=tuple(fit[0]) if fit else (), fit_world=int(fit[1]) if fit else 0)
@@ -223,6 +231,7 @@ def environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.filters["slurm_filename"] = slurm_filename
+    env.globals.update(oci_bundle=oci.bundle)
     return env
 
 
@@ -235,6 +244,8 @@ def render_job(spec: JobSpec) -> dict[str, str]:
                 "job.sh": env.get_template(TEMPLATE_FILES[spec.template]).render(**names)}
     except jinja2.TemplateError as e:
         raise RenderError(f"{TEMPLATES}: {e}") from None
+    except oci.OciError as e:
+        raise RenderError(str(e)) from None
 
 
 def write_job(spec: JobSpec) -> list[Path]:

@@ -62,8 +62,11 @@ class Cluster(_Strict):
     cpu_bind: Literal["numa", "none"] = "numa"
     gres: str | None = None  # e.g. "gpu:8", for clusters that need --gres beside --gpus-per-node
     ntasks_per_node: int | None = None
-    template: Literal["container", "venv"] = "container"
+    template: Literal["container", "venv", "oci"] = "container"
     container_image: str | None = None
+    # template "oci": an OCI bundle (config.json + rootfs/) for Slurm's own srun --container
+    # (runc), where pyxis cannot run (CI: scripts/oci-bundle)
+    container_bundle: str | None = None
     container_mounts: list[str] = []
     # Enroot set-ups whose default root file system is read-only (ENROOT_ROOTFS_WRITABLE=no)
     container_writable: bool = False
