@@ -37,7 +37,7 @@ def test_a_one_gpu_step_fills_the_pipeline_or_is_refused():
     c = TrainingConfig(tp=1, pp=4, ep=8, micro_batch=1, global_batch=256)
     assert fit.one_gpu_config(c, 64, 4).global_batch == 16 * 4
     with pytest.raises(fit.OneGpuError, match="2 micro-batches of 2, fewer than the 4 pipeline stages; "
-                                              "set tuning.one_gpu_samples to 8"):
+                                              "tuning.one_gpu_samples needs 8 or more"):
         fit.one_gpu_config(c.replace(micro_batch=2), 64, 4)
     assert fit.one_gpu_config(c.replace(micro_batch=2), 64, 8).global_batch == 16 * 8
 
