@@ -37,7 +37,7 @@ def test_a_one_gpu_step_fills_the_pipeline_or_is_refused():
     c = TrainingConfig(tp=1, pp=4, ep=8, micro_batch=1, global_batch=256)
     assert fit.one_gpu_config(c, 64, 4).global_batch == 16 * 4
     with pytest.raises(fit.OneGpuError, match="2 micro-batches of 2, fewer than the 4 pipeline stages; "
-                                              "set tuning.one_gpu_samples to 8"):
+                                              "tuning.one_gpu_samples needs 8 or more"):
         fit.one_gpu_config(c.replace(micro_batch=2), 64, 4)
     assert fit.one_gpu_config(c.replace(micro_batch=2), 64, 8).global_batch == 16 * 8
 
@@ -138,3 +138,115 @@ def test_one_gpu_trial_under_nsys_is_profiled_as_rank_0(tmp_path, nsys_bin):
     analysis = json.loads((folder / "analysis.json").read_text())
     assert analysis["metrics"]["combined"]["step_time_ms"] > 0
     assert "-o" in (folder / "job.sh").read_text() and "trace_%q{RANK}" in (folder / "job.sh").read_text()
+
+
+# ---- the study's step, planned before any job (decide/one_gpu.py) ----------------------------
+SHIPPED = ("deepseek_v3", "mixtral_8x7b", "mixtral_8x22b", "qwen3_30b_a3b", "qwen3_235b", "qwen3_30b_a3b_ep8")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_experiment_plans_a_one_gpu_study_its_rules_fit_in(tmp_path, name):
+    """On the CPU, no job: the study's stored step holds the baseline's layout and every PP and
+    micro batch the one-GPU rules can propose from it (in one change, STEP_CHANGES)."""
+    from moetune.pipeline.decide import one_gpu
+    from moetune.pipeline.spec.experiment import load_experiment
+    from moetune.pipeline.spec.section import gpu_count
+    exp = load_experiment(name)
+    exp.tuning = exp.tuning.model_copy(update={"one_gpu": True})
+    store = Store(str(tmp_path / "db.sqlite"))
+    t = tuner.Tuner(exp, store, executor="local", runs_root=tmp_path / "runs", study_name=f"{name}-1gpu",
+                    progress=False)
+    samples = store.study(f"{name}-1gpu").experiment["tuning"]["one_gpu_samples"]
+    assert samples == t.samples >= fit.ONE_GPU_MIN_SAMPLES
+    world = gpu_count(exp.cluster)
+    base = fit.one_gpu_config(exp.baseline, world, samples)  # raises where the step cannot run it
+    assert base.global_batch == exp.baseline.data_parallel(world) * samples
+    layouts = one_gpu.step_layouts(exp.baseline, exp.model, exp.cluster, exp.tuning, t.rules)
+    assert (exp.baseline.pp, exp.baseline.micro_batch) in layouts
+    for pp, mb in layouts:
+        assert fit.one_gpu_problem(exp.baseline.replace(pp=pp, micro_batch=mb), samples) is None
+    assert not store.trials(store.study(f"{name}-1gpu").id)  # planned, nothing run
+
+
+def test_deepseek_v3s_step_holds_its_16_stages_and_the_next_micro_batch():
+    """DeepSeek-V3's baseline is PP 16, micro batch 1, and a host-bound baseline proposes micro
+    batch 2: 32 sequences per data-parallel rank, where a fixed 4 could run neither."""
+    from moetune.pipeline.decide import one_gpu
+    from moetune.pipeline.spec.experiment import load_experiment
+    exp = load_experiment("deepseek_v3")
+    layouts = one_gpu.step_layouts(exp.baseline, exp.model, exp.cluster, exp.tuning, rules.load_rules())
+    assert layouts == {(16, 1), (16, 2)}  # 61 layers: PP 32 does not divide them
+    assert fit.one_gpu_samples(layouts) == 32
+    assert fit.one_gpu_problem(exp.baseline, 4).startswith("the one-GPU step's 4 samples make 4 micro-batches")
+
+
+def host_bound(peak_gb=20.0) -> dict:
+    """An analysis of a host-bound rank with room to spare: larger_micro_batch matches."""
+    return {"wall": "host_overhead", "confidence": 1.0, "gpu_memory_gb": 80,
+            "evidence": [{"wall": "host_overhead", "strength": 1.0}],
+            "metrics": {"combined": {"gpu_idle_share": 0.32, "step_time_ms": 1164.0,
+                                     "peak_memory_gb": peak_gb}}}
+
+
+def test_a_change_the_one_gpu_step_cannot_hold_is_skipped_not_proposed(tmp_path):
+    """deepseek_v3's one-GPU study: from micro batch 1, larger_micro_batch (to 2) is proposed;
+    from micro batch 2 the next doubling would need 64 samples, so it is skipped with the step's
+    reason, and another rule is proposed instead."""
+    from moetune.pipeline.spec.experiment import load_experiment
+    from moetune.pipeline.tune.state import StudyState
+    exp = load_experiment("deepseek_v3")
+    exp.tuning = exp.tuning.model_copy(update={"one_gpu": True})
+    store = Store(str(tmp_path / "db.sqlite"))
+    t = tuner.Tuner(exp, store, executor="local", runs_root=tmp_path / "runs", study_name="ds", progress=False)
+    assert t.samples == 32
+    base = store.add_trial(t.study.id, exp.baseline.to_dict(), exp.baseline.config_hash())
+    props = t._measurable(rules.proposals(host_bound(), exp.baseline, exp.model, exp.cluster, exp.tuning))
+    assert props[0].rule.id == "larger_micro_batch"
+    assert t._propose(StudyState(), base, host_bound(), props)
+    parent = store.trials(t.study.id)[-1]  # as if kept
+    assert parent.fix == "larger_micro_batch"
+    mb2 = TrainingConfig.from_dict(parent.config)
+    assert mb2 == exp.baseline.replace(micro_batch=2)
+    props = t._measurable(rules.proposals(host_bound(), mb2, exp.model, exp.cluster, exp.tuning))
+    assert props[0].rule.id == "larger_micro_batch" and props[0].config.micro_batch == 4
+    assert t._propose(StudyState(), parent, host_bound(), props)
+    skip = next(d for d in store.decisions(t.study.id) if d.kind == "skip")
+    assert skip.rule == "larger_micro_batch"
+    assert "one-GPU step cannot hold it" in skip.reason and "fewer than the 16 pipeline stages" in skip.reason
+    assert store.trials(t.study.id)[-1].fix not in ("larger_micro_batch", None)
+
+
+def test_an_explicit_step_that_cannot_run_the_baseline_is_refused_before_any_job(tmp_path):
+    exp_path = one_gpu_experiment(tmp_path)
+    text = Path(exp_path).read_text().replace("fit_first: true", "fit_first: true\n  one_gpu_samples: 1")
+    Path(exp_path).write_text(text)
+    store = Store(str(tmp_path / "db.sqlite"))
+    with pytest.raises(tuner.TunerError, match=r"one_gpu_stand_in.yaml: the baseline: the one-GPU step's 1 "
+                                               r"samples make 1 micro-batches of 1, fewer than the 2 pipeline"):
+        tuner.tune(exp_path, store, executor="local", runs_root=tmp_path / "runs", progress=False, one_gpu=True)
+    assert not store.studies()
+
+
+def test_a_changed_step_or_layout_starts_a_study_of_its_own_and_says_so(tmp_path, capsys):
+    """The step is stored once per study: an experiment whose step or baseline changed gets its own
+    study (its trials would not compare), and the tuner says which; the same plan resumes it."""
+    from moetune.pipeline.spec.experiment import load_experiment
+    exp_path = one_gpu_experiment(tmp_path)
+    store = Store(str(tmp_path / "db.sqlite"))
+
+    def tuner_of(**tuning):
+        exp = load_experiment(exp_path)
+        exp.tuning = exp.tuning.model_copy(update={"one_gpu": True, **tuning})
+        return tuner.Tuner(exp, store, executor="local", runs_root=tmp_path / "runs",
+                           study_name="s-1gpu", progress=True)
+    first = tuner_of()
+    assert first.study_name == "s-1gpu" and first.samples == 4
+    assert tuner_of().study_name == "s-1gpu"  # same plan: the same study
+    capsys.readouterr()
+    other = tuner_of(one_gpu_samples=8)
+    assert other.study_name.startswith("s-1gpu-") and other.samples == 8
+    err = capsys.readouterr().err
+    assert "study s-1gpu was planned otherwise (one_gpu_samples 4 -> 8)" in err and other.study_name in err
+    assert store.study(other.study_name).experiment["tuning"]["one_gpu_samples"] == 8
+    assert store.study("s-1gpu").experiment["tuning"]["one_gpu_samples"] == 4
+    assert tuner_of(one_gpu_samples=8).study_name == other.study_name  # and resumes it

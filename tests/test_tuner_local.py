@@ -59,3 +59,90 @@ def test_tuner_on_real_slurm(slurm, tmp_path):
     assert trials[0].state == "completed" and trials[0].slurm_job_id.isdigit()
     assert s["trials"] == 2 and "budget" in s["stop_reason"]
     assert 20 < s["baseline_judged_step_time_ms"] < 200
+
+
+# ---- a trial a stage cannot take through: recorded as stage_error, the study goes on and ends ----
+def _study_ends_with_reports(store, tmp_path, name, stage, trial_number):
+    """The trial's stage_error names its stage; the study has a stop decision and its reports."""
+    from moetune.pipeline.report import study as report
+    study = store.study(name)
+    trial = next(t for t in store.trials(study.id) if t.number == trial_number)
+    assert trial.state == "stage_error"
+    errors = [d for d in store.decisions(study.id) if d.kind == "stage_error" and d.trial_id == trial.id]
+    assert len(errors) == 1 and errors[0].evidence["stage"] == stage
+    assert errors[0].reason.startswith(f"{stage}: ")
+    stops = [d for d in store.decisions(study.id) if d.kind == "stop"]
+    assert len(stops) == 1 and study.state == "done"
+    md, html = report.write_reports(store, name, tmp_path / "reports")
+    assert "stage_error" in md.read_text() and html.exists()
+    return errors[0], stops[0]
+
+
+@pytest.mark.parametrize("stage", ["fit", "render", pytest.param("submit", marks=pytest.mark.slurm)])
+def test_a_baseline_that_cannot_start_ends_the_study_with_its_reason_and_reports(tmp_path, stage, request):
+    """Real failures, no stand-in for the stage: the fit's and the trial's job script refuse a
+    cluster.env key that is not a shell name (render.py), and Slurm's sbatch refuses a partition
+    it does not have. The tuner records the stage_error, stops with its reason, and a second run
+    of the tuner does not die on it."""
+    cluster = {"python": sys.executable}
+    executor = "local"
+    tuning = {"budget_trials": 3, "patience": 2}
+    if stage in ("fit", "render"):
+        cluster["env"] = {"NOT-A-NAME": "1"}
+    if stage == "fit":  # the fit renders its own job first
+        tuning["fit_first"] = True
+        cluster["gpus_per_node"] = 8
+    if stage == "submit":
+        request.getfixturevalue("slurm")
+        cluster["partition"], executor = "no_such_partition", "slurm"
+    exp = stand_in_experiment(tmp_path, "unstartable", cluster, tuning, **({"pp": 2} if stage == "fit" else {}))
+    store = Store(str(tmp_path / "db.sqlite"))
+    one_gpu = stage == "fit"  # the one-GPU study fits every trial first, the stand-in's workload too
+    s = tuner.tune(exp, store, executor=executor, runs_root=tmp_path / "runs", progress=False, one_gpu=one_gpu)
+    error, stop = _study_ends_with_reports(store, tmp_path, s["study"], stage, 1)
+    assert "baseline trial did not complete" in stop.reason and error.reason in stop.reason
+    assert ("Invalid partition" if stage == "submit" else "NOT-A-NAME") in error.reason
+    again = tuner.tune(exp, store, executor=executor, runs_root=tmp_path / "runs", progress=False, one_gpu=one_gpu)
+    assert again["stop_reason"] == s["stop_reason"] and again["trials_total"] == s["trials_total"]
+
+
+def _plant(tmp_path, study: str, trial_id: int, name: str, text: str) -> None:
+    folder = tmp_path / "runs" / study / str(trial_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(text)
+
+
+@pytest.mark.parametrize("stage", ["collect", "export", "analyze"])
+def test_a_change_whose_stage_fails_is_passed_over_and_the_study_goes_on(tmp_path, monkeypatch, stage, request):
+    """Trial 2 (the first change) fails at one stage after its job ran: analyze and export for real
+    (a trace that is not SQLite; an Nsight Systems report nsys cannot read), collect by an injected
+    scheduler error (a stand-in: sacct failing cannot be made to happen on cue). The loop records
+    stage_error and goes on to the next proposal; the study ends with a stop and its reports."""
+    from moetune.pipeline.job import scheduler
+    study = "stage_fault"
+    if stage == "analyze":
+        _plant(tmp_path, study, 2, "trace_0.sqlite", "not a trace\n")
+    if stage == "export":
+        request.getfixturevalue("nsys_bin")  # the export runs `nsys export` on it
+        _plant(tmp_path, study, 2, "trace_0.nsys-rep", "not a report\n")
+    if stage == "collect":
+        real_wait = scheduler.wait
+
+        def injected_wait(ref, *a, **kw):  # stand-in for a scheduler that stops answering
+            if ".t2." in ref.name:
+                raise scheduler.JobError(f"injected: sacct did not answer for job {ref.job_id}")
+            return real_wait(ref, *a, **kw)
+        monkeypatch.setattr(scheduler, "wait", injected_wait)
+    # the jobs run unprofiled (nsys off): the planted report is the only one the export finds
+    exp = stand_in_experiment(tmp_path, study, {"python": sys.executable}, {"budget_trials": 4, "patience": 3})
+    store = Store(str(tmp_path / "db.sqlite"))
+    s = tuner.tune(exp, store, executor="local", runs_root=tmp_path / "runs", progress=False)
+    _study_ends_with_reports(store, tmp_path, study, stage, 2)
+    sid = store.study(study).id
+    assert store.trials(sid)[0].state == "completed"
+    after = [d.kind for d in store.decisions(sid)]
+    after = after[after.index("stage_error") + 1:]
+    # the loop went on: another change was applied, or it said why none was left
+    assert "apply" in after or "no untried rule" in s["stop_reason"]
+    again = tuner.tune(exp, store, executor="local", runs_root=tmp_path / "runs", progress=False)
+    assert again["stop_reason"] == s["stop_reason"]

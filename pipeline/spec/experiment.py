@@ -121,7 +121,9 @@ class Tuning(_Strict):
     # compute and host overhead at the production shapes, collectives skipped (spec/fit.py
     # one_gpu_config); a study for the walls one rank shows, before the cluster is touched
     one_gpu: bool = False
-    one_gpu_samples: int = Field(default=4, gt=0)  # sequences per data-parallel rank in a step
+    # sequences per data-parallel rank in a one-GPU step; None: the least that every PP and micro
+    # batch the study's rules can propose runs comparably (decide/one_gpu.py), fixed at its start
+    one_gpu_samples: int | None = Field(default=None, gt=0)
 
 
 def tuning_value(tuning, key: str, override=None):

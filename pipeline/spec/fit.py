@@ -9,6 +9,7 @@ Step 1). ../shared/device-notes.md says what it takes there.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from moetune.pipeline.spec.config import TrainingConfig
@@ -74,23 +75,47 @@ class OneGpuError(ValueError):
     """A config a one-GPU trial cannot run comparably (one line)."""
 
 
+# The least step a one-GPU study runs (sequences per data-parallel rank): a few micro-batches, so
+# that the optimizer's step is not most of it. qwen3_30b_a3b's and qwen3_235b's one-GPU studies
+# ran 4 (H100, benchmarks/one_gpu_tuning).
+ONE_GPU_MIN_SAMPLES = 4
+
+
+def one_gpu_problem(config: TrainingConfig, samples: int) -> str | None:
+    """Why a one-GPU step of `samples` sequences per data-parallel rank cannot run `config`
+    comparably (one line); None when it can."""
+    if samples % config.micro_batch:
+        return (f"micro batch {config.micro_batch} does not divide the one-GPU step's {samples} samples "
+                "(tuning.one_gpu_samples)")
+    # fewer micro-batches than stages leave the first stage holding fewer in flight than on the
+    # cluster: mixtral_8x7b at PP 4, micro batch 2 (core_attn recompute) peaked at 51.6 GB with 2,
+    # and ran out of memory past 78 GB with 4 (H100, 2026-11-23): a step that small hides the
+    # layout's memory
+    if samples < config.pp * config.micro_batch:
+        return (f"the one-GPU step's {samples} samples make {samples // config.micro_batch} micro-batches "
+                f"of {config.micro_batch}, fewer than the {config.pp} pipeline stages; "
+                f"tuning.one_gpu_samples needs {config.pp * config.micro_batch} or more")
+    return None
+
+
+def one_gpu_samples(layouts) -> int:
+    """The smallest one-GPU step that runs every (PP, micro batch) of `layouts` comparably: a
+    multiple of each micro batch, at least PP micro-batches of each, at least ONE_GPU_MIN_SAMPLES."""
+    layouts = list(layouts)
+    unit = math.lcm(*(mb for _, mb in layouts))
+    need = max([ONE_GPU_MIN_SAMPLES] + [pp * mb for pp, mb in layouts])
+    return unit * -(-need // unit)
+
+
 def one_gpu_config(config: TrainingConfig, world: int, samples: int) -> TrainingConfig:
     """What a one-GPU trial runs (tuning.one_gpu): the layout's rank 0 alone, static routing, and
     a step of `samples` sequences per data-parallel rank instead of the production global batch,
     so that steps last seconds, not minutes, and every trial of a study does the same work per
     step whatever its micro batch (a larger micro batch is fewer micro-batches, as on the
     cluster). Iterations and the profiled window are the config's own."""
-    if samples % config.micro_batch:
-        raise OneGpuError(f"micro batch {config.micro_batch} does not divide the one-GPU step's "
-                          f"{samples} samples (tuning.one_gpu_samples)")
-    # fewer micro-batches than stages leave the first stage holding fewer in flight than on the
-    # cluster: mixtral_8x7b at PP 4, micro batch 2 (core_attn recompute) peaked at 51.6 GB with 2,
-    # and ran out of memory past 78 GB with 4 (H100, 2026-11-23): a step that small hides the
-    # layout's memory
-    if samples < config.pp * config.micro_batch:
-        raise OneGpuError(f"the one-GPU step's {samples} samples make {samples // config.micro_batch} "
-                          f"micro-batches of {config.micro_batch}, fewer than the {config.pp} pipeline "
-                          f"stages; set tuning.one_gpu_samples to {config.pp * config.micro_batch} or more")
+    why = one_gpu_problem(config, samples)
+    if why:
+        raise OneGpuError(why)
     return static_routing(config).replace(global_batch=max(config.data_parallel(world), 1) * samples)
 
 

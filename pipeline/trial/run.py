@@ -18,6 +18,8 @@ from pathlib import Path
 
 import submitit
 
+from moetune.analysis.errors import TraceError
+from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.job.replay import replay_job
 from moetune.pipeline.store import now
@@ -29,13 +31,33 @@ WATCHDOG = re.compile(r"Watchdog caught collective operation timeout|ProcessGrou
 
 @dataclass
 class TrialOutcome:
-    state: str  # completed | oom | failed | hung | skipped | timeout | cancelled | node_fail
+    state: str  # completed | oom | failed | hung | skipped | timeout | cancelled | node_fail | stage_error
     analysis: dict | None = None
     error: str | None = None
     last_lines: list[str] = field(default_factory=list)
     fit: dict | None = None  # the fit that let the trial onto the cluster (or kept it off)
     retry: bool = False  # the job ended by no fault of the config (scheduler.OUTCOMES): run it again
     job_id: str | None = None  # the job that ended so (where retry)
+    stage: str | None = None  # the stage that raised (state stage_error)
+
+
+class StageFailure(Exception):
+    """A stage of the trial raised one of moetune's errors: the trial measured nothing (its
+    outcome is stage_error, with the stage and the error's line)."""
+
+    def __init__(self, stage: str, error: Exception):
+        super().__init__(f"{stage}: {error}")
+        self.stage = stage
+
+
+def _stage(name: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs), its errors named by the stage they stopped (NotReady passes through)."""
+    try:
+        return fn(*args, **kwargs)
+    except stages.NotReady:
+        raise
+    except (MoetuneError, TraceError) as e:
+        raise StageFailure(name, e) from None
 
 
 def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path, force: bool = False) -> None:
@@ -163,15 +185,17 @@ def run_trial(store, trial, *, executor: str, runs_root: Path,
     kind = "local" if executor == "replay" else executor
     opts = {"runs_root": runs_root, "executor": kind}
     fitted = None
-    if fit_first:
-        try:
-            stages.run_stage(store, trial.id, stages.FIT, **opts)
-            fitted = stages.load_fit(stages.TrialContext(store, trial.id, runs_root, kind))
-        except stages.StageError as e:
-            return TrialOutcome("failed", error=f"fit: {e}")
-        if not fitted["fits"]:
-            return TrialOutcome("no_fit", error=f"fit: {fitted['reason']}", fit=fitted)
-    out = _run_on_cluster(store, trial, executor, runs_root, bank_dir, hang_timeout_s, resubmit)
+    try:
+        if fit_first:
+            _stage(stages.FIT, stages.run_stage, store, trial.id, stages.FIT, **opts)
+            fitted = _stage(stages.FIT, stages.load_fit, stages.TrialContext(store, trial.id, runs_root, kind))
+            if not fitted["fits"]:
+                return TrialOutcome("no_fit", error=f"fit: {fitted['reason']}", fit=fitted)
+        out = _run_on_cluster(store, trial, executor, runs_root, bank_dir, hang_timeout_s, resubmit)
+    except StageFailure as e:  # a config that cannot be rendered or submitted, a job not collected...
+        log = stages.TrialContext(store, trial.id, runs_root, kind).path("log.txt")
+        lines = log.read_text(errors="replace").splitlines()[-10:] if log.exists() else []
+        return TrialOutcome("stage_error", error=str(e), stage=e.stage, fit=fitted, last_lines=lines)
     out.fit = fitted
     return out
 
@@ -180,20 +204,20 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
                     hang_timeout_s: float, resubmit: bool = False) -> TrialOutcome:
     kind = "local" if executor == "replay" else executor
     opts = {"runs_root": runs_root, "executor": kind}
-    stages.run_stage(store, trial.id, "render", **opts)
+    _stage("render", stages.run_stage, store, trial.id, "render", **opts)
     t = stages.TrialContext(store, trial.id, runs_root, kind)
     log = t.path("log.txt")
     for attempt in (0, 1):
         if executor == "replay":
-            submit_replay(store, trial.id, runs_root, bank_dir, force=attempt > 0 or resubmit)
+            _stage("submit", submit_replay, store, trial.id, runs_root, bank_dir, force=attempt > 0 or resubmit)
         else:
-            stages.run_stage(store, trial.id, "submit", force=attempt > 0 or resubmit, **opts)
+            _stage("submit", stages.run_stage, store, trial.id, "submit", force=attempt > 0 or resubmit, **opts)
             try:  # queued now, behind the trial's job (afterany): it starts when that ends
                 stages.start_postprocess(t)
             except stages.StageError:
                 pass  # the export stage submits it again, and says why where it cannot
-        ref = stages.load_ref(t)
-        status, why = watch(ref, log, hang_timeout_s)
+        ref = _stage("submit", stages.load_ref, t)
+        status, why = _stage("collect", watch, ref, log, hang_timeout_s)
         # a local job that died with a killed tuner leaves no result: submit it again, once
         lost = ref.kind == "local" and status == "ended" and \
             not store.last_stage(trial.id, "collect") and \
@@ -201,10 +225,7 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
         if not lost:
             break
     last = lambda: log.read_text(errors="replace").splitlines()[-10:] if log.exists() else []
-    try:
-        stages.run_stage(store, trial.id, "collect", **opts, poll_s=0.5)
-    except stages.StageError as e:
-        return TrialOutcome("failed", error=str(e), last_lines=last())
+    _stage("collect", stages.run_stage, store, trial.id, "collect", **opts, poll_s=0.5)
     if status == "hung":
         return TrialOutcome("hung", error=why, last_lines=last())
     state = json.loads(t.path("state.json").read_text())
@@ -220,11 +241,8 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
             return TrialOutcome("skipped", error=msg)
         if not log.exists():
             return TrialOutcome(state.get("outcome") or "failed", error=msg, last_lines=last())
-    try:
-        stages.run_stage(store, trial.id, "export", **opts)
-        stages.run_stage(store, trial.id, "analyze", **opts)
-    except stages.StageError as e:
-        return TrialOutcome("failed", error=str(e), last_lines=last())
+    _stage("export", stages.run_stage, store, trial.id, "export", **opts)
+    _stage("analyze", stages.run_stage, store, trial.id, "analyze", **opts)
     result = json.loads(t.path("analysis.json").read_text())
     failure = (result.get("log") or {}).get("failure")
     if failure == "nccl_timeout":

@@ -10,12 +10,15 @@ Decisions (store.decisions, each with its evidence):
   apply        a rule was chosen for a new trial
   revert       the change was slower, within noise, out of memory, failed or hung
   not_applied  the trace does not show the fix; the rule is blocked on this cluster + image
+  stage_error  a stage of the trial raised (fit, render, submit, collect, export, analyze): it
+               measured nothing; the reason names the stage, and the study goes on
   skip         a rule the checker refused, whose config already ran, that crashed earlier in the
-               study, or that the bank lacks
+               study, that the bank lacks, or that the one-GPU step cannot hold
   stop         why the study ended
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -24,6 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from moetune.pipeline.decide import applied
+from moetune.pipeline.decide import one_gpu as one_gpu_step
 from moetune.pipeline.decide import rules as rules_mod
 from moetune.pipeline.decide.judge import compare, judged_step
 from moetune.pipeline.errors import MoetuneError
@@ -92,20 +96,54 @@ class Tuner:
         self.alpha = float(tuning_value(experiment.tuning, "significance"))
         self.patience = int(tuning_value(experiment.tuning, "patience"))
         self.hang_timeout_s = float(tuning_value(experiment.tuning, "hang_timeout_s"))
-        self.study = store.create_study(study_name, experiment.model.name, {
-            "experiment": experiment.name, "executor": "local" if executor == "replay" else executor,
-            "replay": executor == "replay", "model": experiment.model.to_dict(),
-            "cluster": as_dict(experiment.cluster), "tuning": as_dict(experiment.tuning),
-            "baseline": experiment.baseline.to_dict()})
         # one GPU (tuning.one_gpu): every trial is the layout's rank 0 alone, so a trial costs
         # one GPU's time and only the rules one rank can show are proposed
         self.one_gpu = bool(tuning_value(experiment.tuning, "one_gpu"))
+        tuning = as_dict(experiment.tuning)
+        # the one-GPU step, planned now for every trial the study can propose (decide/one_gpu.py)
+        self.samples = self._plan_samples() if self.one_gpu else None
+        if self.one_gpu:
+            tuning["one_gpu_samples"] = self.samples
+        record = {"experiment": experiment.name, "executor": "local" if executor == "replay" else executor,
+                  "replay": executor == "replay", "model": experiment.model.to_dict(),
+                  "cluster": as_dict(experiment.cluster), "tuning": tuning,
+                  "baseline": experiment.baseline.to_dict(), "plan": self._plan()}
+        self.study_name = self._study_for(study_name, record["plan"])
+        self.study = store.create_study(self.study_name, experiment.model.name, record)
         self.gpus = 1 if self.one_gpu else gpu_count(experiment.cluster)
         # fit first (spec/fit.py): every multi-GPU layout measured on one GPU before it is submitted
         fit_first = attr(experiment.tuning, "fit_first")
         if fit_first is None:
             fit_first = attr(experiment.cluster, "workload", "megatron") == "megatron"
         self.fit_first = bool(fit_first) and executor != "replay" and gpu_count(experiment.cluster) > 1
+
+    # -- what the study measures, fixed at its start ------------------------------------
+    def _plan_samples(self) -> int:
+        try:
+            return one_gpu_step.plan_samples(self.exp.baseline, self.exp.model, self.exp.cluster,
+                                             self.exp.tuning, self.rules, check)
+        except one_gpu_step.StepError as e:
+            raise TunerError(f"{self.exp.path}: {e}") from None
+
+    def _plan(self) -> dict:
+        """What makes trials of a study comparable: the baseline, the world it runs in, and
+        (one GPU) the step every trial runs."""
+        return {"baseline": self.exp.baseline.config_hash(), "world": gpu_count(self.exp.cluster),
+                "one_gpu_samples": self.samples}
+
+    def _study_for(self, name: str, plan: dict) -> str:
+        """`name`, unless a study of that name was planned otherwise (the experiment's baseline,
+        world or one-GPU step changed since): its trials would not compare with this one's, so the
+        changed experiment gets a study of its own, named by its plan, and says so."""
+        found = next((s for s in self.store.studies() if s.name == name), None)
+        old = (found.experiment or {}).get("plan") if found else None
+        if old is None or old == plan:
+            return name
+        key = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:8]
+        changed = ", ".join(f"{k} {old.get(k)} -> {v}" for k, v in plan.items() if old.get(k) != v)
+        self.say(f"study {name} was planned otherwise ({changed}); its trials would not compare: "
+                 f"this experiment is study {name}-{key}")
+        return f"{name}-{key}"
 
     # -- output -------------------------------------------------------------------------
     def say(self, msg: str) -> None:
@@ -144,7 +182,7 @@ class Tuner:
                 if st.trials:  # the baseline ran and was not kept, or its fit measured nothing
                     base = st.trials[0]
                     why = next((d.reason for d in self.store.decisions(self.study.id)
-                                if d.trial_id == base.id and d.kind == "unfit"), base.state)
+                                if d.trial_id == base.id and d.kind in ("unfit", "stage_error")), base.state)
                     self.stop(f"baseline trial did not complete ({why}); fix the baseline first")
                     continue
                 cfg = self.exp.baseline
@@ -224,6 +262,10 @@ class Tuner:
                 self.decide("skip", "refused by the constraint checker: " + "; ".join(p.refused),
                             rule=rid, **ev)
                 continue
+            short = one_gpu_step.refusal(p.config, self.samples) if self.one_gpu else None
+            if short:  # the study's step is fixed: a trial it cannot hold would not compare
+                self.decide("skip", f"the study's one-GPU step cannot hold it: {short}", rule=rid, **ev)
+                continue
             h = p.config.config_hash()
             seen = self.store.trial_by_hash(self.study.id, h)
             if seen is not None:
@@ -280,6 +322,11 @@ class Tuner:
             ev["fit"] = {k: out.fit.get(k) for k in ("fits", "reason", "peak_gb", "headroom_gb", "capacity_gb",
                                                        "failure")}
         rid = trial.fix
+        if out.state == "stage_error":  # measured nothing: the study goes on without it
+            self.decide("stage_error", out.error or f"{out.stage} failed", trial, rid, stage=out.stage,
+                        last_lines=out.last_lines, **ev)
+            self.say(f"trial {trial.number}: {out.error}; passed over")
+            return
         if out.state == "no_fit":  # never reached the cluster; a memory fix is fitted next
             self.decide("unfit", out.error or "does not fit", trial, rid, **ev)
             self.say(f"trial {trial.number}: {out.error}")

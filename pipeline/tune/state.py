@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from moetune.pipeline.spec.section import get as attr
 
-JUDGED = ("keep", "revert", "not_applied", "skip", "unfit")
+JUDGED = ("keep", "revert", "not_applied", "skip", "unfit", "stage_error")
 
 
 def image_of(cluster) -> str:
@@ -86,7 +86,7 @@ def study_state(store, study, cluster) -> StudyState:
             st.tried.setdefault(parent, set()).add(d.rule)
         if d.kind == "keep" and d.trial_id in by_id:
             st.incumbent, st.since_keep = by_id[d.trial_id], 0
-        elif d.kind in ("revert", "not_applied", "unfit") or (d.kind == "skip" and d.trial_id):
+        elif d.kind in ("revert", "not_applied", "unfit", "stage_error") or (d.kind == "skip" and d.trial_id):
             st.since_keep += 1 if d.kind != "skip" else 0
         if d.kind == "unfit" and st.incumbent is None and d.trial_id in by_id and measured_fit(d.evidence):
             peaks[d.trial_id] = ((d.evidence or {}).get("fit") or {}).get("peak_gb")
