@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from moetune.pipeline.cli.common import add_gpu_args, exit_code
+from moetune.pipeline.decide import one_gpu as one_gpu_step
 from moetune.pipeline.decide.rules import load_rules
 from moetune.pipeline.job import postprocess, render
 from moetune.pipeline.job import scheduler as jobs
@@ -69,6 +70,12 @@ def _main(argv: list[str]) -> int:
         return _fail(f"the constraint table refuses this layout: {v.code}: {v.message}"
                      + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""))
     tuning = exp.tuning.model_copy(update={"one_gpu": a.one_gpu or exp.tuning.one_gpu})
+    if tuning.one_gpu:  # the step a one-GPU study of this config would plan (decide/one_gpu.py)
+        try:
+            samples = one_gpu_step.plan_samples(config, exp.model, cluster, tuning, list(rules.values()))
+        except one_gpu_step.StepError as e:
+            return _fail(f"{exp.path}: {e}")
+        tuning = tuning.model_copy(update={"one_gpu_samples": samples})
     out = Path(a.out).resolve()
     cpus, where = node_cpus(cluster, a.launcher)
     try:
