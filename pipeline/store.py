@@ -240,6 +240,10 @@ class Store:
         with self.session() as s:
             s.get(Study, study_id).state = state
 
+    def set_study_experiment(self, study_id: int, experiment: dict) -> None:
+        with self.session() as s:
+            s.get(Study, study_id).experiment = json.loads(json.dumps(experiment, default=str))
+
     # -- trials --------------------------------------------------------------------------
     def add_trial(self, study_id: int, config: dict, config_hash: str,
                   parent_id: int | None = None, fix: str | None = None) -> Trial:

@@ -131,6 +131,9 @@ class Tuner:
         if last_stop is not None and last_stop.kind == "stop" and (last_stop.evidence or {}).get("blocking"):
             self.decide("resume", "the preflight that stopped the study passes now")
             self.store.set_study_state(self.study.id, "running")
+            # its trials run on the cluster as the experiment says now, the cause fixed
+            self.store.set_study_experiment(self.study.id, {**(self.study.experiment or {}),
+                                                            "cluster": as_dict(self.exp.cluster)})
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> dict:
