@@ -27,8 +27,9 @@ PROBED_KEYS = ("has_transformer_engine", "has_deep_ep", "has_hybrid_ep", "has_ap
 FINGERPRINT_KEYS = ("template", "container_image", "container_mounts", "container_writable", "venv",
                     "modules", "python", "megatron_path", "workdir", "env", "nsys", "workload",
                     "partition", "account", "gpus_per_node", "gres")
-MEGATRON_FIX = ("install megatron-core 0.19 in the image (pip install megatron-core==0.19.2), or point "
-                "cluster.megatron_path at a Megatron-LM tree of 0.19 or later")
+# where the entry's own check names no fix (it could not run at all)
+MEGATRON_FIX = ("install megatron-core 0.17 or later in the image (pip install megatron-core==0.19.2), or "
+                "point cluster.megatron_path at a Megatron-LM tree that has megatron/training")
 
 
 @dataclass(frozen=True)
