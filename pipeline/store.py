@@ -118,15 +118,35 @@ class Decision(Base):
     created_at: Mapped[str] = mapped_column(String(32), default=now)
 
 
-SCHEMA_VERSION = 1
+class Preflight(Base):
+    """What a preflight job found on a cluster and image (pipeline/job/preflight_probe.py), and
+    what it means (pipeline/spec/preflight.py); the latest per (cluster, image) is the current one."""
+    __tablename__ = "preflights"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(200), index=True)
+    image: Mapped[str] = mapped_column(Text)
+    fingerprint: Mapped[str] = mapped_column(String(64))  # the cluster keys that shape what it saw
+    record: Mapped[dict] = mapped_column(JSON, default=dict)
+    problems: Mapped[list] = mapped_column(JSON, default=list)
+    blocking: Mapped[int] = mapped_column(Integer, default=0)  # how many problems block trials
+    job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    folder: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[str] = mapped_column(String(32), default=now)
+
+
+SCHEMA_VERSION = 2
 
 
 def _migrate_v1(conn) -> None:
     """v0 → v1: the first schema; tables are created by create_all."""
 
 
+def _migrate_v2(conn) -> None:
+    """v1 → v2: the preflights table, created by create_all."""
+
+
 # (version it brings the database to, function of a connection). Append, never edit.
-MIGRATIONS: list[tuple[int, Any]] = [(1, _migrate_v1)]
+MIGRATIONS: list[tuple[int, Any]] = [(1, _migrate_v1), (2, _migrate_v2)]
 
 
 def database_url(url: str | None = None) -> str:
@@ -219,6 +239,10 @@ class Store:
     def set_study_state(self, study_id: int, state: str) -> None:
         with self.session() as s:
             s.get(Study, study_id).state = state
+
+    def set_study_experiment(self, study_id: int, experiment: dict) -> None:
+        with self.session() as s:
+            s.get(Study, study_id).experiment = json.loads(json.dumps(experiment, default=str))
 
     # -- trials --------------------------------------------------------------------------
     def add_trial(self, study_id: int, config: dict, config_hash: str,
@@ -318,6 +342,24 @@ class Store:
         with self.session() as s:
             return list(s.scalars(select(Decision).where(Decision.study_id == study_id)
                                   .order_by(Decision.id)))
+
+    # -- preflights ----------------------------------------------------------------------
+    def add_preflight(self, cluster: str, image: str, fingerprint: str, record: dict,
+                      problems: list[dict], job_id: str | None = None,
+                      folder: str | None = None) -> Preflight:
+        with self.session() as s:
+            row = Preflight(cluster=cluster, image=image, fingerprint=fingerprint,
+                            record=json.loads(json.dumps(record, default=str)), problems=list(problems),
+                            blocking=sum(1 for p in problems if p.get("blocking")), job_id=job_id,
+                            folder=folder)
+            s.add(row)
+            s.flush()
+            return row
+
+    def latest_preflight(self, cluster: str, image: str) -> Preflight | None:
+        with self.session() as s:
+            return s.scalar(select(Preflight).where(Preflight.cluster == cluster, Preflight.image == image)
+                            .order_by(Preflight.id.desc()).limit(1))
 
     def ping(self) -> None:
         with self.engine.connect() as conn:

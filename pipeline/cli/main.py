@@ -92,6 +92,11 @@ def cmd_status(args, _rest):
     return 0
 
 
+def cmd_preflight(args, _rest):
+    from moetune.pipeline.cli import preflight
+    return preflight.main(_store(args), args)
+
+
 def cmd_stage(args, _rest):
     from moetune.pipeline.trial import stages
     extra = {"local": True} if args.local else {}
@@ -146,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
              "fake process group) and say whether it fits; exit 1 when it does not")
     from moetune.pipeline.cli.fit import add_arguments
     add_arguments(sp)
+
+    sp = add("preflight", cmd_preflight, "probe what the trials will meet on the cluster (Megatron, "
+             "TE, DeepEP, nsys, GPUs, CPUs, NUMA, the runs folder) in one job of their image; exit 1 "
+             "when something blocks them")
+    from moetune.pipeline.cli.preflight import add_arguments as preflight_arguments
+    preflight_arguments(sp)
 
     sp = add("stage", cmd_stage, "re-run one stage of one trial by hand")
     sp.add_argument("stage", choices=STAGE_NAMES)

@@ -44,6 +44,7 @@ from moetune.pipeline.paths import trial_folder
 from moetune.pipeline.job import postprocess
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.spec import fit, gpus
+from moetune.pipeline.spec import preflight as preflight_spec
 from moetune.pipeline.spec.config import TrainingConfig, run_args
 from moetune.pipeline.spec.experiment import load_experiment, tuning_value
 from moetune.pipeline.spec.model import ModelArch
@@ -150,12 +151,16 @@ def _launcher(t: TrialContext) -> str:
 
 
 def node_cpus(t: TrialContext) -> int | None:
-    """CPUs of one compute node, shared out among its ranks (render.cpus_per_rank): Slurm's word
-    for the partition, or this machine's where the job runs here."""
+    """CPUs of one compute node, shared out among its ranks (render.cpus_per_rank): what the
+    preflight found on a node of this cluster and image, else Slurm's word for the partition, or
+    this machine's where the job runs here."""
     if _launcher(t) == "local":
         return os.cpu_count()
     _, cluster = t.model_and_cluster()
-    return jobs.node_cpus(as_dict(cluster).get("partition"))
+    c = as_dict(cluster)
+    row = t.store.latest_preflight(str(c.get("name") or "cluster"), preflight_spec.image_key(c))
+    probed = preflight_spec.capabilities(row.record, c).get("node_cpus") if row and row.record else None
+    return probed or jobs.node_cpus(c.get("partition"))
 
 
 def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluster, tuning,

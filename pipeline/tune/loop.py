@@ -14,7 +14,8 @@ Decisions (store.decisions, each with its evidence):
                measured nothing; the reason names the stage, and the study goes on
   skip         a rule the checker refused, whose config already ran, that crashed earlier in the
                study, that the bank lacks, or that the one-GPU step cannot hold
-  stop         why the study ended
+  stop         why the study ended (also: a preflight problem that blocks trials, before the first)
+  preflight    what the preflight found (its notes); resume: a study a preflight stopped goes on
 """
 from __future__ import annotations
 
@@ -35,10 +36,12 @@ from moetune.pipeline.job.replay import DEFAULT_BANK, find as find_entry, load_b
 from moetune.pipeline.paths import trial_folder
 from moetune.pipeline.spec import fit
 from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec import preflight as preflight_spec
 from moetune.pipeline.spec.constraints import check
 from moetune.pipeline.spec.experiment import load_experiment, tuning_value
 from moetune.pipeline.spec.section import as_dict, get as attr, gpu_count
 from moetune.pipeline.store import now
+from moetune.pipeline.trial import preflight
 from moetune.pipeline.trial import run as runner
 from moetune.pipeline.trial import stages
 from moetune.pipeline.tune.lock import study_lock
@@ -154,6 +157,22 @@ class Tuner:
         self.store.add_decision(self.study.id, kind, reason, trial_id=trial.id if trial else None,
                                 rule=rule, evidence=evidence)
 
+    def record_preflight(self, kind: str, reason: str, evidence: dict) -> None:
+        """The preflight's verdict in the study: a blocking one stops it before any trial; a
+        passing one after an earlier blocked run resumes it."""
+        if kind == "stop":
+            self.stop(reason, **evidence)
+            return
+        self.decide(kind, reason, **evidence)
+        last_stop = next((d for d in reversed(self.store.decisions(self.study.id)) if d.kind in ("stop", "resume")),
+                         None)
+        if last_stop is not None and last_stop.kind == "stop" and (last_stop.evidence or {}).get("blocking"):
+            self.decide("resume", "the preflight that stopped the study passes now")
+            self.store.set_study_state(self.study.id, "running")
+            # its trials run on the cluster as the experiment says now, the cause fixed
+            self.store.set_study_experiment(self.study.id, {**(self.study.experiment or {}),
+                                                            "cluster": as_dict(self.exp.cluster)})
+
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> dict:
         bar = _progress_bar(self.max_trials, self.progress)
@@ -207,9 +226,9 @@ class Tuner:
             return f"no gain in the last {st.since_keep} trials (patience {self.patience})"
         return None
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str, **evidence) -> None:
         self.say(f"stop: {reason}")
-        self.decide("stop", reason)
+        self.decide("stop", reason, **evidence)
         self.store.set_study_state(self.study.id, "done")
 
     def propose(self, st: StudyState) -> bool:
@@ -401,9 +420,34 @@ def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs
     name = exp.name + ("-1gpu" if exp.tuning.one_gpu else "")
     name = study_name or (f"{name}-replay" if executor == "replay" else name)
     with study_lock(runs_root, name):  # one tuner per study; a killed one's lock goes with it
+        gate = preflight_gate(exp, store, executor, Path(runs_root))  # sets exp.cluster's probed keys
         t = Tuner(exp, store, executor=executor, runs_root=Path(runs_root), study_name=name,
                   max_trials=max_trials, bank_dir=bank_dir, progress=progress)
+        t.record_preflight(*gate)
         return t.run()
+
+
+def preflight_gate(exp, store, executor: str, runs_root: Path) -> tuple[str, str, dict]:
+    """Before the first trial: what the trials will meet (trial/preflight.py), probed in a job of
+    the trials' own image, or the stored record still valid for this cluster and image. The
+    experiment's cluster takes the probed capabilities where its YAML leaves them unset; the
+    rules and constraints decide with it. (decision kind, reason, evidence) for the study: `stop`
+    with each blocking problem and its fix, else `preflight` with the notes."""
+    if executor == "replay":  # no job runs anywhere: the bank's trials carry their own image
+        return "preflight", "not run: the replay submits no job to probe", {}
+    cluster = exp.cluster
+    if exp.tuning.one_gpu:  # every trial is one rank on one GPU: probe what those jobs get
+        cluster = cluster.model_copy(update={"gpus_per_node": 1, "nodes": 1})
+    out = preflight.current(cluster, store, runs_root) or \
+        preflight.run(cluster, executor=executor, runs_root=runs_root, store=store)
+    exp.cluster = preflight_spec.resolve(exp.cluster, out.capabilities)
+    ev = {"preflight": out.folder, "job_id": out.job_id, "stored_at": out.stored_at,
+          "capabilities": out.capabilities, "notes": [p.line for p in out.problems if not p.blocking]}
+    where = f"preflight of cluster {exp.cluster.name} (job {out.job_id}, {out.folder})"
+    if out.blocking:
+        return "stop", f"{where}: " + " | ".join(p.line for p in out.blocking), \
+            {**ev, "blocking": [p.to_dict() for p in out.blocking]}
+    return "preflight", f"{where}: nothing blocks" + (f"; {len(ev['notes'])} notes" if ev["notes"] else ""), ev
 
 
 def _progress_bar(total: int, enabled: bool):
