@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from moetune.pipeline.job import scheduler as jobs
-from moetune.pipeline.trial import stages
+from moetune.pipeline.trial import run, stages
 from tests.conftest import kill_tuner_after_submit, stand_in_cluster
 
 pytestmark = pytest.mark.slurm
@@ -105,6 +105,9 @@ def test_job_over_its_memory_ends_out_of_memory(slurm, timeout_trial, make_trial
     assert store.trial(tid).state == "host_oom"
     analysis = json.loads((Path(store.trial(tid).folder) / "analysis.json").read_text())
     assert analysis["log"]["failure"] == "host_oom" and analysis["wall"] != "memory"
+    # why the job failed, from the file submitit's JobPaths names (stderr goes to its stdout here)
+    ref = stages.load_ref(stages.TrialContext(store, tid))
+    assert ref.paths.stdout.exists() and "exited with status" in run.job_error(ref)
 
 
 def test_tuner_answers_host_oom_with_no_gpu_memory_fix(slurm, timeout_trial, tmp_path):
