@@ -40,8 +40,15 @@ def unsteady_iterations(text: str) -> list[int]:
 
 # (failure, pattern). First match in file order of this table wins.
 FAILURES: tuple[tuple[str, re.Pattern], ...] = (
+    # the GPU's memory: the caching allocator, the CUDA runtime or driver, cuBLAS could not allocate
     ("oom", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|"
-                       r"CUBLAS_STATUS_ALLOC_FAILED|oom-kill|Out Of Memory|OUT_OF_MEMORY")),
+                       r"CUDA error: out of memory|CUDA_ERROR_OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED")),
+    # the node's memory: Slurm's cgroup ("srun: error: n2: task 0: Out Of Memory", "slurmstepd-n2:
+    # error: Detected 1 oom-kill event(s) in StepId=24.0"), the kernel's OOM killer, a data-loader
+    # worker killed so, Python's own MemoryError. No GPU memory fix answers it
+    ("host_oom", re.compile(r"oom-kill|oom_kill|Out Of Memory|\bOUT_OF_MEMORY\b|Out of memory: Kill|"
+                            r"DataLoader worker \(pid[^)]*\) is killed by signal: Killed|"
+                            r"\bMemoryError\b")),
     ("time_limit", re.compile(r"DUE TO TIME LIMIT|TIMEOUT")),
     ("nccl_timeout", re.compile(r"Watchdog caught collective operation timeout|NCCL.*[Tt]imeout|"
                                 r"ProcessGroupNCCL.*timed out")),

@@ -5,10 +5,12 @@ threshold, and the guidance it comes from. A row fires when its metric crosses i
 strength is how far past (value / threshold). The strongest firing wall wins; ties go by
 `WALL_ORDER` (fit first). No row fires: `compute` if the GPU is busy, else `unknown`.
 
-A run is memory-walled when it ran out of memory, as the guidance means it ("make the run
-memory-feasible"). A run that completed with its allocator peak near the GPU's capacity is not:
-its wall is whatever else holds it back, and the `LIMITS` row it fires stands in the evidence
-with `limits` instead of a wall (the rule table bars the fixes that grow memory through the same
+A run is memory-walled when it ran out of GPU memory, as the guidance means it ("make the run
+memory-feasible"). A run killed for the node's host memory (Slurm's cgroup, the kernel's OOM
+killer: the log's `host_oom`) is not: no GPU memory fix (recompute, offload, more parallelism)
+answers it. A run that completed with its allocator peak near the GPU's capacity is not either:
+its wall is whatever else holds it back. Such rows (`LIMITS`) stand in the evidence with
+`limits` instead of a wall (the rule table bars the fixes that grow memory through the same
 share: a larger micro batch requires it under 0.6, pipeline/decide/rules.yaml). A recorded H100 run
 of Mixtral 8x7B at 95.7 % of capacity and 4.8 % GPU idle is compute-walled
 (tests/test_near_capacity.py).
@@ -20,8 +22,10 @@ WORKFLOW = "moe-optimization-workflow.md (Profile The Dominant Bottleneck)"
 WALL_ORDER = ("memory", "communication", "host_overhead", "compute")
 
 # (rule, wall, metric, op, threshold, source)
-THRESHOLDS: tuple[tuple[str, str, str, str, float, str], ...] = (
+THRESHOLDS: tuple[tuple[str, str | None, str, str, float, str], ...] = (
     ("oom_in_log", "memory", "log_oom", ">=", 1.0, WORKFLOW + ": OOMs during warmup"),
+    ("host_oom_in_log", None, "log_host_oom", ">=", 1.0,
+     "the job went over the node's memory (Slurm's cgroup, the kernel's OOM killer), not the GPU's"),
     ("memory_near_capacity", "memory", "memory_used_share", ">=", 0.92,
      WORKFLOW + ": run fits only barely"),
     ("exposed_a2a", "communication", "exposed_comm_share_net", ">=", 0.15,
@@ -38,7 +42,9 @@ THRESHOLDS: tuple[tuple[str, str, str, str, float, str], ...] = (
 
 # rows that limit the next fixes instead of naming a wall: rule -> what they bar
 LIMITS = {"memory_near_capacity": "memory: fixes that grow memory (a larger micro batch, less "
-                                  "recompute) would not fit"}
+                                  "recompute) would not fit",
+          "host_oom_in_log": "host memory, not the GPU's: no GPU memory fix answers it; the job "
+                             "needs more of the node's memory or to hold less there"}
 
 MIN_WINDOW_MS = 0.05  # below this the trace cannot decide
 
@@ -50,7 +56,9 @@ def _ops(v: float, op: str, t: float) -> bool:
 def derived(metrics: dict, log: dict | None, gpu_memory_gb: float | None) -> dict:
     """Inputs of the table that are not plain metrics."""
     d = dict(metrics)
-    d["log_oom"] = 1.0 if log and log.get("failure") == "oom" else 0.0
+    failure = (log or {}).get("failure")
+    d["log_oom"] = 1.0 if failure == "oom" else 0.0
+    d["log_host_oom"] = 1.0 if failure == "host_oom" else 0.0
     peak = metrics.get("peak_memory_gb") or (log or {}).get("max_allocated_gb")
     if peak and gpu_memory_gb:
         d["memory_used_share"] = peak / gpu_memory_gb
@@ -85,7 +93,8 @@ def classify(metrics: dict, log: dict | None = None, gpu_memory_gb: float | None
             why = f"the log ends in {log['failure']}"
         return {"wall": "unknown", "confidence": 0.0,
                 "evidence": [{"rule": "no_window", "wall": "unknown", "metric": "window_ms",
-                              "value": window, "threshold": MIN_WINDOW_MS, "reason": why}]}
+                              "value": window, "threshold": MIN_WINDOW_MS, "reason": why}]
+                + [f for f in fired if f["wall"] is None]}
     non_compute = [f for f in fired if f["wall"] in WALL_ORDER and f["wall"] != "compute"]
     if non_compute:
         best = max(non_compute, key=lambda f: (f["strength"], -WALL_ORDER.index(f["wall"])))

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
 from sqlalchemy import (JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint,
-                        create_engine, event, inspect, select, text)
+                        create_engine, event, inspect, make_url, select, text)
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -157,6 +158,42 @@ def database_url(url: str | None = None) -> str:
     return url
 
 
+# user:password@ of a URL SQLAlchemy cannot parse
+_USERINFO = re.compile(r"(?P<head>://[^:/@\s]*:)(?P<password>[^@\s]*)@")
+
+
+def masked(url: str) -> str:
+    """The database URL as any message may show it: its password as ***."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return _USERINFO.sub(lambda m: m["head"] + "***@", url)
+
+
+def hide_password(text: str, url: str) -> str:
+    """`text` (a driver's or SQLAlchemy's message) without the URL's password, as written or decoded."""
+    found = {m["password"] for m in _USERINFO.finditer(url)}
+    try:
+        found.add(make_url(url).password or "")
+    except ArgumentError:
+        pass
+    for password in sorted(filter(None, found), key=len, reverse=True):
+        text = text.replace(password, "***")
+    return text
+
+
+# a driver module SQLAlchemy could not import (its URL's dialect+driver) -> what installs it
+DRIVERS = {
+    "psycopg": "pip install 'moetune[postgres]'",
+    "psycopg2": "use postgresql+psycopg:// and pip install 'moetune[postgres]' (or pip install psycopg2-binary)",
+    "asyncpg": "use postgresql+psycopg:// and pip install 'moetune[postgres]'",
+    "MySQLdb": "pip install mysqlclient (or use mysql+pymysql:// and pip install pymysql)",
+    "pymysql": "pip install pymysql",
+    "mysql": "pip install mysql-connector-python",
+    "mariadb": "pip install mariadb",
+}
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
@@ -169,23 +206,23 @@ class Store:
     """All reads and writes of moetune's state. Every write is one transaction."""
 
     def __init__(self, url: str | None = None):
-        self.url = database_url(url)
+        raw = database_url(url)
+        self.url = masked(raw)  # what every message names: never the password
         try:
-            self.engine = create_engine(self.url, future=True, **_connect_args(self.url))
-            self.url = self.engine.url.render_as_string(hide_password=True)  # messages name it
-            if self.url.startswith("sqlite"):
+            self.engine = create_engine(raw, future=True, **_connect_args(raw))
+            if raw.startswith("sqlite"):
                 event.listen(self.engine, "connect", _sqlite_pragmas)
             self.migrate()
         except ArgumentError as e:
-            raise StoreError(f"{self.url}: not a database URL ({e}); give a SQLite path or a "
-                             "SQLAlchemy URL in --db or MOETUNE_DB") from None
+            raise StoreError(f"{self.url}: not a database URL ({hide_password(str(e), raw)}); give a "
+                             "SQLite path or a SQLAlchemy URL in --db or MOETUNE_DB") from None
         except ModuleNotFoundError as e:
-            raise StoreError(f"{self.url}: its driver is not installed ({e.name}); "
-                             "pip install 'moetune[postgres]'") from None
+            how = DRIVERS.get((e.name or "").split(".")[0], f"pip install the package of module {e.name}")
+            raise StoreError(f"{self.url}: its driver is not installed ({e.name}); {how}") from None
         except DBAPIError as e:
             why = str(e.orig or e).strip().splitlines()[0] if str(e.orig or e).strip() else type(e).__name__
-            raise StoreError(f"{self.url}: cannot reach the database ({why}); start it or point "
-                             "MOETUNE_DB elsewhere") from None
+            raise StoreError(f"{self.url}: cannot reach the database ({hide_password(why, raw)}); start "
+                             "it or point MOETUNE_DB elsewhere") from None
 
     # -- schema --------------------------------------------------------------------------
     def schema_version(self) -> int:

@@ -63,3 +63,40 @@ def test_native_crash_is_named_from_torchruns_summary():
     bank = Path(__file__).resolve().parents[1] / "benchmarks" / "trial_bank" / "logs"
     assert parse_log(bank / "flex_hybridep.log.xz")["failure"] == "crash"
     assert parse_log(bank / "baseline.log.xz")["failure"] is None
+
+
+# Recorded: a job over its --mem on this machine's Slurm 22.05.8 (cgroup v1, ConstrainRAMSpace),
+# tests/test_slurm_failures.py: the last lines of its log
+SLURM_CGROUP_OOM = ("srun: error: n2: task 0: Out Of Memory\n"
+                    "srun: launch/slurm: _step_signal: Terminating StepId=24.0\n"
+                    "slurmstepd-n2: error: Detected 1 oom-kill event(s) in StepId=24.0. Some of your "
+                    "processes may have been killed by the cgroup out-of-memory handler.\n")
+
+
+@pytest.mark.parametrize("text, failure", [
+    (SLURM_CGROUP_OOM, "host_oom"),
+    ("slurmstepd-n2: error: Detected 1 oom-kill event(s) in StepId=24.0.\n", "host_oom"),
+    # the kernel's OOM killer (a node without Slurm's cgroup), as dmesg words it
+    ("Out of memory: Killed process 4242 (python) total-vm:81234567kB, anon-rss:79123456kB\n", "host_oom"),
+    # torch's message for a data-loader worker the OOM killer took
+    ("RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed. \n", "host_oom"),
+    ("MemoryError\n", "host_oom"),  # Python's own: malloc failed on the host
+    ("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 448.00 MiB. GPU 0 has a "
+     "total capacity of 79.18 GiB of which 172.12 MiB is free.\n", "oom"),
+    ("RuntimeError: CUDA error: out of memory\n", "oom"),
+    ("RuntimeError: CUDA driver error: CUDA_ERROR_OUT_OF_MEMORY\n", "oom"),
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`\n", "oom"),
+])
+def test_host_memory_and_gpu_memory_are_told_apart(tmp_path, text, failure):
+    """The node's memory (Slurm's cgroup, the kernel, Python) is `host_oom`; the GPU's is `oom`,
+    CUDA's own out-of-memory error included."""
+    log = tmp_path / "log.txt"
+    log.write_text(ARGS + _iter_line(1, 900.0) + text)
+    assert parse_log(log)["failure"] == failure
+
+
+def test_host_oom_names_slurms_first_line(tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text(ARGS + _iter_line(1, 900.0) + SLURM_CGROUP_OOM)
+    r = parse_log(log)
+    assert r["failure_line"] == "srun: error: n2: task 0: Out Of Memory" and r["iterations"] == 1

@@ -9,7 +9,7 @@ from moetune import analysis
 from moetune.analysis import TraceError
 from moetune.analysis.cli import main as analyze_cli
 from moetune.analysis.logs import parse_log
-from moetune.analysis.walls import THRESHOLDS, classify
+from moetune.analysis.walls import LIMITS, THRESHOLDS, classify
 from tests.nsys_fixture import TraceBuilder, foreign_sqlite
 
 GEMM = "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT"
@@ -106,7 +106,8 @@ def test_log_failures(tmp_path, text, failure):
 
 def test_threshold_rows_name_their_source():
     assert all(row[5] for row in THRESHOLDS)
-    assert {row[1] for row in THRESHOLDS} == {"memory", "communication", "host_overhead", "compute"}
+    assert {row[1] for row in THRESHOLDS} - {None} == {"memory", "communication", "host_overhead", "compute"}
+    assert all(row[0] in LIMITS for row in THRESHOLDS if row[1] is None)  # no wall: a limit
 
 
 def test_classify_prefers_memory_over_everything():
@@ -165,3 +166,24 @@ def test_cli_one_line_error_and_json(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert {"wall", "confidence", "evidence", "metrics"} <= set(out)
     assert set(out["metrics"]) == {"combined", "per_rank"}
+
+
+def test_host_oom_is_never_the_memory_wall(tmp_path):
+    """A job Slurm's cgroup killed for the node's memory (its recorded lines) is not memory-walled,
+    with or without a trace, and even near the GPU's capacity: its row stands in the evidence as
+    a limit, not a wall."""
+    log = tmp_path / "log.txt"
+    log.write_text("iteration        1/      20 | consumed samples: 8 | elapsed time per iteration (ms): 900.0 |\n"
+                   "srun: error: n2: task 0: Out Of Memory\n"
+                   "slurmstepd-n2: error: Detected 1 oom-kill event(s) in StepId=24.0. Some of your "
+                   "processes may have been killed by the cgroup out-of-memory handler.\n")
+    r = analysis.analyze([], log=log)
+    assert r["log"]["failure"] == "host_oom" and r["wall"] == "unknown"
+    rows = {e["rule"]: e for e in r["evidence"]}
+    assert rows["host_oom_in_log"]["wall"] is None and "host memory" in rows["host_oom_in_log"]["limits"]
+    assert "oom_in_log" not in rows
+    busy = classify({"window_ms": 10, "sm_util_estimate": 0.9, "peak_memory_gb": 79},
+                    {"failure": "host_oom"}, 80)
+    assert busy["wall"] == "compute"
+    assert all(e["wall"] != "memory" for e in busy["evidence"])
+    assert {e["rule"] for e in busy["evidence"]} >= {"host_oom_in_log", "memory_near_capacity"}

@@ -70,3 +70,40 @@ def test_a_bug_keeps_its_traceback(monkeypatch, capsys):
     monkeypatch.setattr(cli, "cmd_status", lambda args, rest: {}["missing"])
     with pytest.raises(KeyError):
         cli.main(["--db", "sqlite://", "status"])
+
+
+PASSWORD = "pw-Planted-9f2"
+# (URL with the password planted, what its one line says)
+SECRET_URLS = [
+    (f"postgresql+psycopg://bob:{PASSWORD}@127.0.0.1:1/moetune", "cannot reach the database"),
+    (f"postgresql+psycopg2://bob:{PASSWORD}@127.0.0.1:1/moetune", "its driver is not installed (psycopg2)"),
+    (f"mysql://bob:{PASSWORD}@127.0.0.1:1/moetune", "pip install mysqlclient"),
+    (f"mysql+pymysql://bob:{PASSWORD}@127.0.0.1:1/moetune", "pip install pymysql"),
+    (f"nosuchdialect://bob:{PASSWORD}@127.0.0.1:1/moetune", "not a database URL"),
+    (f"::://bob:{PASSWORD}@127.0.0.1:1/moetune", "not a database URL"),
+]
+# every command that opens the store
+STORE_COMMANDS = [("status",), ("report",), ("tune", "moe_proxy", "--executor", "local", "--no-progress"),
+                  ("demo", "--no-progress"), ("plan", "moe_proxy"), ("stage", "render", "--trial", "1"),
+                  ("fit", "moe_proxy", "--executor", "local")]
+
+
+def no_password(r: subprocess.CompletedProcess, url: str, says: str) -> None:
+    assert PASSWORD not in r.stdout + r.stderr, r.stdout + r.stderr
+    line = one_line(r, says, "bob:***@")
+    assert not url.startswith("mysql") or "postgres" not in line, line
+
+
+@pytest.mark.parametrize("url, says", SECRET_URLS)
+def test_no_store_error_shows_the_database_password(tmp_path, url, says):
+    """However the store fails (a server that does not answer, a missing driver, a bad URL), from
+    MOETUNE_DB or --db: one line, the URL's password as ***; a MySQL URL is told its own driver."""
+    no_password(moetune("status", env={"MOETUNE_DB": url}, cwd=tmp_path), url, says)
+    no_password(moetune("--db", url, "status", cwd=tmp_path), url, says)
+
+
+@pytest.mark.parametrize("url, says", SECRET_URLS[:2] + SECRET_URLS[-1:])
+def test_no_command_shows_the_database_password(tmp_path, url, says):
+    """Every command that opens the store says the same password-free line."""
+    for cmd in STORE_COMMANDS:
+        no_password(moetune(*cmd, env={"MOETUNE_DB": url}, cwd=tmp_path), url, says)

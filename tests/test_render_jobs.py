@@ -2,9 +2,12 @@
 values refused in one line. Scripts are checked by bash itself (`bash -n`, and run locally)."""
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -173,3 +176,57 @@ def test_nsys_that_cannot_reach_its_daemon_is_started_once_more(tmp_path, error,
         assert "once more" in r.stderr and runs.read_text() == "run\n"
     else:
         assert r.returncode != 0 and "once more" not in r.stderr and not runs.exists()
+
+
+
+# stands in for nsys 2022.4 failing to reach its daemon, at its least convenient: its message comes
+# last, after more stderr than the copy to the log has taken when it exits, and a child it leaves behind keeps stderr open for a
+# while (the real `nsys --start-agent` lingers so); it writes no report. Started again, it runs.
+SLOW_FAKE_NSYS = """#!/bin/bash
+here=$(dirname "$0")
+if [ -e "$here/tried" ]; then echo run >> "$here/runs"; exit 0; fi
+touch "$here/tried"
+(sleep 10) &
+head -c 100000 /dev/zero | tr '\\0' x >&2
+echo "[QuadDCommon::tag_message*] = Local Endpoint is not available." >&2
+exit 1
+"""
+
+
+def read_all(pipe, into: list, delay_s: float) -> None:
+    """A slow reader of the job's output (srun's forwarding, a busy disk): starts after delay_s."""
+    time.sleep(delay_s)
+    while chunk := os.read(pipe.fileno(), 65536):
+        into.append(chunk)
+
+
+def test_nsys_retry_sees_the_daemon_message_every_time(tmp_path):
+    """The retry's check greps the profiled rank's stderr only once all of it is in the copy, every
+    time, even when whoever reads the job's output is slow (the copy to the log is then stalled
+    when nsys exits), and without waiting for a child of nsys that keeps stderr open. 10 runs of a
+    stand-in nsys whose daemon message ends 100 kB of stderr, read 1 s late: each starts it once
+    more, each ends well before the child does, and the output holds the message."""
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir()
+    fake.write_text(SLOW_FAKE_NSYS)
+    fake.chmod(0o755)
+    cluster = stand_in_cluster(nsys=str(fake), profile_ranks=[0], python=sys.executable)
+    spec = spec_of(tmp_path, cluster, launcher="local")
+    render.write_job(spec)
+    for i in range(10):
+        for f in ("tried", "runs"):
+            (fake.parent / f).unlink(missing_ok=True)
+        t0 = time.monotonic()
+        p = subprocess.Popen(["bash", f"{spec.folder}/job.sh"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+        got: list[bytes] = []
+        threading.Thread(target=read_all, args=(p.stdout, got, 1.0), daemon=True).start()
+        rc = p.wait(timeout=60)
+        took = time.monotonic() - t0
+        deadline = time.monotonic() + 5
+        while b"once more" not in b"".join(got) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        text = b"".join(got).decode(errors="replace")
+        assert rc == 0 and "once more" in text, f"run {i}: rc {rc}, {text[-300:]!r}"
+        assert "Local Endpoint is not available" in text
+        assert (fake.parent / "runs").read_text() == "run\n" and took < 8, (i, took)

@@ -10,13 +10,14 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from moetune.pipeline.job import scheduler as jobs
-from moetune.pipeline.trial import stages
+from moetune.pipeline.trial import run, stages
 from tests.conftest import kill_tuner_after_submit, stand_in_cluster
 
 pytestmark = pytest.mark.slurm
@@ -89,16 +90,56 @@ def timeout_trial(slurm, tmp_path_factory, multinode_timeout_trial):
     return store, tid
 
 
+HOST_OOM = {"nsys": "off", "mem": "300M", "stand_in": {"ms_per_iter": 50, "alloc_mb": 800}}
+
+
 def test_job_over_its_memory_ends_out_of_memory(slurm, timeout_trial, make_trial):
-    cluster = stand_in_cluster(nsys="off", mem="300M", stand_in={"ms_per_iter": 50, "alloc_mb": 800})
-    store, tid = make_trial(cluster=cluster, study="oom")
+    """Over its --mem, Slurm's cgroup kills the job: OUT_OF_MEMORY, recorded as the node's memory
+    (trial state, the log's failure), never as the GPU's memory wall."""
+    store, tid = make_trial(cluster=stand_in_cluster(**HOST_OOM), study="oom")
     submitted(store, tid)
     stages.run_stages(store, tid, through="analyze", poll_s=1, timeout_s=120)
     state = json.loads((Path(store.trial(tid).folder) / "state.json").read_text())
-    assert state["state"] == "OUT_OF_MEMORY" and state["outcome"] == "oom" and not state["retry"]
-    assert store.trial(tid).state == "oom"
+    assert state["state"] == "OUT_OF_MEMORY" and state["outcome"] == "host_oom" and not state["retry"]
+    assert "cluster.mem" in state["advice"]
+    assert store.trial(tid).state == "host_oom"
     analysis = json.loads((Path(store.trial(tid).folder) / "analysis.json").read_text())
-    assert analysis["log"]["failure"] == "oom"
+    assert analysis["log"]["failure"] == "host_oom" and analysis["wall"] != "memory"
+    # why the job failed, from the file submitit's JobPaths names (stderr goes to its stdout here)
+    ref = stages.load_ref(stages.TrialContext(store, tid))
+    assert ref.paths.stdout.exists() and "exited with status" in run.job_error(ref)
+
+
+def test_tuner_answers_host_oom_with_no_gpu_memory_fix(slurm, timeout_trial, tmp_path):
+    """A study whose baseline goes over the node's memory on Slurm: the trial is host_oom, the
+    decision says what to do about host memory, the rule table offers no GPU memory fix for its
+    analysis, no fix is applied, and the study still ends with a stop and its reports."""
+    from moetune.pipeline.decide import rules as rules_mod
+    from moetune.pipeline.report.study import write_reports
+    from moetune.pipeline.spec.config import TrainingConfig
+    from moetune.pipeline.spec.experiment import load_experiment
+    from moetune.pipeline.store import Store
+    from moetune.pipeline.tune import loop as tuner
+    from tests.conftest import stand_in_experiment
+    path = stand_in_experiment(tmp_path, "host_oom", {"python": sys.executable, **HOST_OOM},
+                               {"budget_trials": 3, "patience": 2})
+    store = Store(str(tmp_path / "db.sqlite"))
+    s = tuner.tune(path, store, executor="slurm", runs_root=tmp_path / "runs", progress=False)
+    study = store.study(s["study"])
+    base, = store.trials(study.id)
+    assert base.state == "host_oom" and jobs.slurm_state(base.slurm_job_id).state == "OUT_OF_MEMORY"
+    decisions = store.decisions(study.id)
+    revert = next(d for d in decisions if d.kind == "revert")
+    assert revert.trial_id == base.id and "host memory" in revert.reason and "cluster.mem" in revert.reason
+    assert not [d for d in decisions if d.kind == "apply"]
+    assert decisions[-1].kind == "stop" and "host_oom" in decisions[-1].reason
+    analysis = json.loads((Path(base.folder) / "analysis.json").read_text())
+    exp = load_experiment(path)
+    offered = rules_mod.proposals(analysis, TrainingConfig.from_dict(base.config), exp.model, exp.cluster,
+                                  exp.tuning)
+    assert not [p.rule.id for p in offered if p.rule.wall == "memory"]
+    md, html = write_reports(store, study.name, tmp_path / "reports")
+    assert "host_oom" in md.read_text() and html.exists()
 
 
 def test_cancelled_job_is_not_retried(slurm, timeout_trial, make_trial):

@@ -135,3 +135,14 @@ def test_frozen_v1_database_stays_readable(tmp_path):
     assert (d.kind, d.trial_id, d.evidence) == ("apply", t2.id, {"exposed_a2a_share": 0.31})
     t3 = store.add_trial(study.id, {"tp": 2, "ep": 8}, "new-hash", parent_id=t2.id)
     assert t3.number == 3
+
+
+def test_messages_hide_the_password_as_written_and_decoded():
+    """One helper masks the URL every message names, SQLAlchemy's parse or not, and takes the
+    password out of a driver's own text, percent-encoded or not."""
+    from moetune.pipeline.store import hide_password, masked
+    assert masked("postgresql+psycopg://bob:s3cr%40t@db:5432/m") == "postgresql+psycopg://bob:***@db:5432/m"
+    assert masked("::://bob:s3cret@db/m") == "::://bob:***@db/m"  # no URL to SQLAlchemy
+    assert masked("postgresql+psycopg://bob@db/m") == "postgresql+psycopg://bob@db/m"
+    url = "postgresql+psycopg://bob:s3cr%40t@db/m"
+    assert hide_password("auth failed for s3cr@t (s3cr%40t)", url) == "auth failed for *** (***)"

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import submitit
+from submitit.core.utils import JobPaths
 
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job.render import JobSpec
@@ -35,13 +36,19 @@ class JobOutcome:
     trial_state: str  # the trial's state in the store
     retry: bool  # not the config's fault: the same trial may run again
     measured: bool  # the job ran to its end: a measurement to analyze
+    advice: str | None = None  # what the engineer can do about it, where the state says
 
+
+# Slurm's OUT_OF_MEMORY is its cgroup's word for the node's memory: the GPUs' is the log's "oom"
+HOST_OOM_ADVICE = ("out of host memory (the node's, not the GPU's: no GPU memory fix answers it): "
+                   "ask for more with cluster.mem (\"0\" = all of the node's), or hold less on the "
+                   "host: fewer data-loader workers, less CPU offloading (optimizer, activations)")
 
 # Slurm job state → trial outcome. CANCELLED is someone's decision: never retried.
 OUTCOMES: dict[str, JobOutcome] = {
     "COMPLETED": JobOutcome("completed", retry=False, measured=True),
     "FAILED": JobOutcome("failed", retry=False, measured=False),
-    "OUT_OF_MEMORY": JobOutcome("oom", retry=False, measured=False),
+    "OUT_OF_MEMORY": JobOutcome("host_oom", retry=False, measured=False, advice=HOST_OOM_ADVICE),
     "TIMEOUT": JobOutcome("timeout", retry=False, measured=False),
     "DEADLINE": JobOutcome("timeout", retry=False, measured=False),
     "CANCELLED": JobOutcome("cancelled", retry=False, measured=False),
@@ -67,6 +74,12 @@ class JobRef:
     kind: str  # slurm | local
     folder: str  # submitit's folder
     name: str
+
+    @property
+    def paths(self) -> JobPaths:
+        """submitit's names for the job's files (result pickle, stdout, stderr): theirs, not ours.
+        Task 0: the job runs its function once (use_srun=False; the local executor, one task)."""
+        return JobPaths(self.folder, job_id=self.job_id, task_id=0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,6 +108,8 @@ class JobState:
         d = asdict(self)
         d.update(outcome=self.outcome.trial_state, retry=self.outcome.retry,
                  measured=self.outcome.measured)
+        if self.outcome.advice:
+            d["advice"] = self.outcome.advice
         return d
 
 
@@ -259,7 +274,7 @@ def find_slurm_job(name: str) -> str | None:
 
 def local_state(ref: JobRef) -> JobState:
     """A local job (id = process id): its result pickle says how it ended; else alive or lost."""
-    result = Path(ref.folder) / f"{ref.job_id}_0_result.pkl"
+    result = ref.paths.result_pickle
     if result.exists():
         try:
             with open(result, "rb") as f:

@@ -31,7 +31,7 @@ WATCHDOG = re.compile(r"Watchdog caught collective operation timeout|ProcessGrou
 
 @dataclass
 class TrialOutcome:
-    state: str  # completed | oom | failed | hung | skipped | timeout | cancelled | node_fail | stage_error
+    state: str  # completed | oom | host_oom | failed | hung | skipped | timeout | cancelled | node_fail | stage_error
     analysis: dict | None = None
     error: str | None = None
     last_lines: list[str] = field(default_factory=list)
@@ -132,6 +132,12 @@ def cancel(ref, grace_s: float = 3.0) -> None:
             return
 
 
+# the log's failure (analysis/logs.py) -> (trial state, why), whatever the job's state
+LOG_OUTCOMES = {"nccl_timeout": ("hung", "NCCL watchdog timeout in the log"),
+                "oom": ("oom", "out of GPU memory"),
+                "host_oom": ("host_oom", jobs.HOST_OOM_ADVICE)}
+
+
 ERROR_LINE = re.compile(r"^\s*([A-Za-z_.]*(Error|Exception)):\s*(.+)$")
 
 
@@ -145,19 +151,19 @@ def error_line(text: str) -> str | None:
 
 
 def job_error(ref) -> str | None:
-    """Why a submitit job failed: its result pickle's traceback, else its stderr."""
-    folder = Path(ref.folder)
-    result = folder / f"{ref.job_id}_0_result.pkl"
-    if result.exists():
+    """Why a submitit job failed: its result pickle's traceback, else its stderr (or its stdout,
+    where the Slurm job sends stderr there)."""
+    paths = ref.paths
+    if paths.result_pickle.exists():
         try:
-            with open(result, "rb") as f:
+            with open(paths.result_pickle, "rb") as f:
                 kind, value = pickle.load(f)
             if kind != "success":
                 return error_line(str(value)) or str(value).strip().splitlines()[-1]
         except Exception:
             pass
-    for err in folder.glob(f"{ref.job_id}_*log.err"):
-        found = error_line(err.read_text(errors="replace"))
+    for out in (paths.stderr, paths.stdout):
+        found = error_line(out.read_text(errors="replace")) if out.exists() else None
         if found:
             return found
     return None
@@ -245,10 +251,11 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
     _stage("analyze", stages.run_stage, store, trial.id, "analyze", **opts)
     result = json.loads(t.path("analysis.json").read_text())
     failure = (result.get("log") or {}).get("failure")
-    if failure == "nccl_timeout":
-        return TrialOutcome("hung", result, "NCCL watchdog timeout in the log", last())
-    if failure == "oom":
-        return TrialOutcome("oom", result, "out of memory", last())
+    if state.get("outcome") == "host_oom":  # Slurm's cgroup said so, whatever the log shows
+        failure = "host_oom"
+    if failure in LOG_OUTCOMES:
+        judged, why = LOG_OUTCOMES[failure]
+        return TrialOutcome(judged, result, why, last())
     step = (result.get("metrics") or {}).get("combined", {}).get("step_time_ms")
     if state.get("outcome") != "completed" or failure or not step:
         line = (result.get("log") or {}).get("failure_line")

@@ -54,11 +54,15 @@ def crashed(evidence: dict) -> bool:
         evidence.get("failure") in CRASH_FAILURES or any(m in text for m in CRASH_MARKS))
 
 
+GPU_MEASURED = (None, "oom")  # a fit's failures that still tell of the GPU's memory (spec/fit.py)
+
+
 def measured_fit(evidence: dict | None) -> bool:
     """An unfit trial whose fit measured a peak or ran out of memory: the parent of the next memory
     fix. A fit that measured nothing (Megatron refused the config at start-up) is passed over: its
-    fix stays tried from that parent, and the next one builds on the last fit that measured."""
-    return ((evidence or {}).get("fit") or {}).get("failure") in (None, "oom")
+    fix stays tried from that parent, and the next one builds on the last fit that measured. So is
+    one killed for the node's memory (`host_oom`): a GPU memory fix cannot mend it."""
+    return ((evidence or {}).get("fit") or {}).get("failure") in GPU_MEASURED
 
 
 MIN_DROP_SHARE = 0.002  # of the parent's peak: less is the same memory measured again
