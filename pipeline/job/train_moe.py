@@ -32,6 +32,10 @@ CHECK = "--moetune-check"
 NOT_RUNNABLE = 3
 FIX = ("use an image with megatron-core >= 0.17, or set cluster.megatron_path to a Megatron-LM "
        "source tree (it has megatron/training)")
+FIX_IMPORT = ("make the image's Megatron importable (the error named), or use an image with "
+              "megatron-core >= 0.17")
+FIX_RELEASE = ("use megatron-core 0.17, 0.18 or 0.19, or set cluster.megatron_path to a Megatron-LM "
+               "source tree of those releases")
 
 # What each entry takes from Megatron, as (module, name); the check imports exactly these.
 _COMMON = (
@@ -93,6 +97,19 @@ def _tree_of(module: str) -> str | None:
     return path
 
 
+def _version_at(tree: str) -> str | None:
+    """megatron-core's own version string, read from its package_info.py alone (so it is known
+    even where importing megatron.core fails)."""
+    path = os.path.join(tree, "core", "package_info.py")
+    try:
+        spec = importlib.util.spec_from_file_location("_moetune_mcore_info", path)
+        info = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(info)
+        return str(info.__version__)
+    except Exception:
+        return None
+
+
 def probe() -> tuple[dict, dict]:
     """The check's report, and the symbols the run uses ({} when it cannot run)."""
     report = {"megatron_core": None, "megatron_from": None, "training": False, "api": None,
@@ -103,12 +120,13 @@ def probe() -> tuple[dict, dict]:
         return report, {}
 
     try:
-        from megatron.core import package_info
+        core_tree = report["megatron_from"] = _tree_of("megatron.core")
+        training_tree = _tree_of("megatron.training")
     except Exception as e:
-        return refuse(f"megatron.core is not importable: {type(e).__name__}: {e}")
-    version = report["megatron_core"] = str(package_info.__version__)
-    core_tree = report["megatron_from"] = _tree_of("megatron.core")
-    training_tree = _tree_of("megatron.training")
+        return refuse(f"megatron cannot be looked up: {type(e).__name__}: {e}", FIX_IMPORT)
+    if core_tree is None:
+        return refuse("no megatron.core on the path")
+    version = report["megatron_core"] = _version_at(core_tree)
     if training_tree != core_tree:
         other = f"; the megatron.training at {training_tree} is another install's" if training_tree else ""
         return refuse(f"megatron-core {version} at {core_tree} has no megatron.training "
@@ -118,19 +136,20 @@ def probe() -> tuple[dict, dict]:
         training = importlib.import_module("megatron.training.training")
     except Exception as e:
         return refuse(f"megatron {version}: import megatron.training.training failed: "
-                      f"{type(e).__name__}: {e}")
+                      f"{type(e).__name__}: {e}", FIX_IMPORT)
     api, container = api_of(training.pretrain)
     report["api"] = api
     if api is None:
         params = ", ".join(inspect.signature(training.pretrain).parameters)
-        return refuse(f"megatron {version}: pretrain({params}) is neither shape this entry knows")
+        return refuse(f"megatron {version}: pretrain({params}) is neither shape this entry knows",
+                      FIX_RELEASE)
     symbols = {}
     for module, name in NEEDS[api] + (CONTAINER_NEEDS if container else ()):
         try:
             symbols[name] = getattr(importlib.import_module(module), name)
         except Exception as e:
             return refuse(f"megatron {version} lacks {module}.{name}, which the {api} entry uses "
-                          f"({type(e).__name__}: {e})")
+                          f"({type(e).__name__}: {e})", FIX_RELEASE)
     symbols["container"] = container
     return report, symbols
 
