@@ -203,6 +203,8 @@ def gpt_model_provider(m: dict, pre_process=True, post_process=True, vp_stage=No
     """The GPT model of the args, for a legacy pretrain (what Megatron-LM's pretrain_gpt.py builds
     for mcore models: a decoder block spec for MoE, MTP from the last layer's spec)."""
     args = m["get_args"]()
+    if not vp_stage:
+        _note_layer_impl(m, args)
     if config is None:  # older get_model passes no config
         config = m["core_transformer_config_from_args"](args)
     use_te = args.transformer_impl == "transformer_engine"
@@ -331,7 +333,6 @@ def main() -> int:
         provider = partial(gpt_model_provider, m)
         if m["container"]:
             args = m["parse_and_validate_args"](args_defaults=ARGS_DEFAULTS)
-            _note_layer_impl(m, args)
             m["pretrain"](m["pretrain_cfg_container_from_args"](args), datasets, provider,
                           model_type, _forward_step())
         else:  # this pretrain parses the args itself
