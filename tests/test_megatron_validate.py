@@ -122,3 +122,53 @@ def test_check_cli_reports_what_megatrons_parser_refuses(capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith("Megatron's parser refuses it:")
     assert "--moe-token-dispatcher-type: invalid choice: 'alltoal'" in out[0]
+
+
+# megatron-core releases the job's entry runs on; scripts/megatron-venv installs each beside the venv's 0.19
+MEGATRON_VERSIONS = ("0.17", "0.18", "0.19")
+
+
+def _shipped():
+    from moetune.pipeline.spec.experiment import list_experiments
+    return [load_experiment(n) for n in list_experiments()]
+
+
+@pytest.mark.parametrize("version", MEGATRON_VERSIONS)
+def test_megatron_version_accepts_rendered_argv_of_shipped_experiments(version):
+    """The baseline argv of every shipped experiment (moe_proxy, qwen3_30b_a3b, ...), as rendered for
+    that megatron-core, passes that release's own parse_args + validate_args + TransformerConfig."""
+    from moetune.pipeline.spec.config import args_for_megatron
+    exps = _shipped()
+    assert {"moe_proxy", "qwen3_30b_a3b"} <= {e.name for e in exps}
+    argvs = [args_for_megatron(e.baseline.to_args(e.model) + run_args(), version) for e in exps]
+    results = mv.validate(argvs, [e.cluster.gpus for e in exps], mcore=version)
+    assert dict(zip((e.name for e in exps), results)) == {e.name: None for e in exps}
+
+
+@pytest.mark.parametrize("version", MEGATRON_VERSIONS)
+def test_megatron_version_knows_every_flag_moetune_renders(version):
+    """Every flag of the TrainingConfig table and of the shipped experiments, renamed by
+    FLAG_VERSIONS for that release, is one its parser knows; and each FLAG_VERSIONS row holds:
+    releases before `since` know only the old name, later ones the new."""
+    from moetune.pipeline.spec.config import FLAG_VERSIONS, FLAGS, args_for_megatron, megatron_minor
+    ours = {f.flag for f in FLAGS}
+    for e in _shipped():
+        ours |= {a for a in e.baseline.to_args(e.model) + run_args() if a.startswith("--")}
+    known = mv.known_flags(version)
+    assert sorted(set(args_for_megatron(sorted(ours), version)) - known) == []
+    for row in FLAG_VERSIONS:
+        assert (row.flag in known) == (megatron_minor(version) >= row.since), row
+        assert megatron_minor(version) >= row.since or row.before in known, row
+
+
+def test_megatron_version_0_17_accepts_a_graphed_config_by_its_old_flag_name():
+    """A CUDA-graphed layout: megatron-core 0.17's parser refuses --cuda-graph-modules, and the
+    argv renamed by FLAG_VERSIONS passes its full validation."""
+    from moetune.pipeline.spec.config import args_for_megatron
+    e = load_experiment("qwen3_30b_a3b")
+    cfg = e.baseline.replace(cuda_graph_impl="transformer_engine", cuda_graph_modules=("attn", "moe_router"))
+    argv = cfg.to_args(e.model) + run_args()
+    assert "--cuda-graph-modules" in argv
+    assert "unrecognized arguments: --cuda-graph-modules" in (mv.parser_refusal(argv, mcore="0.17") or "")
+    assert mv.validate([args_for_megatron(argv, "0.17.1")], e.cluster.gpus, mcore="0.17") == [None]
+    assert mv.validate([argv], e.cluster.gpus) == [None]

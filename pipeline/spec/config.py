@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -265,3 +266,37 @@ def run_args() -> list[str]:
         "--eval-iters", "0", "--eval-interval", "1000000",
         "--split", "100,0,0",
     ]
+
+
+@dataclass(frozen=True)
+class FlagSince:
+    """A flag moetune renders that older Megatrons know by another name (same values)."""
+
+    flag: str
+    since: tuple[int, int]  # the first megatron-core (major, minor) whose parser has `flag`
+    before: str  # its name before that
+    source: str
+
+
+# Found by running each release's parse_args on every flag moetune renders (tests/test_megatron_validate.py)
+FLAG_VERSIONS: tuple[FlagSince, ...] = (
+    FlagSince("--cuda-graph-modules", (0, 18), "--cuda-graph-scope",
+              "megatron/training/arguments.py: megatron-core 0.17.1 has only --cuda-graph-scope; "
+              "0.18.0 adds --cuda-graph-modules and keeps the old name hidden"),
+)
+
+
+def megatron_minor(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a megatron-core version string ("0.17.1", "0.19.2+427767a"), else None."""
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def args_for_megatron(argv: list[str], version: str | None) -> list[str]:
+    """`argv` with each flag of FLAG_VERSIONS newer than megatron-core `version` given its older
+    name; unchanged when the version is unknown (None: the newest is assumed)."""
+    have = megatron_minor(version)
+    if have is None:
+        return list(argv)
+    renames = {row.flag: row.before for row in FLAG_VERSIONS if have < row.since}
+    return [renames.get(token, token) for token in argv]

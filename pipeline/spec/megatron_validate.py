@@ -3,7 +3,9 @@
 `validate(argvs, world_size)` runs, in one subprocess of `.venv-megatron/bin/python` (Python 3.12,
 megatron-core 0.19.2): `parse_args` + `validate_args`, then builds the TransformerConfig from the args
 (`core_transformer_config_from_args`), whose `__post_init__` holds checks validate_args misses.
-Each argv gets `None` (accepted) or the first line of Megatron's refusal.
+Each argv gets `None` (accepted) or the first line of Megatron's refusal. `mcore="0.17"` runs the
+same under an older megatron-core installed beside the venv's (scripts/megatron-venv puts it in
+.venv-megatron/mcore-0.17 and the subprocess finds it first on PYTHONPATH).
 """
 from __future__ import annotations
 
@@ -19,7 +21,10 @@ from moetune.pipeline.paths import ROOT
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.environment import config_env
 
-VENV_PYTHON = Path(os.environ.get("MEGATRON_VENV", ROOT / ".venv-megatron")) / "bin" / "python"
+VENV = Path(os.environ.get("MEGATRON_VENV", ROOT / ".venv-megatron"))
+VENV_PYTHON = VENV / "bin" / "python"
+MAIN_MCORE = "0.19"  # the venv's own megatron-core; the older ones are folders beside it
+OLDER_MCORE = ("0.16", "0.17", "0.18")
 
 
 class MegatronUnavailable(MoetuneError):
@@ -43,8 +48,7 @@ torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
 import megatron.core.models.common.embeddings.rope_utils as rope_utils
 import megatron.core.utils as mcore_utils
 from packaging.version import Version
-from megatron.training.arguments import parse_args, validate_args
-from megatron.training.argument_utils import core_transformer_config_from_args
+from megatron.training.arguments import parse_args, validate_args, core_transformer_config_from_args
 out = []
 for argv, world, CAPABILITY, has_te, env in jobs:
     if has_te and rope_utils.fused_apply_rotary_pos_emb is None:
@@ -80,8 +84,25 @@ print("@@" + json.dumps(out))
 '''
 
 
-def available() -> bool:
-    return VENV_PYTHON.exists()
+def available(mcore: str | None = None) -> bool:
+    return VENV_PYTHON.exists() and (mcore in (None, MAIN_MCORE) or mcore_folder(mcore).is_dir())
+
+
+def mcore_folder(mcore: str) -> Path:
+    """Where scripts/megatron-venv installs megatron-core `mcore` ("0.17": its latest patch release)."""
+    return VENV / f"mcore-{mcore}"
+
+
+def subprocess_env(mcore: str | None = None) -> dict[str, str]:
+    """The environment of a subprocess of the venv's Python that imports megatron-core `mcore`
+    (None or MAIN_MCORE: the venv's own), with no GPU."""
+    if not available(mcore):
+        where = VENV_PYTHON if not VENV_PYTHON.exists() else mcore_folder(mcore)
+        raise MegatronUnavailable(f"{where} missing; run scripts/megatron-venv")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    if mcore not in (None, MAIN_MCORE):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(mcore_folder(mcore)), env.get("PYTHONPATH")) if p)
+    return env
 
 
 CAPABILITY = {"hopper": (9, 0), "blackwell": (10, 0)}
@@ -101,17 +122,16 @@ def job_env(argv: list[str]) -> dict[str, str]:
 
 def validate(argvs: list[list[str]], world_size: int | list[int],
              generation: str = "hopper", has_te: bool = True, memory: bool = False,
-             envs: list[dict[str, str]] | None = None) -> list:
-    """`envs`: each job's environment; by default the one pipeline/render.py renders for it."""
-    if not available():
-        raise MegatronUnavailable(f"{VENV_PYTHON} missing; run scripts/megatron-venv")
+             envs: list[dict[str, str]] | None = None, mcore: str | None = None) -> list:
+    """`envs`: each job's environment; by default the one pipeline/render.py renders for it.
+    `mcore`: the megatron-core minor version to check under (None: the venv's own, 0.19)."""
+    env = subprocess_env(mcore)
     worlds = world_size if isinstance(world_size, list) else [world_size] * len(argvs)
     caps = [CAPABILITY[generation]] * len(argvs)
     envs = envs if envs is not None else [job_env(a) for a in argvs]
     jobs = [(a, w, c, has_te, e) for a, w, c, e in zip(argvs, worlds, caps, envs)]
     proc = subprocess.run([str(VENV_PYTHON), "-c", _PROBE], input=json.dumps([jobs, memory, TE_VERSION]),
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+                          capture_output=True, text=True, timeout=600, env=env)
     marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
     if proc.returncode != 0 or not marker:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -141,12 +161,10 @@ except Caught as c:
 '''
 
 
-def known_flags() -> set[str]:
-    """Every option string Megatron's own argument parser accepts."""
-    if not available():
-        raise MegatronUnavailable(f"{VENV_PYTHON} missing; run scripts/megatron-venv")
+def known_flags(mcore: str | None = None) -> set[str]:
+    """Every option string Megatron's own argument parser accepts (megatron-core `mcore`)."""
     proc = subprocess.run([str(VENV_PYTHON), "-c", _FLAGS_PROBE], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+                          timeout=300, env=subprocess_env(mcore))
     marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
     if not marker:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -169,14 +187,11 @@ except SystemExit:
 '''
 
 
-def parser_refusal(argv: list[str]) -> str | None:
+def parser_refusal(argv: list[str], mcore: str | None = None) -> str | None:
     """What Megatron's own argument parser says of an argv (an unknown argument, a value of the
     wrong type or outside its choices), or None; only parsing, not validate_args."""
-    if not available():
-        raise MegatronUnavailable(f"{VENV_PYTHON} missing; run scripts/megatron-venv")
     proc = subprocess.run([str(VENV_PYTHON), "-c", _PARSE_PROBE], input=json.dumps(list(argv)),
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+                          capture_output=True, text=True, timeout=300, env=subprocess_env(mcore))
     marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
     if not marker:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
