@@ -248,6 +248,8 @@ def capabilities(record: dict, cluster: Any = None) -> dict:
         caps["task_cpus"] = int(cpus["task"])
     if cpus.get("numa_nodes") is not None:
         caps["numa_nodes"] = len(cpus["numa_nodes"])
+    if _megatron_ok(record) and _sec(record, "megatron").get("megatron_core"):
+        caps["megatron_core"] = str(_sec(record, "megatron")["megatron_core"])
     return caps
 
 

@@ -45,7 +45,7 @@ from moetune.pipeline.job import postprocess
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.spec import fit, gpus
 from moetune.pipeline.spec import preflight as preflight_spec
-from moetune.pipeline.spec.config import TrainingConfig, run_args
+from moetune.pipeline.spec.config import TrainingConfig, args_for_megatron, run_args
 from moetune.pipeline.spec.experiment import load_experiment, tuning_value
 from moetune.pipeline.spec.model import ModelArch
 from moetune.pipeline.spec.section import as_dict, rank_count
@@ -142,12 +142,21 @@ def _render_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     cluster_d = as_dict(cluster)
     return [], {"config": t.row.config, "model": model.to_dict(), "cluster": cluster_d,
                 "folder": str(t.folder), "launcher": _launcher(t), "node_cpus": node_cpus(t),
-                "templates": render.template_texts()}
+                "megatron_core": probed(t).get("megatron_core"), "templates": render.template_texts()}
 
 
 def _launcher(t: TrialContext) -> str:
     slurm = t.executor == "slurm" or (t.executor == "auto" and jobs.slurm_available())
     return "srun" if slurm else "local"
+
+
+def probed(t: TrialContext) -> dict:
+    """What the latest preflight of this cluster and image found (spec/preflight.py
+    capabilities: node_cpus, megatron_core, ...); {} where none ran."""
+    _, cluster = t.model_and_cluster()
+    c = as_dict(cluster)
+    row = t.store.latest_preflight(str(c.get("name") or "cluster"), preflight_spec.image_key(c))
+    return preflight_spec.capabilities(row.record, c) if row and row.record else {}
 
 
 def node_cpus(t: TrialContext) -> int | None:
@@ -157,17 +166,15 @@ def node_cpus(t: TrialContext) -> int | None:
     if _launcher(t) == "local":
         return os.cpu_count()
     _, cluster = t.model_and_cluster()
-    c = as_dict(cluster)
-    row = t.store.latest_preflight(str(c.get("name") or "cluster"), preflight_spec.image_key(c))
-    probed = preflight_spec.capabilities(row.record, c).get("node_cpus") if row and row.record else None
-    return probed or jobs.node_cpus(c.get("partition"))
+    return probed(t).get("node_cpus") or jobs.node_cpus(as_dict(cluster).get("partition"))
 
 
 def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluster, tuning,
-               launcher: str, node_cpus: int | None) -> render.JobSpec:
+               launcher: str, node_cpus: int | None, megatron_core: str | None = None) -> render.JobSpec:
     """What one trial submits: its layout's job, or in a one-GPU study (tuning.one_gpu) the
     layout's rank 0 alone, profiled (spec/fit.py one_gpu_config; fit.OneGpuError where the step
-    cannot hold the layout)."""
+    cannot hold the layout). `megatron_core`: the image's version, where the preflight found it:
+    a flag that Megatron renamed goes by the name that version knows."""
     one_rank = None
     if tuning_value(tuning or {}, "one_gpu"):
         world = rank_count(cluster)
@@ -177,6 +184,7 @@ def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluste
     argv = config.to_args(model, has_apex=as_dict(cluster).get("has_apex") is not False) + run_args()
     if one_rank:
         argv += list(fit.FAKE_GROUP_ARGS)
+    argv = args_for_megatron(argv, megatron_core)
     return render.job_spec(name=name, folder=folder, config=config.to_dict(), argv=argv,
                            cluster=cluster, launcher=launcher, fit=one_rank, profile=True,
                            node_cpus=node_cpus)
@@ -199,7 +207,8 @@ def do_render(t: TrialContext) -> list[Path]:
     try:
         spec = trial_spec(name=t.job_name(), folder=t.folder, config=TrainingConfig.from_dict(t.row.config),
                           model=model, cluster=cluster, tuning=t.experiment.get("tuning"),
-                          launcher=_launcher(t), node_cpus=node_cpus(t))
+                          launcher=_launcher(t), node_cpus=node_cpus(t),
+                          megatron_core=probed(t).get("megatron_core"))
     except fit.OneGpuError as e:
         raise StageError(f"trial {t.id}: {e}") from None
     out = write_trial_job(spec, t.row.config)
@@ -219,8 +228,8 @@ def do_fit(t: TrialContext) -> list[Path]:
     world = rank_count(cluster)
     config = fit.fit_config(TrainingConfig.from_dict(t.row.config), world)
     ranks = fit.bounding_ranks(config, world)
-    argv = config.to_args(model, has_apex=cluster_d.get("has_apex") is not False) + run_args() + \
-        list(fit.FAKE_GROUP_ARGS)
+    argv = args_for_megatron(config.to_args(model, has_apex=cluster_d.get("has_apex") is not False)
+                             + run_args() + list(fit.FAKE_GROUP_ARGS), probed(t).get("megatron_core"))
     spec = render.job_spec(name=t.job_name() + ".fit", folder=folder, config=config.to_dict(),
                            argv=argv, cluster=cluster, launcher=_launcher(t), fit=(ranks, world),
                            node_cpus=node_cpus(t))
