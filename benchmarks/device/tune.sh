@@ -121,7 +121,7 @@ EOF2
     python3 - "$W" "$d" <<'EOF'
 import json, pathlib, subprocess, sys
 w, d = map(pathlib.Path, sys.argv[1:])
-trials = sorted((p for p in (w / "runs").glob("*/*") if p.is_dir()), key=lambda p: int(p.name))
+trials = sorted((p for p in (w / "runs").glob("*/*") if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
 step = {}
 for t in trials:
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -102,7 +103,9 @@ def node_cpus(cluster, launcher: str) -> tuple[int | None, str]:
     """(CPUs of one compute node, where that figure comes from) for sharing out among its ranks."""
     if cluster.cpus_per_task:
         return None, "cluster.cpus_per_task"
-    if launcher == "srun" and shutil.which("sinfo"):
+    if launcher == "local":  # the job runs on this machine
+        return os.cpu_count(), f"this machine's {os.cpu_count()} CPUs"
+    if shutil.which("sinfo"):
         found = jobs.node_cpus(cluster.partition)
         if found:
             return found, f"Slurm's {found} CPUs per node"
