@@ -57,9 +57,10 @@ def cmd_tune(args, _rest):
                          runs_root=Path(args.runs), max_trials=args.max_trials,
                          progress=not args.no_progress, one_gpu=args.one_gpu)
     md, html = _write_reports(args, summary.get("study", args.model))
+    judged = lambda key: "?" if summary.get(key) is None else f"{summary[key]:.1f}"
     print(f"study {summary.get('study')}: {summary.get('trials', '?')} trials, best "
-          f"{summary.get('best_step_time_ms', '?')} ms/step "
-          f"(baseline {summary.get('baseline_step_time_ms', '?')} ms)")
+          f"{judged('best_judged_step_time_ms')} ms/step (baseline "
+          f"{judged('baseline_judged_step_time_ms')} ms, judged)")
     print(f"report: {md}\nreport: {html}")
     return 0
 
