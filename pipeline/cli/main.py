@@ -18,9 +18,9 @@ class UserError(MoetuneError):
     """An error an engineer can fix; printed as one line, exit code 2."""
 
 
-def _store(args):
+def _store(args, read_only: bool = False):
     from moetune.pipeline.store import Store
-    return Store(getattr(args, "db", None))
+    return Store(getattr(args, "db", None), read_only=read_only)
 
 
 def cmd_plan(args, rest):
@@ -100,26 +100,32 @@ def cmd_demo(args, _rest):
     return cmd_tune(args, _rest)
 
 
-def _write_reports(args, study):
+def _write_reports(args, study, store=None):
     from moetune.pipeline.report import study as report
-    return report.write_reports(_store(args), study, Path(args.out))
+    return report.write_reports(store or _store(args), study, Path(args.out))
 
 
 def cmd_report(args, _rest):
-    store = _store(args)
+    store = _store(args, read_only=True)
     names = [args.study] if args.study else [s.name for s in store.studies()]
     if not names:
         raise UserError(f"no studies in {store.url}; run `moetune tune MODEL` first")
     writable_folder(args.out, "reports")
     for name in names:
-        md, html = _write_reports(args, name)
+        md, html = _write_reports(args, name, store)
         print(f"{name}: {md}\n{name}: {html}")
     return 0
 
 
 def cmd_status(args, _rest):
     from moetune.pipeline.report import status
-    print(status.render(_store(args), args.study))
+    from moetune.pipeline.store import NoStore
+    try:
+        store = _store(args, read_only=True)
+    except NoStore as e:
+        print(f"no studies: {e}")
+        return 0
+    print(status.render(store, args.study))
     return 0
 
 

@@ -7,13 +7,12 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 from moetune.pipeline.cli.common import add_gpu_args, exit_code
 from moetune.pipeline.spec.experiment import ConfigError, load_experiment
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.memory import FIXED_GB, TooFewGPUs, baseline_layout, plan, plan_cluster
-from moetune.pipeline.store import DEFAULT_DB, Store
+from moetune.pipeline.store import NoStore, Store
 
 # Fields that do not change a layout's memory: how long it runs and what is profiled. Routing's
 # capacity fields are left out too, since a fit runs the layout with static routing.
@@ -28,10 +27,10 @@ def measured_peaks(exp, world: int, db: str | None = None) -> dict[str, float]:
     """{layout key: highest measured peak (GB, Megatron's max allocated)} of the trials in the store
     (`db`: moetune's --db, else MOETUNE_DB, else .moetune/moetune.db; none is created) of this model
     at this GPU count."""
-    url = db or os.environ.get("MOETUNE_DB")
-    if not url and not Path(DEFAULT_DB).exists():
+    try:
+        store = Store(db or os.environ.get("MOETUNE_DB"), read_only=True)
+    except NoStore:
         return {}
-    store = Store(url)
     out: dict[str, float] = {}
     for study in store.studies():
         if study.model not in (exp.name, exp.model.name):
