@@ -117,10 +117,32 @@ def test_html_renders_in_chromium(study, tmp_path):
     assert "<h1>moetune study" in dom
     assert dom.count('class="timeline"') == s["trials"]
     assert len(re.findall(r"<rect", dom)) > 50 and dom.count("<circle") == s["trials"]
+    # every plot carries its legend; every trial its evidence rows
+    assert dom.count('class="legend"') == s["trials"] + 2
+    assert dom.count("Idle causes: launch-starved") == s["trials"] and dom.count("Kernels: ") == s["trials"]
     shot = tmp_path / "shot.png"
     chromium([f"--screenshot={shot}", "--window-size=1000,1600", html.resolve().as_uri()], tmp_path)
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000  # a blank page is ~5 KB
+
+
+@pytest.mark.chromium
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
+def test_demo_screenshots(demo, tmp_path):
+    """The study page and trial 1's bottleneck report as Chromium draws them (how docs/report-*.png
+    are made); each page's plots carry a legend."""
+    store = demo[0]
+    r = report.build(store, "moe_proxy-replay")
+    pages = {"study": demo[3], "bottleneck": report.section_page(r.sections[0])}
+    for name, text in pages.items():
+        page = tmp_path / f"{name}.html"
+        page.write_text(text)
+        dom = chromium(["--dump-dom", page.resolve().as_uri()], tmp_path).stdout
+        assert 'class="legend"' in dom and "Idle causes:" in dom, name
+        shot = tmp_path / f"report-{name}.png"
+        chromium([f"--screenshot={shot}", "--hide-scrollbars", "--window-size=1150,1400", page.resolve().as_uri()],
+                 tmp_path)
+        assert len(shot.read_bytes()) > 50_000, name  # drawn, not blank
 
 
 @pytest.mark.chromium

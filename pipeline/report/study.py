@@ -147,7 +147,10 @@ def svg_timeline(folder: Path | None, width: int = 900) -> str:
     if not rows:
         return ""
     row_h, label_w = 16, 60
-    height = row_h * len(rows) + 30
+    classes = {c for _, k, _ in rows for c in k["cls"].unique()}
+    legend_rows = 1 + (len(classes) + 1) * 110 // (width - label_w)
+    y_legend = row_h * len(rows) + 34
+    height = y_legend + 16 * legend_rows
     cols = TIMELINE_COLUMNS
     parts = [f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" '
              f'height="{height}" role="img" aria-label="per-rank timeline of the profiled window">']
@@ -179,10 +182,26 @@ def svg_timeline(folder: Path | None, width: int = 900) -> str:
                                  f'width="{(c - run_start) * scale:.1f}" height="{row_h - 3}" '
                                  f'fill="{CLASS_COLORS.get(cls, "#777")}"><title>{esc(cls)}</title></rect>')
                 run_start = c
-    parts.append(f'<text x="{label_w}" y="{height - 5}" font-size="11">window '
+    parts.append(f'<text x="{label_w}" y="{y_legend - 22}" font-size="11">window '
                  f'{esc(fmt((rows[0][2].end - rows[0][2].start) / 1e6))} ms, {esc(rows[0][2].steps)} '
-                 f'steps; white = idle</text></svg>')
+                 f'steps; each column coloured by the kernel class that ran longest in it</text>')
+    shown = sorted({c for _, k, _ in rows for c in k["cls"].unique()}, key=list(CLASS_COLORS).index)
+    parts.append(legend([(c, CLASS_COLORS.get(c, "#777")) for c in shown] + [("idle", "#ffffff")],
+                        label_w, y_legend, width))
+    parts.append("</svg>")
     return "".join(parts)
+
+
+def legend(items: list[tuple[str, str]], x0: int, y: int, width: int, step: int = 110) -> str:
+    """A row of colour swatches with their names (wrapping at width)."""
+    parts, x = ['<g class="legend">'], x0
+    for name, color in items:
+        if x + step > width:
+            x, y = x0, y + 16
+        parts.append(f'<rect x="{x}" y="{y - 9}" width="10" height="10" fill="{color}" stroke="#999" '
+                     f'stroke-width="0.5"/><text x="{x + 14}" y="{y}" font-size="11">{esc(name)}</text>')
+        x += step
+    return "".join(parts) + "</g>"
 
 
 BREAKDOWN = (("compute", "#4c72b0"), ("exposed comm", "#c44e52"), ("hidden comm", "#f2b5b7"),
@@ -201,69 +220,82 @@ def breakdown(c: dict) -> dict | None:
 
 
 def svg_breakdown(views: list[TrialView], width: int = 900) -> str:
-    rows = [(v, breakdown(v.combined)) for v in views]
-    rows = [(v, b) for v, b in rows if b]
+    """Per trial, the profiled step's milliseconds split into compute, exposed comm and idle (hidden
+    comm a band under compute), every bar on one scale, so a faster trial has a shorter bar."""
+    rows = [(v, breakdown(v.combined), v.combined.get("step_time_ms")) for v in views]
+    rows = [(v, b, step) for v, b, step in rows if b and step]
     if not rows:
         return ""
     row_h, label_w = 20, 190
-    height = row_h * len(rows) + 40
+    top = max(step for _, _, step in rows)
+    height = row_h * len(rows) + 70
     parts = [f'<svg class="breakdown" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-             f'height="{height}" role="img" aria-label="time breakdown per trial">']
-    bar_w = width - label_w - 10
-    for i, (v, b) in enumerate(rows):
+             f'height="{height}" role="img" aria-label="time per profiled step, per trial">']
+    bar_w = width - label_w - 70
+    scale = bar_w / top
+    for i, (v, b, step) in enumerate(rows):
         y = 5 + i * row_h
         parts.append(f'<text x="0" y="{y + 13}" font-size="11">#{v.trial.number} '
                      f'{esc(v.trial.fix or "baseline")}</text>')
         x = label_w
-        # hidden comm overlaps compute: draw it as a band inside the compute bar
         for name, color in BREAKDOWN:
-            share = b[name]
-            if name == "hidden comm":
-                parts.append(f'<rect x="{label_w:.1f}" y="{y + 12}" width="{share * bar_w:.1f}" '
-                             f'height="4" fill="{color}"><title>hidden comm {share:.1%}</title></rect>')
+            part = b[name] * step
+            if name == "hidden comm":  # overlaps compute: a band inside the compute bar
+                parts.append(f'<rect x="{label_w:.1f}" y="{y + 12}" width="{part * scale:.1f}" '
+                             f'height="4" fill="{color}"><title>hidden comm {part:.1f} ms</title></rect>')
                 continue
-            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{share * bar_w:.1f}" height="{row_h - 4}" '
-                         f'fill="{color}"><title>{esc(name)} {share:.1%}</title></rect>')
-            x += share * bar_w
-    ly = height - 12
-    for j, (name, color) in enumerate(BREAKDOWN):
-        parts.append(f'<rect x="{label_w + j * 130}" y="{ly - 9}" width="10" height="10" fill="{color}"/>'
-                     f'<text x="{label_w + j * 130 + 14}" y="{ly}" font-size="11">{esc(name)}</text>')
+            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{part * scale:.1f}" height="{row_h - 4}" '
+                         f'fill="{color}"><title>{esc(name)} {part:.1f} ms</title></rect>')
+            x += part * scale
+        parts.append(f'<text x="{x + 4:.1f}" y="{y + 13}" font-size="11">{step:.1f} ms</text>')
+    axis_y = 5 + len(rows) * row_h + 4
+    parts.append(f'<line x1="{label_w}" y1="{axis_y}" x2="{label_w + bar_w}" y2="{axis_y}" stroke="#333"/>')
+    for frac in (0, 0.25, 0.5, 0.75, 1.0):
+        parts.append(f'<text x="{label_w + frac * bar_w - 8:.1f}" y="{axis_y + 13}" font-size="10">'
+                     f'{top * frac:.0f}</text>')
+    parts.append(f'<text x="{label_w + bar_w / 2 - 50:.1f}" y="{axis_y + 27}" font-size="10">ms per profiled step</text>')
+    parts.append(legend(list(BREAKDOWN), label_w, height - 8, width, step=130))
     parts.append("</svg>")
     return "".join(parts)
 
 
-def svg_step_times(views: list[TrialView], width: int = 900, height: int = 220) -> str:
-    pts = [(v.trial.number, v.judged_ms or v.trial.step_time_ms, v.verdict.kind if v.verdict else "")
+STEP_COLORS = {"baseline": "#4c72b0", "keep": "#2a9d46", "revert": "#c44e52", "not_applied": "#999999"}
+
+
+def svg_step_times(views: list[TrialView], width: int = 900, height: int = 240) -> str:
+    """Judged step time of each trial that ran (x: those trials, in order), coloured by its verdict;
+    dashed: the best kept so far."""
+    pts = [(v.trial.number, v.judged_ms or v.trial.step_time_ms,
+            "baseline" if _is_baseline(v) else (v.verdict.kind if v.verdict else ""))
            for v in views if v.judged_ms or v.trial.step_time_ms]
     if not pts:
         return ""
-    left, bottom, top = 60, 30, 15
+    left, bottom, top = 60, 48, 15
     ymax = max(p[1] for p in pts) * 1.1
-    nmax = max(v.trial.number for v in views)
-    x = lambda n: left + (n - 0.5) * (width - left - 10) / max(nmax, 1)
-    y = lambda ms: top + (1 - ms / ymax) * (height - top - bottom)
-    colors = {"keep": "#2a9d46", "revert": "#c44e52", "not_applied": "#999999"}
+    x = lambda i: left + (i + 0.5) * (width - left - 10) / len(pts)
+    y = lambda t: top + (1 - t / ymax) * (height - top - bottom)
     parts = [f'<svg class="steptimes" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-             f'height="{height}" role="img" aria-label="step time across trials">',
+             f'height="{height}" role="img" aria-label="judged step time of the trials that ran">',
              f'<line x1="{left}" y1="{y(0)}" x2="{width - 10}" y2="{y(0)}" stroke="#333"/>',
              f'<line x1="{left}" y1="{top}" x2="{left}" y2="{y(0)}" stroke="#333"/>']
     for frac in (0.25, 0.5, 0.75, 1.0):
-        ms = ymax * frac
-        parts.append(f'<text x="2" y="{y(ms) + 4:.1f}" font-size="10">{ms:.0f} ms</text>')
-    best = None
-    line = []
-    for n, ms, kind in pts:
-        if kind == "keep":
-            best = ms
+        parts.append(f'<text x="2" y="{y(ymax * frac) + 4:.1f}" font-size="10">{ymax * frac:.0f} ms</text>')
+    best, line = None, []
+    for i, (n, t, kind) in enumerate(pts):
+        if kind in ("keep", "baseline") and (best is None or t < best):
+            best = t
         if best is not None:
-            line.append(f"{x(n):.1f},{y(best):.1f}")
-        parts.append(f'<circle cx="{x(n):.1f}" cy="{y(ms):.1f}" r="5" fill="{colors.get(kind, "#4c72b0")}">'
-                     f'<title>trial {n}: {ms:.1f} ms ({esc(kind)})</title></circle>'
-                     f'<text x="{x(n) - 4:.1f}" y="{height - 10}" font-size="10">{n}</text>')
+            line.append(f"{x(i):.1f},{y(best):.1f}")
+        parts.append(f'<circle cx="{x(i):.1f}" cy="{y(t):.1f}" r="5" fill="{STEP_COLORS.get(kind, "#777")}">'
+                     f'<title>trial {n}: {t:.1f} ms ({esc(kind)})</title></circle>'
+                     f'<text x="{x(i) - 4:.1f}" y="{y(0) + 14:.1f}" font-size="10">{n}</text>')
     if line:
         parts.append(f'<polyline points="{" ".join(line)}" fill="none" stroke="#2a9d46" '
                      f'stroke-dasharray="4 3"/>')
+    parts.append(f'<text x="{left}" y="{y(0) + 28:.1f}" font-size="10">trial (those that ran)</text>')
+    kinds = [k for k in STEP_COLORS if any(p[2] == k for p in pts)]
+    parts.append(legend([(k, STEP_COLORS[k]) for k in kinds] + [("best kept so far (dashed)", "#2a9d46")],
+                        left + 160, height - 6, width, step=130))
     parts.append("</svg>")
     return "".join(parts)
 
@@ -454,7 +486,7 @@ def _proposed_by(v: TrialView) -> str:
     ev = (v.apply.evidence or {}) if v.apply else {}
     if not ev.get("wall"):
         return ""
-    return f"{ev['wall']} wall" + (f" (confidence {fmt(ev['confidence'], 2)})" if ev.get("confidence") else "")
+    return ev["wall"] + (f" ({fmt(ev['confidence'], 2)})" if ev.get("confidence") else "")
 
 
 def trials_table(views: list[TrialView]) -> Table:
@@ -470,7 +502,7 @@ def trials_table(views: list[TrialView]) -> Table:
                      fmt(t.step_time_ms), fmt(t.tflops_per_gpu), t.wall or "", _proposed_by(v)])
         depths.append(depth)
     return Table(["trial", "fix", "state", "decision", "judged ms", "change", "p", "profiled ms",
-                  "TFLOP/s/GPU", "wall", "proposed by"], rows, depths)
+                  "TFLOP/s/GPU", "wall", "proposed by wall (confidence)"], rows, depths)
 
 
 def trial_facts(v: TrialView) -> list[str]:
@@ -655,12 +687,12 @@ def study_markdown(store, study_name: str) -> str:
 
 
 # -- HTML --------------------------------------------------------------------------------------
-CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1000px;color:#222}
+CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:2px 8px;
 font-size:13px;text-align:left}pre{background:#f5f5f5;padding:.6em;white-space:pre-wrap;
 word-break:break-all;font-size:12px}.keep{color:#2a9d46}.revert{color:#c44e52}
 .warning{color:#a33}ul.headline li{font-size:15px;margin:.2em 0}
-section.trial{border-top:1px solid #ddd;margin-top:1.5em}"""
+section.trial{border-top:1px solid #ddd;margin-top:1.5em}td:first-child{white-space:nowrap}"""
 
 
 def _code(text: str) -> str:
@@ -702,6 +734,12 @@ def section_html(sec: TrialSection) -> str:
         parts.append("<p>Timeline of the profiled window (per rank):</p>" + strip)
     parts.append("</section>")
     return "".join(parts)
+
+
+def section_page(sec: TrialSection) -> str:
+    """One trial's bottleneck report as a page of its own (the screenshot in docs/)."""
+    return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{esc(sec.title)}</title>'
+            f"<style>{CSS}</style></head><body>{section_html(sec)}</body></html>")
 
 
 def trial_html(v: TrialView, parent_number: int | None) -> str:
