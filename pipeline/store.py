@@ -36,6 +36,10 @@ class DuplicateTrial(StoreError):
     pass
 
 
+class NoStore(StoreError):
+    """A command that only reads found no store where it looked (and made none)."""
+
+
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -150,10 +154,13 @@ def _migrate_v2(conn) -> None:
 MIGRATIONS: list[tuple[int, Any]] = [(1, _migrate_v1), (2, _migrate_v2)]
 
 
-def database_url(url: str | None = None) -> str:
+def database_url(url: str | None = None, read_only: bool = False) -> str:
     url = url or os.environ.get("MOETUNE_DB") or DEFAULT_DB
     if "://" not in url:
-        Path(url).parent.mkdir(parents=True, exist_ok=True)
+        if read_only and not Path(url).is_file():
+            raise NoStore(f"{url}: no moetune store here; `moetune tune MODEL` or `make demo` makes one")
+        if not read_only:
+            Path(url).parent.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{Path(url).resolve()}"
     return url
 
@@ -194,9 +201,10 @@ DRIVERS = {
 }
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:
+def _sqlite_pragmas(dbapi_conn, _record, read_only: bool = False) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
+    if not read_only:  # WAL is written into the file's header
+        cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
@@ -205,14 +213,17 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
 class Store:
     """All reads and writes of moetune's state. Every write is one transaction."""
 
-    def __init__(self, url: str | None = None):
-        raw = database_url(url)
+    def __init__(self, url: str | None = None, read_only: bool = False):
+        """read_only: for commands that only read; nothing is created or migrated (NoStore where
+        there is no store, StoreError for a database that is not moetune's)."""
+        raw = database_url(url, read_only)
         self.url = masked(raw)  # what every message names: never the password
         try:
             self.engine = create_engine(raw, future=True, **_connect_args(raw))
             if raw.startswith("sqlite"):
-                event.listen(self.engine, "connect", _sqlite_pragmas)
-            self.migrate()
+                event.listen(self.engine, "connect",
+                             lambda c, r: _sqlite_pragmas(c, r, read_only=read_only))
+            self.check_schema() if read_only else self.migrate()
         except ArgumentError as e:
             raise StoreError(f"{self.url}: not a database URL ({hide_password(str(e), raw)}); give a "
                              "SQLite path or a SQLAlchemy URL in --db or MOETUNE_DB") from None
@@ -231,6 +242,17 @@ class Store:
         with Session(self.engine) as s:
             row = s.get(Meta, "schema_version")
             return int(row.value) if row else 0
+
+    def check_schema(self) -> None:
+        """A read-only open: the database must already be a moetune store of this schema."""
+        current = self.schema_version()
+        if current == 0:
+            tables = sorted(inspect(self.engine).get_table_names())
+            raise StoreError(f"{self.url}: not a moetune store" + (f" (its tables: {', '.join(tables[:5])})"
+                             if tables else " (no tables)") + "; give moetune's own with --db or MOETUNE_DB")
+        if current != SCHEMA_VERSION:
+            raise StoreError(f"{self.url}: schema version {current}, this moetune reads {SCHEMA_VERSION}; "
+                             "a moetune of that version reads it, and a writing command brings an older one up to date")
 
     def migrate(self) -> None:
         current = self.schema_version()

@@ -107,3 +107,135 @@ def test_no_command_shows_the_database_password(tmp_path, url, says):
     """Every command that opens the store says the same password-free line."""
     for cmd in STORE_COMMANDS:
         no_password(moetune(*cmd, env={"MOETUNE_DB": url}, cwd=tmp_path), url, says)
+
+
+# ---- the cases a new user meets: each one line, the right exit code, nothing written by a reader ----
+def test_plan_baseline_on_too_few_gpus(tmp_path):
+    """`plan deepseek_v3 --gpus 256 --gpu-type H100 --baseline`: the baseline's 1024 GPUs named,
+    exit 1 as text and as JSON."""
+    for fmt in ("text", "json"):
+        r = moetune("plan", "deepseek_v3", "--gpus", "256", "--gpu-type", "H100", "--baseline",
+                    "--format", fmt, cwd=tmp_path)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip() == "moetune plan: deepseek_v3's baseline needs 1024 GPUs (or a multiple); 256 given"
+    for fmt in ("text", "json"):  # does not fit: 1 in both formats
+        assert moetune("plan", "qwen3_235b", "--baseline", "--format", fmt, cwd=tmp_path).returncode == 1
+
+
+@pytest.mark.parametrize("argv", [("plan", "deepseek_v3", "--format", "json"),
+                                  ("analyze", "--help")])
+def test_a_reader_that_stops_early(tmp_path, argv):
+    """`moetune plan ... | head`: the reader closes the pipe; no BrokenPipeError traceback."""
+    p = subprocess.Popen([sys.executable, "-m", "moetune.pipeline.cli.main", *argv], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.wait(timeout=120)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_analyze_markdown_to_a_reader_that_stops_early(tmp_path):
+    """`moetune analyze TRACE --format markdown | head` on a real trace of the demo's bank."""
+    trace = REPO / "benchmarks" / "trial_bank" / "traces" / "baseline.sqlite.xz"
+    p = subprocess.Popen([sys.executable, "-m", "moetune.pipeline.cli.main", "analyze", str(trace),
+                          "--format", "markdown"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.wait(timeout=300)
+    assert "Traceback" not in err, err
+
+
+MEGATRON_ARGV = ["--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads", "8", "--num-experts", "8",
+                 "--micro-batch-size", "1", "--global-batch-size", "16"]
+
+
+def test_check_takes_megatrons_dispatcher_default(tmp_path):
+    """No --moe-token-dispatcher-type: Megatron runs allgather, which refuses EP overlap."""
+    r = moetune("check", "--no-megatron-parser", "--gpus", "16", "--", *MEGATRON_ARGV,
+                "--expert-model-parallel-size", "8", "--overlap-moe-expert-parallel-comm", cwd=tmp_path)
+    assert r.returncode == 1 and "ep_overlap_dispatcher" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("gpus", ["0", "-4"])
+def test_check_refuses_no_gpus(tmp_path, gpus):
+    r = moetune("check", "--gpus", gpus, "--", *MEGATRON_ARGV, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr == f"moetune check: --gpus {gpus}: give 1 GPU or more\n", r.stderr
+
+
+def test_check_refuses_fp8_without_fp8_hardware(tmp_path):
+    r = moetune("check", "--no-megatron-parser", "--gpu-type", "A100", "--", *MEGATRON_ARGV,
+                "--transformer-impl", "transformer_engine", "--fp8-format", "hybrid", cwd=tmp_path)
+    assert r.returncode == 1 and "fp8_needs_hopper_or_newer" in r.stdout, r.stdout + r.stderr
+    r = moetune("check", "--no-megatron-parser", "--gpu-type", "H100", "--", *MEGATRON_ARGV,
+                "--transformer-impl", "transformer_engine", "--fp8-format", "hybrid", cwd=tmp_path)
+    assert "fp8_needs_hopper_or_newer" not in r.stdout
+
+
+def test_unwritable_runs_or_reports_folder_before_the_study(tmp_path):
+    """A runs or reports folder that cannot take a file (here: below a plain file, which holds for
+    root too): one line, exit 2, before any trial ran."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    db = tmp_path / "db.sqlite"
+    for flag in ("--runs", "--out"):
+        r = moetune("--db", str(db), "demo", flag, str(blocker / "x"), "--no-progress", cwd=tmp_path)
+        one_line(r, str(blocker / "x"), "cannot be written", flag)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+def test_read_only_runs_folder(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    runs.chmod(0o555)
+    r = moetune("--db", str(tmp_path / "db.sqlite"), "demo", "--runs", str(runs), "--no-progress", cwd=tmp_path)
+    one_line(r, str(runs), "cannot be written")
+
+
+def test_reading_commands_write_nothing(tmp_path):
+    """status and report on a missing path, a non-URL, a folder that does not exist, or an unrelated
+    SQLite file: nothing created, the foreign file unchanged."""
+    r = moetune("status", env={"MOETUNE_DB": "notaurl"}, cwd=tmp_path)
+    assert r.returncode == 0 and "no studies" in r.stdout and not (tmp_path / "notaurl").exists()
+    r = moetune("--db", str(tmp_path / "no" / "dir" / "x.db"), "status", cwd=tmp_path)
+    assert r.returncode == 0 and not (tmp_path / "no").exists()
+    one_line(moetune("--db", str(tmp_path / "no" / "x.db"), "report", cwd=tmp_path), "no moetune store")
+    assert not (tmp_path / "no").exists() and not (tmp_path / "reports").exists()
+    import sqlite3
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as c:
+        c.execute("create table mine(a)")
+    before = other.read_bytes()
+    one_line(moetune("--db", str(other), "status", cwd=tmp_path), "not a moetune store", "mine")
+    one_line(moetune("--db", str(other), "report", cwd=tmp_path), "not a moetune store")
+    assert other.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["other.sqlite"]
+
+
+def test_tune_and_fit_refuse_a_layout_before_any_job(tmp_path):
+    """EP 3 with 16 experts, TP 7: the constraint table refuses them; one line, exit 2, no trial."""
+    db = tmp_path / "db.sqlite"
+    one_line(moetune("--db", str(db), "fit", "moe_proxy", "--ep", "3", "--executor", "local",
+                     "--runs", str(tmp_path / "runs"), cwd=tmp_path), "EP3", "refused before any job")
+    one_line(moetune("--db", str(db), "fit", "moe_proxy", "--tp", "7", "--executor", "local",
+                     "--runs", str(tmp_path / "runs"), cwd=tmp_path), "TP7", "refused before any job")
+    exp = tmp_path / "ep3.yaml"
+    exp.write_text((REPO / "experiments" / "moe_proxy.yaml").read_text().replace("ep: 2", "ep: 3", 1))
+    assert "ep: 3" in exp.read_text()
+    one_line(moetune("--db", str(db), "tune", str(exp), "--executor", "local", "--runs", str(tmp_path / "runs"),
+                     "--no-progress", cwd=tmp_path), "ep3.yaml", "EP3")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_stage_says_what_it_did_and_fit_exits_by_its_verdict(tmp_path):
+    """`stage fit` exits 1 when its fit.json says the layout does not fit (or failed), 0 when it
+    fits; run again without --force it says the stage is current instead of only printing a path."""
+    import json
+    db = ["--db", str(tmp_path / "db.sqlite")]
+    r = moetune(*db, "fit", "moe_proxy", "--executor", "local", "--runs", str(tmp_path / "runs"), cwd=tmp_path)
+    fitted = json.loads(next((tmp_path / "runs").rglob("fit.json")).read_text())
+    expect = 0 if fitted["fits"] else 1
+    assert r.returncode == expect, r.stderr
+    r = moetune(*db, "stage", "fit", "--trial", "1", cwd=tmp_path)
+    assert r.returncode == expect and "is current" in r.stdout and f"fit: {fitted['reason']}" in r.stdout
+    r = moetune(*db, "stage", "fit", "--trial", "1", "--force", cwd=tmp_path)
+    assert r.returncode == expect and "ran; it wrote 1 file" in r.stdout

@@ -170,7 +170,8 @@ def test_check_cli(capsys):
     assert capsys.readouterr().out.strip() == "ok"
     assert main(["check", "--gpus", "8", "--", "--num-layers", "8", "--num-attention-heads", "16",
                  "--num-experts", "16", "--expert-model-parallel-size", "1", "--micro-batch-size", "1",
-                 "--global-batch-size", "64", "--overlap-moe-expert-parallel-comm"]) == 1
+                 "--global-batch-size", "64", "--overlap-moe-expert-parallel-comm",
+                 "--moe-token-dispatcher-type", "alltoall"]) == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert out == ["ep_overlap_needs_ep: EP all-to-all overlap needs EP > 1 [moe-comm-overlap.txt]"]
 

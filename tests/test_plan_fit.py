@@ -28,7 +28,7 @@ def _json(capsys, argv):
 def test_baseline_listed_though_it_does_not_fit_an_h100(capsys, no_store):
     rc, rows = _json(capsys, ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--baseline",
                               "--format", "json"])
-    assert rc == 0 and len(rows) == 1
+    assert rc == 1 and len(rows) == 1  # does not fit: the same exit code as the text
     (row,) = rows
     assert {k: row["config"][k] for k in ("tp", "pp", "ep")} == {"tp": 2, "pp": 2, "ep": 32}
     assert row["fits"] is False and row["capacity_gb"] == 80.0 and row["refused"] == []
@@ -98,3 +98,27 @@ def test_a_layout_measured_to_fit_is_planned_though_its_estimate_is_not(capsys, 
     assert row["measured_gb"] == pytest.approx(68.91, abs=0.01) and row["memory_gb"] > 0.9 * 80
     assert (2, 2, 128, ("moe_act", "layernorm")) in map(layout, alone)  # recompute only where needed
     assert (2, 2, 128, ("moe_act", "layernorm")) not in map(layout, rows)
+
+
+def test_plan_lists_the_baseline_where_it_fits(capsys, no_store):
+    """deepseek_v3 on its own 1024 H100s: the search's grid does not hold the baseline's layout
+    (PP 16 with its recompute), which fits; it is listed first, marked, in text and JSON alike."""
+    capsys.readouterr()
+    assert main(["plan", "deepseek_v3"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.endswith("baseline"))
+    assert row.split()[:3] == ["2", "16", "64"]
+    rc, rows = _json(capsys, ["plan", "deepseek_v3", "--format", "json"])
+    assert rc == 0 and {k: rows[0]["config"][k] for k in ("tp", "pp", "ep")} == {"tp": 2, "pp": 16, "ep": 64}
+
+
+def test_baseline_on_too_few_gpus_is_one_line(capsys, no_store):
+    """A baseline whose parallel groups need more GPUs than given: one line naming how many, exit 1
+    (it does not fit), in both formats; no division by zero."""
+    for argv in (["plan", "deepseek_v3", "--gpus", "256", "--gpu-type", "H100", "--baseline"],
+                 ["plan", "qwen3_235b", "--gpus", "8", "--baseline"],
+                 ["plan", "qwen3_235b", "--gpus", "8", "--baseline", "--format", "json"]):
+        capsys.readouterr()
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "baseline needs" in err[0] and "GPUs" in err[0], err

@@ -12,6 +12,16 @@ from moetune.pipeline.spec.experiment import ConfigError, load_experiment
 from moetune.pipeline.spec.model import ModelArch
 
 
+# what Megatron assumes where a flag is absent, and moetune's baseline differs (spec/config.py)
+MEGATRON_DEFAULTS = {"--moe-token-dispatcher-type": "allgather"}
+
+
+def with_megatron_defaults(argv: list[str]) -> list[str]:
+    """argv with Megatron's own default for each flag it leaves out, so check judges what Megatron runs."""
+    given = {a.split("=", 1)[0] for a in argv}
+    return argv + [x for flag, value in MEGATRON_DEFAULTS.items() if flag not in given for x in (flag, value)]
+
+
 def main(argv: list[str]) -> int:
     return exit_code(_main, argv)
 
@@ -36,6 +46,9 @@ def _main(argv: list[str]) -> int:
         args, argv = p.parse_known_args(argv)
     if not argv:
         p.error("give the Megatron arguments after --")
+    if args.gpus is not None and args.gpus < 1:
+        print(f"moetune check: --gpus {args.gpus}: give 1 GPU or more", file=sys.stderr)
+        return 2
     try:
         exp = load_experiment(args.experiment) if args.experiment else None
     except ConfigError as e:
@@ -44,7 +57,7 @@ def _main(argv: list[str]) -> int:
     model = exp.model if exp else ModelArch.from_args(argv)
     cluster = dict(exp.cluster.model_dump()) if exp else {"nodes": 1, "gpus_per_node": 8,
                                                          "gpu_type": "H100", "has_deep_ep": False}
-    if args.gpus:
+    if args.gpus is not None:
         cluster.update(nodes=1, gpus_per_node=args.gpus)
     if args.gpu_type:
         cluster["gpu_type"] = args.gpu_type
@@ -61,7 +74,7 @@ def _main(argv: list[str]) -> int:
             problems.append(f"Megatron's parser refuses it: {refusal}")
     if not problems:
         try:
-            config = TrainingConfig.from_args(argv)
+            config = TrainingConfig.from_args(with_megatron_defaults(argv))
         except (TypeError, ValueError) as e:
             print(f"moetune check: cannot read the arguments: {e}", file=sys.stderr)
             return 2

@@ -18,9 +18,9 @@ class UserError(MoetuneError):
     """An error an engineer can fix; printed as one line, exit code 2."""
 
 
-def _store(args):
+def _store(args, read_only: bool = False):
     from moetune.pipeline.store import Store
-    return Store(getattr(args, "db", None))
+    return Store(getattr(args, "db", None), read_only=read_only)
 
 
 def cmd_plan(args, rest):
@@ -43,8 +43,34 @@ def cmd_analyze(args, rest):
     return cli.main(rest)
 
 
+def writable_folder(path, what: str) -> None:
+    """Make the folder a command will write to and prove it takes a file, before any work is done."""
+    import tempfile
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise UserError(f"{path}: the {what} folder cannot be written ({e.strerror or e}); "
+                        f"give another with --{'runs' if what == 'runs' else 'out'}") from None
+
+
+def refused_layout(model: str, **changes) -> None:
+    """The constraint table on the layout a tune or fit would submit first: one line, no job."""
+    from moetune.pipeline.spec.constraints import check
+    from moetune.pipeline.spec.experiment import load_experiment
+    exp = load_experiment(model)
+    config = exp.baseline.replace(**changes) if changes else exp.baseline
+    refused = check(config, exp.model, exp.cluster)
+    if refused:
+        raise UserError(f"{exp.path}: the layout TP{config.tp} PP{config.pp} EP{config.ep} is refused "
+                        "before any job: " + "; ".join(f"{v.code}: {v.message}" for v in refused))
+
+
 def cmd_fit(args, _rest):
     from moetune.pipeline.cli import fit
+    refused_layout(args.model, **{k: getattr(args, k) for k in fit.LAYOUT_OPTIONS if getattr(args, k) is not None})
+    writable_folder(args.runs, "runs")
     fitted, tid = fit.run(_store(args), args)
     layout = ", ".join(f"{k}={getattr(args, k)}" for k in fit.LAYOUT_OPTIONS if getattr(args, k) is not None)
     print(fit.render(fitted, f"{args.model} ({layout or 'baseline layout'}), trial {tid}"))
@@ -53,13 +79,17 @@ def cmd_fit(args, _rest):
 
 def cmd_tune(args, _rest):
     from moetune.pipeline.tune import loop as tuner
+    refused_layout(args.model)
+    writable_folder(args.runs, "runs")
+    writable_folder(args.out, "reports")
     summary = tuner.tune(args.model, _store(args), executor=args.executor,
                          runs_root=Path(args.runs), max_trials=args.max_trials,
                          progress=not args.no_progress, one_gpu=args.one_gpu)
     md, html = _write_reports(args, summary.get("study", args.model))
+    judged = lambda key: "?" if summary.get(key) is None else f"{summary[key]:.1f}"
     print(f"study {summary.get('study')}: {summary.get('trials', '?')} trials, best "
-          f"{summary.get('best_step_time_ms', '?')} ms/step "
-          f"(baseline {summary.get('baseline_step_time_ms', '?')} ms)")
+          f"{judged('best_judged_step_time_ms')} ms/step (baseline "
+          f"{judged('baseline_judged_step_time_ms')} ms, judged)")
     print(f"report: {md}\nreport: {html}")
     return 0
 
@@ -70,25 +100,32 @@ def cmd_demo(args, _rest):
     return cmd_tune(args, _rest)
 
 
-def _write_reports(args, study):
+def _write_reports(args, study, store=None):
     from moetune.pipeline.report import study as report
-    return report.write_reports(_store(args), study, Path(args.out))
+    return report.write_reports(store or _store(args), study, Path(args.out))
 
 
 def cmd_report(args, _rest):
-    store = _store(args)
+    store = _store(args, read_only=True)
     names = [args.study] if args.study else [s.name for s in store.studies()]
     if not names:
         raise UserError(f"no studies in {store.url}; run `moetune tune MODEL` first")
+    writable_folder(args.out, "reports")
     for name in names:
-        md, html = _write_reports(args, name)
+        md, html = _write_reports(args, name, store)
         print(f"{name}: {md}\n{name}: {html}")
     return 0
 
 
 def cmd_status(args, _rest):
     from moetune.pipeline.report import status
-    print(status.render(_store(args), args.study))
+    from moetune.pipeline.store import NoStore
+    try:
+        store = _store(args, read_only=True)
+    except NoStore as e:
+        print(f"no studies: {e}")
+        return 0
+    print(status.render(store, args.study))
     return 0
 
 
@@ -100,9 +137,23 @@ def cmd_preflight(args, _rest):
 def cmd_stage(args, _rest):
     from moetune.pipeline.trial import stages
     extra = {"local": True} if args.local else {}
-    out = stages.run_stage(_store(args), args.trial, args.stage, force=args.force, **extra)
+    store = _store(args)
+    before = store.last_stage(args.trial, args.stage)
+    out = stages.run_stage(store, args.trial, args.stage, force=args.force, **extra)
+    after = store.last_stage(args.trial, args.stage)
+    ran = after is not None and (before is None or after.id != before.id)
+    if ran:
+        print(f"stage {args.stage} of trial {args.trial} ran; it wrote {len(out or [])} "
+              f"file{'' if len(out or []) == 1 else 's'}" + (":" if out else ""))
+    else:
+        print(f"stage {args.stage} of trial {args.trial} is current (its inputs have not changed); "
+              "nothing ran (--force runs it again). Its outputs:")
     for path in out or []:
-        print(path)
+        print(f"  {path}")
+    if args.stage == stages.FIT:
+        fitted = stages.load_fit(stages.TrialContext(store, args.trial))
+        print(f"fit: {fitted.get('reason')}")
+        return 0 if fitted.get("fits") else 1
     return 0
 
 
@@ -185,7 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args, rest = parser.parse_args(argv), []
     try:
-        return args.fn(args, rest) or 0
+        code = args.fn(args, rest) or 0
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:  # `moetune plan ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print("moetune: interrupted; the store keeps what was measured, run the same command "
               "again to resume", file=sys.stderr)

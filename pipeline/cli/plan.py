@@ -7,13 +7,12 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 from moetune.pipeline.cli.common import add_gpu_args, exit_code
 from moetune.pipeline.spec.experiment import ConfigError, load_experiment
 from moetune.pipeline.spec.config import TrainingConfig
-from moetune.pipeline.spec.memory import FIXED_GB, baseline_layout, plan, plan_cluster
-from moetune.pipeline.store import DEFAULT_DB, Store
+from moetune.pipeline.spec.memory import FIXED_GB, TooFewGPUs, baseline_layout, plan, plan_cluster
+from moetune.pipeline.store import NoStore, Store
 
 # Fields that do not change a layout's memory: how long it runs and what is profiled. Routing's
 # capacity fields are left out too, since a fit runs the layout with static routing.
@@ -28,10 +27,10 @@ def measured_peaks(exp, world: int, db: str | None = None) -> dict[str, float]:
     """{layout key: highest measured peak (GB, Megatron's max allocated)} of the trials in the store
     (`db`: moetune's --db, else MOETUNE_DB, else .moetune/moetune.db; none is created) of this model
     at this GPU count."""
-    url = db or os.environ.get("MOETUNE_DB")
-    if not url and not Path(DEFAULT_DB).exists():
+    try:
+        store = Store(db or os.environ.get("MOETUNE_DB"), read_only=True)
+    except NoStore:
         return {}
-    store = Store(url)
     out: dict[str, float] = {}
     for study in store.studies():
         if study.model not in (exp.name, exp.model.name):
@@ -75,13 +74,26 @@ def _main(argv: list[str], db: str | None = None) -> int:
     _, world, capacity = plan_cluster(exp, args.gpus, args.gpu_type)
     peaks = measured_peaks(exp, world, db)
     measured = lambda cfg: peaks.get(_layout_key(cfg.to_dict()))  # noqa: E731
+    try:
+        base = baseline_layout(exp, args.gpus, args.gpu_type, measured=measured)
+    except TooFewGPUs as e:
+        if args.baseline:
+            print(f"moetune plan: {exp.name}'s baseline needs {e.needed} GPUs (or a multiple); "
+                  f"{world} given", file=sys.stderr)
+            return 1
+        base = None
     if args.baseline:
-        layouts = [baseline_layout(exp, args.gpus, args.gpu_type, measured=measured)]
+        layouts = [base]
     else:
         layouts = plan(exp, args.gpus, args.gpu_type, limit=args.limit, measured=measured)
+        # the baseline is a candidate too, where it fits and the search's grid does not hold it
+        if base is not None and base.fits and all(_layout_key(l.config.to_dict()) != _layout_key(
+                base.config.to_dict()) for l in layouts):
+            layouts.insert(0, base)
+    code = (0 if layouts[0].fits else 1) if args.baseline else (0 if layouts else 1)
     if args.format == "json":
         print(json.dumps([l.to_dict() for l in layouts], indent=1))
-        return 0
+        return code
     gpu_type = args.gpu_type or exp.cluster.gpu_type
     if args.baseline:
         l = layouts[0]
@@ -90,15 +102,17 @@ def _main(argv: list[str], db: str | None = None) -> int:
         print(f"{exp.name} baseline TP{c.tp} PP{c.pp} EP{c.ep} on {world}x {gpu_type}: estimate "
               f"{l.estimate_gb:.1f} GB allocated + {FIXED_GB:.0f} GB fixed = {l.memory_gb:.1f} of "
               f"{capacity:.0f} GB: {verdict}")
-        return 0 if l.fits else 1
+        return code
     if not layouts:
         print(f"no layout of {exp.name} fits; add GPUs, or consider offloading and full recompute")
-        return 1
+        return code
     print(f"{exp.name} on {world}x {gpu_type}: {len(layouts)} feasible layouts shown (--limit {args.limit}), "
-          "least model parallelism first")
+          "least model parallelism first, the baseline first where the search does not hold it")
     print(f"{'TP':>3} {'PP':>3} {'EP':>4} {'recompute':<18} {'GB/GPU':>7} {'measured':>8}")
     for l in layouts:
         c = l.config
         seen = f"{l.measured_gb:>8.1f}" if l.measured_gb is not None else f"{'-':>8}"
-        print(f"{c.tp:>3} {c.pp:>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<18} {l.memory_gb:>7.1f} {seen}")
-    return 0
+        note = "  baseline" if l is base else ""
+        print(f"{c.tp:>3} {c.pp:>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<18} {l.memory_gb:>7.1f} "
+              f"{seen}{note}")
+    return code

@@ -27,15 +27,17 @@ def render_study(store, name: str) -> str:
     study = store.study(name)
     s = summary(store, name)
     lines = [f"study {study.name} ({study.state}) model {study.model}: {s['trials']} trials run, "
-             f"{s['skipped']} skipped; baseline {_ms(s['baseline_step_time_ms'])} ms, best "
-             f"{_ms(s['best_step_time_ms'])} ms (trial {s['best_trial'] or '-'})"]
+             f"{s['skipped']} skipped; judged (median of steady steps): baseline "
+             f"{_ms(s['baseline_judged_step_time_ms'])} ms, best {_ms(s['best_judged_step_time_ms'])} ms "
+             f"(trial {s['best_trial'] or '-'})"]
     if s.get("stop_reason"):
         lines.append(f"  stopped: {s['stop_reason']}")
-    lines.append(f"  {'#':>3} {'id':>4} {'fix':<28} {'state':<10} {'step ms':>9} {'TFLOP/s':>8} "
+    lines.append(f"  {'#':>3} {'id':>4} {'fix':<28} {'state':<10} {'judged ms':>9} {'profiled':>9} {'TFLOP/s':>8} "
                  f"{'wall':<14} hash")
     for t in store.trials(study.id):
         lines.append(f"  {t.number:>3} {t.id:>4} {(t.fix or 'baseline')[:28]:<28} {t.state:<10} "
-                     f"{_ms(t.step_time_ms):>9} {_ms(t.tflops_per_gpu):>8} {(t.wall or '-'):<14} "
+                     f"{_ms(store.metrics(t.id).get('judged_step_time_ms')):>9} {_ms(t.step_time_ms):>9} "
+                     f"{_ms(t.tflops_per_gpu):>8} {(t.wall or '-'):<14} "
                      f"{t.config_hash}")
     lines.append("  decisions:")
     number = {t.id: t.number for t in store.trials(study.id)}

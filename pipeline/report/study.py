@@ -21,6 +21,7 @@ from moetune import analysis
 from moetune.analysis.metrics import in_window
 from moetune.analysis.window import find_window
 from moetune.pipeline.spec.experiment import tuning_value
+from moetune.pipeline.decide.judge import MIN_LOG_STEPS, faster_p, judged_step, steady_iterations
 from moetune.pipeline.tune.state import JUDGED
 from moetune.pipeline.tune.summary import summary
 
@@ -146,7 +147,10 @@ def svg_timeline(folder: Path | None, width: int = 900) -> str:
     if not rows:
         return ""
     row_h, label_w = 16, 60
-    height = row_h * len(rows) + 30
+    classes = {c for _, k, _ in rows for c in k["cls"].unique()}
+    legend_rows = 1 + (len(classes) + 1) * 110 // (width - label_w)
+    y_legend = row_h * len(rows) + 34
+    height = y_legend + 16 * legend_rows
     cols = TIMELINE_COLUMNS
     parts = [f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" '
              f'height="{height}" role="img" aria-label="per-rank timeline of the profiled window">']
@@ -178,10 +182,26 @@ def svg_timeline(folder: Path | None, width: int = 900) -> str:
                                  f'width="{(c - run_start) * scale:.1f}" height="{row_h - 3}" '
                                  f'fill="{CLASS_COLORS.get(cls, "#777")}"><title>{esc(cls)}</title></rect>')
                 run_start = c
-    parts.append(f'<text x="{label_w}" y="{height - 5}" font-size="11">window '
+    parts.append(f'<text x="{label_w}" y="{y_legend - 22}" font-size="11">window '
                  f'{esc(fmt((rows[0][2].end - rows[0][2].start) / 1e6))} ms, {esc(rows[0][2].steps)} '
-                 f'steps; white = idle</text></svg>')
+                 f'steps; each column coloured by the kernel class that ran longest in it</text>')
+    shown = sorted({c for _, k, _ in rows for c in k["cls"].unique()}, key=list(CLASS_COLORS).index)
+    parts.append(legend([(c, CLASS_COLORS.get(c, "#777")) for c in shown] + [("idle", "#ffffff")],
+                        label_w, y_legend, width))
+    parts.append("</svg>")
     return "".join(parts)
+
+
+def legend(items: list[tuple[str, str]], x0: int, y: int, width: int, step: int = 110) -> str:
+    """A row of colour swatches with their names (wrapping at width)."""
+    parts, x = ['<g class="legend">'], x0
+    for name, color in items:
+        if x + step > width:
+            x, y = x0, y + 16
+        parts.append(f'<rect x="{x}" y="{y - 9}" width="10" height="10" fill="{color}" stroke="#999" '
+                     f'stroke-width="0.5"/><text x="{x + 14}" y="{y}" font-size="11">{esc(name)}</text>')
+        x += step
+    return "".join(parts) + "</g>"
 
 
 BREAKDOWN = (("compute", "#4c72b0"), ("exposed comm", "#c44e52"), ("hidden comm", "#f2b5b7"),
@@ -200,74 +220,137 @@ def breakdown(c: dict) -> dict | None:
 
 
 def svg_breakdown(views: list[TrialView], width: int = 900) -> str:
-    rows = [(v, breakdown(v.combined)) for v in views]
-    rows = [(v, b) for v, b in rows if b]
+    """Per trial, the profiled step's milliseconds split into compute, exposed comm and idle (hidden
+    comm a band under compute), every bar on one scale, so a faster trial has a shorter bar."""
+    rows = [(v, breakdown(v.combined), v.combined.get("step_time_ms")) for v in views]
+    rows = [(v, b, step) for v, b, step in rows if b and step]
     if not rows:
         return ""
     row_h, label_w = 20, 190
-    height = row_h * len(rows) + 40
+    top = max(step for _, _, step in rows)
+    height = row_h * len(rows) + 70
     parts = [f'<svg class="breakdown" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-             f'height="{height}" role="img" aria-label="time breakdown per trial">']
-    bar_w = width - label_w - 10
-    for i, (v, b) in enumerate(rows):
+             f'height="{height}" role="img" aria-label="time per profiled step, per trial">']
+    bar_w = width - label_w - 70
+    scale = bar_w / top
+    for i, (v, b, step) in enumerate(rows):
         y = 5 + i * row_h
         parts.append(f'<text x="0" y="{y + 13}" font-size="11">#{v.trial.number} '
                      f'{esc(v.trial.fix or "baseline")}</text>')
         x = label_w
-        # hidden comm overlaps compute: draw it as a band inside the compute bar
         for name, color in BREAKDOWN:
-            share = b[name]
-            if name == "hidden comm":
-                parts.append(f'<rect x="{label_w:.1f}" y="{y + 12}" width="{share * bar_w:.1f}" '
-                             f'height="4" fill="{color}"><title>hidden comm {share:.1%}</title></rect>')
+            part = b[name] * step
+            if name == "hidden comm":  # overlaps compute: a band inside the compute bar
+                parts.append(f'<rect x="{label_w:.1f}" y="{y + 12}" width="{part * scale:.1f}" '
+                             f'height="4" fill="{color}"><title>hidden comm {part:.1f} ms</title></rect>')
                 continue
-            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{share * bar_w:.1f}" height="{row_h - 4}" '
-                         f'fill="{color}"><title>{esc(name)} {share:.1%}</title></rect>')
-            x += share * bar_w
-    ly = height - 12
-    for j, (name, color) in enumerate(BREAKDOWN):
-        parts.append(f'<rect x="{label_w + j * 130}" y="{ly - 9}" width="10" height="10" fill="{color}"/>'
-                     f'<text x="{label_w + j * 130 + 14}" y="{ly}" font-size="11">{esc(name)}</text>')
+            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{part * scale:.1f}" height="{row_h - 4}" '
+                         f'fill="{color}"><title>{esc(name)} {part:.1f} ms</title></rect>')
+            x += part * scale
+        parts.append(f'<text x="{x + 4:.1f}" y="{y + 13}" font-size="11">{step:.1f} ms</text>')
+    axis_y = 5 + len(rows) * row_h + 4
+    parts.append(f'<line x1="{label_w}" y1="{axis_y}" x2="{label_w + bar_w}" y2="{axis_y}" stroke="#333"/>')
+    for frac in (0, 0.25, 0.5, 0.75, 1.0):
+        parts.append(f'<text x="{label_w + frac * bar_w - 8:.1f}" y="{axis_y + 13}" font-size="10">'
+                     f'{top * frac:.0f}</text>')
+    parts.append(f'<text x="{label_w + bar_w / 2 - 50:.1f}" y="{axis_y + 27}" font-size="10">ms per profiled step</text>')
+    parts.append(legend(list(BREAKDOWN), label_w, height - 8, width, step=130))
     parts.append("</svg>")
     return "".join(parts)
 
 
-def svg_step_times(views: list[TrialView], width: int = 900, height: int = 220) -> str:
-    pts = [(v.trial.number, v.judged_ms or v.trial.step_time_ms, v.verdict.kind if v.verdict else "")
+STEP_COLORS = {"baseline": "#4c72b0", "keep": "#2a9d46", "revert": "#c44e52", "not_applied": "#999999"}
+
+
+def svg_step_times(views: list[TrialView], width: int = 900, height: int = 240) -> str:
+    """Judged step time of each trial that ran (x: those trials, in order), coloured by its verdict;
+    dashed: the best kept so far."""
+    pts = [(v.trial.number, v.judged_ms or v.trial.step_time_ms,
+            "baseline" if _is_baseline(v) else (v.verdict.kind if v.verdict else ""))
            for v in views if v.judged_ms or v.trial.step_time_ms]
     if not pts:
         return ""
-    left, bottom, top = 60, 30, 15
+    left, bottom, top = 60, 48, 15
     ymax = max(p[1] for p in pts) * 1.1
-    nmax = max(v.trial.number for v in views)
-    x = lambda n: left + (n - 0.5) * (width - left - 10) / max(nmax, 1)
-    y = lambda ms: top + (1 - ms / ymax) * (height - top - bottom)
-    colors = {"keep": "#2a9d46", "revert": "#c44e52", "not_applied": "#999999"}
+    x = lambda i: left + (i + 0.5) * (width - left - 10) / len(pts)
+    y = lambda t: top + (1 - t / ymax) * (height - top - bottom)
     parts = [f'<svg class="steptimes" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-             f'height="{height}" role="img" aria-label="step time across trials">',
+             f'height="{height}" role="img" aria-label="judged step time of the trials that ran">',
              f'<line x1="{left}" y1="{y(0)}" x2="{width - 10}" y2="{y(0)}" stroke="#333"/>',
              f'<line x1="{left}" y1="{top}" x2="{left}" y2="{y(0)}" stroke="#333"/>']
     for frac in (0.25, 0.5, 0.75, 1.0):
-        ms = ymax * frac
-        parts.append(f'<text x="2" y="{y(ms) + 4:.1f}" font-size="10">{ms:.0f} ms</text>')
-    best = None
-    line = []
-    for n, ms, kind in pts:
-        if kind == "keep":
-            best = ms
+        parts.append(f'<text x="2" y="{y(ymax * frac) + 4:.1f}" font-size="10">{ymax * frac:.0f} ms</text>')
+    best, line = None, []
+    for i, (n, t, kind) in enumerate(pts):
+        if kind in ("keep", "baseline") and (best is None or t < best):
+            best = t
         if best is not None:
-            line.append(f"{x(n):.1f},{y(best):.1f}")
-        parts.append(f'<circle cx="{x(n):.1f}" cy="{y(ms):.1f}" r="5" fill="{colors.get(kind, "#4c72b0")}">'
-                     f'<title>trial {n}: {ms:.1f} ms ({esc(kind)})</title></circle>'
-                     f'<text x="{x(n) - 4:.1f}" y="{height - 10}" font-size="10">{n}</text>')
+            line.append(f"{x(i):.1f},{y(best):.1f}")
+        parts.append(f'<circle cx="{x(i):.1f}" cy="{y(t):.1f}" r="5" fill="{STEP_COLORS.get(kind, "#777")}">'
+                     f'<title>trial {n}: {t:.1f} ms ({esc(kind)})</title></circle>'
+                     f'<text x="{x(i) - 4:.1f}" y="{y(0) + 14:.1f}" font-size="10">{n}</text>')
     if line:
         parts.append(f'<polyline points="{" ".join(line)}" fill="none" stroke="#2a9d46" '
                      f'stroke-dasharray="4 3"/>')
+    parts.append(f'<text x="{left}" y="{y(0) + 28:.1f}" font-size="10">trial (those that ran)</text>')
+    kinds = [k for k in STEP_COLORS if any(p[2] == k for p in pts)]
+    parts.append(legend([(k, STEP_COLORS[k]) for k in kinds] + [("best kept so far (dashed)", "#2a9d46")],
+                        left + 160, height - 6, width, step=130))
     parts.append("</svg>")
     return "".join(parts)
 
 
-# -- Markdown ----------------------------------------------------------------------------------
+# -- the report's model: one set of facts, rendered as Markdown and as HTML -------------------------
+UNSTABLE_SPREAD = 0.25  # steps whose spread exceeds this share of their centre are not a fair speed
+
+
+def ms(v, digits=1) -> str:
+    return "–" if v is None else f"{v:.{digits}f} ms"
+
+
+def count(v) -> str:
+    return "–" if v is None else f"{round(v)}"
+
+
+def pct(share) -> str:
+    return f"{100 * (share or 0):.1f}%"
+
+
+@dataclass
+class Table:
+    header: list[str]
+    rows: list[list]
+    depths: list[int] | None = None  # tree depth of each row (the trials table)
+
+
+@dataclass
+class TrialSection:
+    """One trial's bottleneck report: what both renderers show, as plain text."""
+    number: int
+    title: str
+    sentences: list[str]
+    facts: list[str]  # "Label: value" lines, the evidence rows
+    warnings: list[str]
+    tables: list[Table]
+    recipe_notes: list[tuple[int, str]]  # (depth, text)
+    last_lines: list[str]
+    folder: Path | None
+
+
+@dataclass
+class StudyReport:
+    title: str
+    intro: list[str]
+    headline: list[str]
+    warnings: list[str]
+    trials: Table
+    best_changes: str | None
+    skipped_rules: Table | None
+    sections: list[TrialSection]
+    appendix: list[tuple[str, str]]  # (caption, preformatted text)
+    views: list[TrialView]
+
+
 def a2a_split(c: dict) -> str | None:
     """The all-to-all per step, split into waiting for a late peer and transfer (analysis/skew.py)."""
     a2a = c.get("a2a_ms") or 0.0
@@ -278,16 +361,15 @@ def a2a_split(c: dict) -> str | None:
                 f"(one rank traced: set cluster.profile_ranks to two ranks or more)")
     return (f"All-to-all: {fmt(a2a, 2)} ms/step, of which {fmt(c.get('a2a_wait_ms'), 2)} ms waiting "
             f"for a late peer and {fmt(c.get('a2a_transfer_ms'), 2)} ms transfer "
-            f"({fmt(c.get('ranks'))} ranks traced)")
+            f"({count(c.get('ranks'))} ranks traced)")
 
 
-def recipes_markdown(beside: dict) -> list[str]:
+def recipe_notes(beside: dict) -> list[tuple[int, str]]:
     """moetune's figures beside NVIDIA's recipes on the same report, disagreements flagged."""
     out = []
     for report, c in sorted(beside.items()):
         if c.get("skipped"):
-            out.append(f"- Not checked against Nsight's recipes ({md(report)}): {md(c.get('nsys'))}: "
-                       f"{md(c['skipped'])}")
+            out.append((0, f"Not checked against Nsight's recipes ({report}): {c.get('nsys')}: {c['skipped']}"))
             continue
         kern = c.get("kernels") or []
         worst = max((k["rel_diff"] for k in kern), default=None)
@@ -295,73 +377,221 @@ def recipes_markdown(beside: dict) -> list[str]:
                          f"{100 * b['recipe']:.1f}%" for b in c.get("busy") or [])
         nccl = "; ".join(f"GPU {n['device']} NCCL time under compute: moetune {100 * n['moetune']:.1f}%, "
                          f"nccl_gpu_overlap_trace {100 * n['recipe']:.1f}%" for n in c.get("nccl_overlap") or [])
-        out.append(f"- Beside Nsight's recipes ({md(report)}): {len(kern)} kernel names, time per name "
-                   f"at most {fmt(100 * worst, 2) if worst is not None else '-'}% apart from "
-                   f"cuda_gpu_kern_sum; {busy or 'no gpu_time_util output'}" + (f"; {nccl}" if nccl else ""))
-        out += [f"  - **disagrees**: {md(d)}" for d in c.get("disagreements") or []]
-        out += [f"  - note: {md(n)}" for n in c.get("notes") or []]
+        out.append((0, f"Beside Nsight's recipes ({report}): {len(kern)} kernel names, time per name "
+                       f"at most {fmt(100 * worst, 2) if worst is not None else '-'}% apart from "
+                       f"cuda_gpu_kern_sum; {busy or 'no gpu_time_util output'}" + (f"; {nccl}" if nccl else "")))
+        out += [(1, f"**disagrees**: {d}") for d in c.get("disagreements") or []]
+        out += [(1, f"note: {n}") for n in c.get("notes") or []]
+    return out
+
+
+def recipes_markdown(beside: dict) -> list[str]:
+    out = [f"{'  ' * d}- {md(text) if d == 0 else _md_note(text)}" for d, text in recipe_notes(beside)]
     return out + ([""] if out else [])
 
 
-def trial_markdown(v: TrialView, parent_number: int | None) -> str:
+def _md_note(text: str) -> str:
+    head, _, rest = text.partition(": ")
+    return f"{head}: {md(rest)}"
+
+
+def _is_baseline(v: TrialView) -> bool:
+    return v.trial.parent_id is None and not v.trial.fix
+
+
+def decision_sentence(v: TrialView) -> tuple[str, str] | None:
+    """(kind shown, why) of a trial's verdict; the baseline is the reference, not a keep."""
+    if not v.verdict:
+        return None
+    if _is_baseline(v) and v.verdict.kind == "keep":
+        return "baseline", "the reference the first fixes are judged against"
+    return v.verdict.kind, v.verdict.reason
+
+
+def judged_source(v: TrialView) -> str:
+    j = judged_step(v.analysis)
+    if j["source"] == "log median":
+        return f"median of {j['steps']} steady log steps, ± {fmt(j['step_time_std_ms'])} ms"
+    return f"mean of {count(j['steps'])} traced steps (too few log steps for a median)"
+
+
+def unstable(v: TrialView) -> str | None:
+    """Why a trial's steps are not a fair speed, or None."""
+    c = v.combined
+    mean, std = c.get("step_time_ms"), c.get("step_time_std_ms")
+    if mean and std and std > UNSTABLE_SPREAD * mean:
+        return (f"trial {v.trial.number}'s profiled steps are unstable: {ms(mean)} ± {ms(std)} over "
+                f"{count(c.get('steps'))} steps (judged median {ms(v.judged_ms)}); compare trials by the "
+                f"judged figure")
+    j = judged_step(v.analysis)
+    if j["source"] == "log median" and j["step_time_std_ms"] > UNSTABLE_SPREAD * j["step_time_ms"]:
+        return (f"trial {v.trial.number}'s steady log steps are unstable: median {ms(j['step_time_ms'])} "
+                f"± {ms(j['step_time_std_ms'])}; its gains are uncertain")
+    return None
+
+
+def best_view(views: list[TrialView]) -> TrialView | None:
+    """The kept trial with the shortest judged step time (a reverted trial is never best)."""
+    kept = [v for v in views if v.verdict and v.verdict.kind == "keep" and v.judged_ms]
+    return min(kept, key=lambda v: v.judged_ms, default=None)
+
+
+def kept_path(views: list[TrialView], best: TrialView) -> list[TrialView]:
+    """The kept trials from the baseline down to best, in order."""
+    by_id = {v.trial.id: v for v in views}
+    out, v = [], best
+    while v is not None and not _is_baseline(v):
+        out.append(v)
+        v = by_id.get(v.trial.parent_id)
+    return out[::-1]
+
+
+def _change(v: TrialView) -> str:
+    ch = ((v.apply.evidence or {}).get("change") or {}) if v.apply else {}
+    return ", ".join(f"`{k}` {a} → {b}" for k, (a, b) in ch.items())
+
+
+def headline(views: list[TrialView]) -> tuple[list[str], list[str], TrialView | None]:
+    """(sentences, warnings, best): the judged baseline → best with its rank test and walls."""
+    if not views:
+        return ["No trials ran."], [], None
+    base, best = views[0], best_view(views)
+    warnings = [w for w in map(unstable, views) if w]
+    if base.judged_ms is None:
+        return [f"The baseline has no judged step time (state {base.trial.state})."], warnings, best
+    if best is None or best is base:
+        return [f"Judged step time ({judged_source(base)}): baseline {ms(base.judged_ms)}; no fix was "
+                f"kept, so the baseline stays best. Wall: {base.trial.wall}."], warnings, base
+    speed = base.judged_ms / best.judged_ms
+    steady_a, steady_b = steady_iterations(base.analysis), steady_iterations(best.analysis)
+    if min(steady_a.size, steady_b.size) >= MIN_LOG_STEPS:
+        test = (f"rank test p={faster_p(steady_a, steady_b):.3g} over {steady_a.size} and "
+                f"{steady_b.size} steady steps")
+    else:
+        test = "no rank test: too few steady log steps"
+    out = [f"Judged step time (median of the log's steady steps; what keep or revert decided by): "
+           f"baseline {ms(base.judged_ms)} → best {ms(best.judged_ms)} (trial {best.trial.number}), "
+           f"{speed:.2f}x faster ({test}).",
+           f"Wall: {base.trial.wall} → {best.trial.wall}.",
+           "Kept fixes on the way: " + "; ".join(f"trial {v.trial.number} {v.trial.fix} ({_change(v)})"
+                                                 for v in kept_path(views, best)) + "."]
+    b, p = base.trial.step_time_ms, best.trial.step_time_ms
+    if b and p:
+        out.append(f"Profiled step time (mean of the traced steps; a stall inflates it): {ms(b)} → {ms(p)}.")
+    return out, warnings, best
+
+
+def _proposed_by(v: TrialView) -> str:
+    """The wall (and the analysis' confidence in it) that proposed the trial's fix."""
+    ev = (v.apply.evidence or {}) if v.apply else {}
+    if not ev.get("wall"):
+        return ""
+    return ev["wall"] + (f" ({fmt(ev['confidence'], 2)})" if ev.get("confidence") else "")
+
+
+def trials_table(views: list[TrialView]) -> Table:
+    rows, depths = [], []
+    for depth, v in tree_lines(views):
+        t = v.trial
+        ev = (v.verdict.evidence or {}) if v.verdict else {}
+        shown = decision_sentence(v)
+        gain = ev.get("gain_share")
+        rows.append([str(t.number), t.fix or "baseline", t.state, shown[0] if shown else "",
+                     fmt(v.judged_ms), "" if gain is None else f"{-100 * gain:+.1f}%",
+                     "" if ev.get("p_faster") is None else f"{ev['p_faster']:.3g}",
+                     fmt(t.step_time_ms), fmt(t.tflops_per_gpu), t.wall or "", _proposed_by(v)])
+        depths.append(depth)
+    return Table(["trial", "fix", "state", "decision", "judged ms", "change", "p", "profiled ms",
+                  "TFLOP/s/GPU", "wall", "proposed by wall (confidence)"], rows, depths)
+
+
+def trial_facts(v: TrialView) -> list[str]:
+    """The evidence rows of a trial's analysis, each 'Label: value'."""
     t, c, an = v.trial, v.combined, v.analysis or {}
-    out = [f"### Trial {t.number}: {md(t.fix or 'baseline')} — {md(t.state)}", ""]
-    if parent_number:
-        out.append(f"Parent: trial {parent_number}. Config hash `{t.config_hash}`.")
-    if v.apply:
-        ch = (v.apply.evidence or {}).get("change", {})
-        out.append(f"Fix: **{md(t.fix)}** — {md(v.apply.reason)} (source: "
-                   f"{md((v.apply.evidence or {}).get('source'))}); change: "
-                   + ", ".join(f"`{md(k)}` {md(a)} → {md(b)}" for k, (a, b) in ch.items()))
-    if v.verdict:
-        out.append(f"Decision: **{md(v.verdict.kind)}** — {md(v.verdict.reason)}")
-        last = (v.verdict.evidence or {}).get("last_lines")
-        if last:
-            out += ["", "Last log lines:", "```", *[str(x) for x in last], "```"]
-    if v.fit_sentence():
-        out.append(md(v.fit_sentence()))
-    out.append("")
-    if not an:
-        return "\n".join(out + ["(no analysis)", ""])
+    hidden = max(0.0, (c.get("comm_share") or 0) - (c.get("exposed_comm_share") or 0))
     split = a2a_split(c)
-    out += [f"- Wall: **{md(an.get('wall'))}** (confidence {fmt(an.get('confidence'), 2)})",
-            f"- Step time: {fmt(c.get('step_time_ms'))} ms ± {fmt(c.get('step_time_std_ms'))} "
-            f"over {fmt(c.get('steps'))} profiled steps; TFLOP/s per GPU {fmt(t.tflops_per_gpu)}",
-            f"- Communication: {fmt(100 * (c.get('comm_share') or 0))}% of the window, exposed "
-            f"{fmt(100 * (c.get('exposed_comm_share') or 0))}% (all-to-all exposed "
-            f"{fmt(c.get('exposed_a2a_ms'), 2)} ms/step), hidden "
-            f"{fmt(100 * max(0.0, (c.get('comm_share') or 0) - (c.get('exposed_comm_share') or 0)))}%",
-            *([f"- {split}"] if split else []),
-            f"- GPU idle: {fmt(100 * (c.get('gpu_idle_share') or 0))}%; gaps over 100 us: "
-            f"{fmt(c.get('gaps_over_100us'))} ({fmt(c.get('gaps_over_100us_ms'), 2)} ms); launch-starved "
-            f"{fmt(c.get('launch_starved_ms'), 2)} ms, sync-blocked {fmt(c.get('sync_blocked_ms'), 2)} ms",
-            f"- Memory: peak {fmt(c.get('peak_memory_gb'), 2)} GB of "
-            f"{fmt(an.get('gpu_memory_gb'), 0)} GB",
-            f"- CUDA graph launches: {fmt(c.get('cuda_graph_launches'))}; kernels per step "
-            f"{fmt(c.get('kernels_per_step'))}, median kernel {fmt(c.get('median_kernel_us'))} us",
-            *[f"- **Warning**: {md(w)}" for w in an.get("warnings") or []], ""]
+    return [f"Wall: {an.get('wall')} (confidence {fmt(an.get('confidence'), 2)})",
+            f"Step time, judged: {ms(v.judged_ms)} ({judged_source(v)})",
+            f"Step time, profiled: {ms(c.get('step_time_ms'))} ± {ms(c.get('step_time_std_ms'))}, mean of "
+            f"{count(c.get('steps'))} traced steps; TFLOP/s per GPU {fmt(t.tflops_per_gpu)}",
+            f"Communication: {pct(c.get('comm_share'))} of the window, exposed "
+            f"{pct(c.get('exposed_comm_share'))} (all-to-all exposed {ms(c.get('exposed_a2a_ms'))}/step), "
+            f"hidden {pct(hidden)}",
+            *([split] if split else []),
+            f"GPU idle: {pct(c.get('gpu_idle_share'))} of the window; {count(c.get('gaps_over_100us'))} gaps "
+            f"over 100 us ({ms(c.get('gaps_over_100us_ms'))})",
+            f"Idle causes: launch-starved {ms(c.get('launch_starved_ms'))}, sync-blocked "
+            f"{ms(c.get('sync_blocked_ms'))}",
+            f"Memory: peak {fmt(c.get('peak_memory_gb'), 2)} GB of {fmt(an.get('gpu_memory_gb'), 0)} GB "
+            f"the device reports",
+            f"Kernels: {count(c.get('kernels_per_step'))} per step, median kernel "
+            f"{fmt(c.get('median_kernel_us'))} us; CUDA graph launches {count(c.get('cuda_graph_launches'))}"]
+
+
+def trial_tables(v: TrialView) -> list[Table]:
+    c, an = v.combined, v.analysis or {}
+    out = []
     ev = an.get("evidence") or []
     if ev:
-        out += ["| deciding rule | wall | metric | value | threshold |", "|---|---|---|---|---|"]
-        out += [f"| {md(e.get('rule'))} | {md(e.get('wall'))} | {md(e.get('metric'))} | "
-                f"{md(e.get('value'))} | {md(e.get('threshold'))} |" for e in ev]
-        out.append("")
-    cls = c.get("kernel_class_ms") or {}
-    if cls:
-        out += ["| kernel class | ms (per rank, window) | count |", "|---|---|---|"]
-        counts = c.get("kernel_class_count") or {}
-        out += [f"| {md(k)} | {fmt(ms, 2)} | {md(counts.get(k))} |"
-                for k, ms in sorted(cls.items(), key=lambda kv: -kv[1])]
-        out.append("")
-    out += recipes_markdown(an.get("recipes") or {})
+        out.append(Table(["deciding rule", "wall", "metric", "value", "threshold"],
+                         [[e.get("rule"), e.get("wall"), e.get("metric"), e.get("value"), e.get("threshold")]
+                          for e in ev]))
+    cls, counts = c.get("kernel_class_ms") or {}, c.get("kernel_class_count") or {}
+    rows = [[k, fmt(t, 2), count(counts.get(k))] for k, t in sorted(cls.items(), key=lambda kv: -kv[1])
+            if t or counts.get(k)]
+    if rows:
+        out.append(Table(["kernel class", "ms (per rank, window)", "count"], rows))
     tops = top_kernels(v.folder)
     if tops:
-        out += ["| top kernel | class | ms per rank | count |", "|---|---|---|---|"]
-        out += [f"| `{md(n[:90])}` | {md(k)} | {fmt(ms, 2)} | {cnt} |" for n, k, ms, cnt in tops]
-        out.append("")
-    if v.command:
-        out += ["Command:", "```", v.command, "```", ""]
-    return "\n".join(out)
+        out.append(Table(["top kernel", "class", "ms per rank", "count"],
+                         [[n[:120], k, fmt(t, 2), count(cnt)] for n, k, t, cnt in tops]))
+    return out
+
+
+def trial_section(v: TrialView, parent_number: int | None) -> TrialSection:
+    t = v.trial
+    sentences = []
+    if parent_number:
+        sentences.append(f"Parent: trial {parent_number}. Config hash {t.config_hash}.")
+    if v.apply:
+        sentences.append(f"Fix: {t.fix} — {v.apply.reason} (source: {(v.apply.evidence or {}).get('source')}); "
+                         f"change: {_change(v)}")
+    shown = decision_sentence(v)
+    if shown:
+        sentences.append(f"Decision: {shown[0]} — {shown[1]}")
+    if v.fit_sentence():
+        sentences.append(v.fit_sentence())
+    an = v.analysis or {}
+    last = ((v.verdict.evidence or {}).get("last_lines") if v.verdict else None) or []
+    return TrialSection(t.number, f"Trial {t.number}: {t.fix or 'baseline'} — {t.state}", sentences,
+                        trial_facts(v) if an else [], [str(w) for w in an.get("warnings") or []],
+                        trial_tables(v) if an else [], recipe_notes(an.get("recipes") or {}),
+                        [str(x) for x in last], v.folder)
+
+
+def build(store, study_name: str) -> StudyReport:
+    """The report of a study, once; study_markdown and study_html render it."""
+    study, views, decisions = gather(store, study_name)
+    s = summary(store, study_name)
+    intro = [f"Model {study.model}; {s['trials']} trials run ({s['skipped']} skipped); "
+             f"stopped: {s.get('stop_reason')}."]
+    one_gpu = one_gpu_sentence(study)
+    if one_gpu:
+        intro.append(one_gpu)
+    head, warnings, best = headline(views)
+    changes = None
+    if best:
+        changes = ", ".join(f"`{k}` {a} → {b}" for k, (a, b) in _from_baseline(views, best).items()) or "none"
+    refused = [d for d in decisions if d.kind == "skip" and not d.trial_id]
+    number = {v.trial.id: v.trial.number for v in views}
+    appendix = []
+    if best:
+        appendix.append((f"Best config (trial {best.trial.number}), in full",
+                         json.dumps(best.trial.config, indent=1, sort_keys=True)))
+    appendix += [(f"Trial {v.trial.number} command line", v.command) for v in views if v.command]
+    return StudyReport(f"moetune study {study.name}", intro, head, warnings, trials_table(views), changes,
+                       Table(["rule", "why"], [[d.rule, d.reason] for d in refused]) if refused else None,
+                       [trial_section(v, number.get(v.trial.parent_id)) for v in views], appendix, views)
 
 
 def _from_baseline(views: list[TrialView], best: TrialView) -> dict:
@@ -395,157 +625,152 @@ def one_gpu_sentence(study) -> str | None:
             "production shapes, without communication, waiting or pipeline bubbles.")
 
 
-def study_markdown(store, study_name: str) -> str:
-    study, views, decisions = gather(store, study_name)
-    s = summary(store, study_name)
-    best = next((v for v in views if v.trial.number == s.get("best_trial")), None)
-    out = [f"# moetune study {md(study.name)}", "",
-           f"Model {md(study.model)}; {s['trials']} trials run ({s['skipped']} skipped); "
-           f"stopped: {md(s.get('stop_reason'))}.", ""]
-    one_gpu = one_gpu_sentence(study)
-    if one_gpu:
-        out += [md(one_gpu), ""]
-    out += [
-           f"Baseline {fmt(s.get('baseline_step_time_ms'))} ms/step → best "
-           f"{fmt(s.get('best_step_time_ms'))} ms/step (trial {fmt(s.get('best_trial'))}, "
-           f"speed-up {fmt(s.get('speedup'), 3)}x; judged: {fmt(s.get('baseline_judged_step_time_ms'))} → "
-           f"{fmt(s.get('best_judged_step_time_ms'))} ms, {fmt(s.get('judged_speedup'), 3)}x); kept fixes: "
-           f"{md(', '.join(s.get('kept_fixes') or []) or 'none')}.", "",
-           "## Trials", "", "Step ms: mean of the profiled steps in the trace; judged ms: what keep or "
-           "revert compared (the median of the log's steady iterations where there are enough).", "",
-           "| trial | fix | state | decision | step ms | judged ms | TFLOP/s/GPU | wall |",
-           "|---|---|---|---|---|---|---|---|"]
-    for depth, v in tree_lines(views):
-        t = v.trial
-        out.append(f"| {'  ' * depth}{'└ ' if depth else ''}{t.number} | {md(t.fix or 'baseline')} | "
-                   f"{md(t.state)} | {md(v.verdict.kind if v.verdict else '')} | "
-                   f"{fmt(t.step_time_ms)} | {fmt(v.judged_ms)} | {fmt(t.tflops_per_gpu)} | {md(t.wall)} |")
-    out += ["", "## Best config", ""]
-    if best:
-        out += ["Changes from the baseline: " + (", ".join(
-            f"`{md(k)}` {md(a)} → {md(b)}" for k, (a, b) in _from_baseline(views, best).items())
-            or "none"), "", "```json", json.dumps(best.trial.config, indent=1, sort_keys=True), "```", "",
-                "Full command line:", "```", best.command or "(not rendered)", "```", ""]
-    refused = [d for d in decisions if d.kind == "skip" and not d.trial_id]
-    if refused:
-        out += ["## Rules skipped", ""] + [f"- {md(d.rule)}: {md(d.reason)}" for d in refused] + [""]
-    out += ["## Bottleneck reports", ""]
-    number = {v.trial.id: v.trial.number for v in views}
-    out += [trial_markdown(v, number.get(v.trial.parent_id)) for v in views]
+TRIALS_NOTE = ("Judged ms: the median of the log's steady steps (the trace's steps where the log has too "
+               "few), what keep or revert decided by; change and p: against the parent, by the rank test. "
+               "Profiled ms: the mean of the traced steps, for reference.")
+
+
+# -- Markdown ----------------------------------------------------------------------------------
+def _md_table(t: Table, code_first: bool = False) -> list[str]:
+    out = ["| " + " | ".join(t.header) + " |", "|" + "---|" * len(t.header)]
+    for i, row in enumerate(t.rows):
+        cells = [md(c) for c in row]
+        if t.depths and t.depths[i]:
+            cells[0] = "  " * t.depths[i] + "└ " + cells[0]
+        if code_first:
+            cells[0] = f"`{cells[0]}`"
+        out.append("| " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def section_markdown(sec: TrialSection) -> str:
+    out = [f"### {md(sec.title)}", ""]
+    for line in sec.sentences:
+        if line.startswith("Decision: "):
+            kind, _, why = line[len("Decision: "):].partition(" — ")
+            out.append(f"Decision: **{md(kind)}** — {md(why)}")
+        else:
+            out.append(md(line))
+    if sec.last_lines:
+        out += ["", "Last log lines:", "```", *sec.last_lines, "```"]
+    out.append("")
+    if not sec.facts:
+        return "\n".join(out + ["(no analysis)", ""])
+    out += [f"- {md(f)}" for f in sec.facts] + [f"- **Warning**: {md(w)}" for w in sec.warnings] + [""]
+    for t in sec.tables:
+        out += _md_table(t, code_first=t.header[0] == "top kernel")
+    notes = [f"{'  ' * d}- {md(text) if d == 0 else _md_note(text)}" for d, text in sec.recipe_notes]
+    return "\n".join(out + notes + ([""] if notes else []))
+
+
+def trial_markdown(v: TrialView, parent_number: int | None) -> str:
+    return section_markdown(trial_section(v, parent_number))
+
+
+def render_markdown(r: StudyReport) -> str:
+    out = [f"# {md(r.title)}", "", *[md(x) + "\n" for x in r.intro], "## Headline", ""]
+    out += [f"- {md(x)}" for x in r.headline] + [f"- **Warning**: {md(w)}" for w in r.warnings] + [""]
+    out += ["## Trials", "", TRIALS_NOTE, "", *_md_table(r.trials)]
+    if r.best_changes is not None:
+        out += ["Best config: changes from the baseline: " + r.best_changes + " (in full in the appendix).", ""]
+    if r.skipped_rules:
+        out += ["## Rules skipped", "", *_md_table(r.skipped_rules)]
+    out += ["## Bottleneck reports", ""] + [section_markdown(s) for s in r.sections]
+    out += ["## Appendix: configuration and command lines", ""]
+    for caption, text in r.appendix:
+        out += [f"{md(caption)}:", "```", text, "```", ""]
     return "\n".join(out)
 
 
+def study_markdown(store, study_name: str) -> str:
+    return render_markdown(build(store, study_name))
+
+
 # -- HTML --------------------------------------------------------------------------------------
-CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1000px;color:#222}
+CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:2px 8px;
 font-size:13px;text-align:left}pre{background:#f5f5f5;padding:.6em;white-space:pre-wrap;
 word-break:break-all;font-size:12px}.keep{color:#2a9d46}.revert{color:#c44e52}
-section.trial{border-top:1px solid #ddd;margin-top:1.5em}"""
+.warning{color:#a33}ul.headline li{font-size:15px;margin:.2em 0}
+section.trial{border-top:1px solid #ddd;margin-top:1.5em}td:first-child{white-space:nowrap}"""
 
 
-def _table(header: list[str], rows: list[list]) -> str:
+def _code(text: str) -> str:
+    """esc, with Markdown's `code` spans as <code>."""
+    parts = str(text).split("`")
+    return "".join(f"<code>{esc(p)}</code>" if i % 2 else esc(p) for i, p in enumerate(parts))
+
+
+def _table(header: list[str], rows: list[list], depths: list[int] | None = None) -> str:
     h = "".join(f"<th>{esc(x)}</th>" for x in header)
-    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{h}</tr>{body}</table>"
+    body = []
+    for i, r in enumerate(rows):
+        cells = [esc(c) for c in r]
+        if depths and depths[i]:
+            cells[0] = "&nbsp;&nbsp;" * depths[i] + "└ " + cells[0]
+        body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return f"<table><tr>{h}</tr>{''.join(body)}</table>"
 
 
-def trial_html(v: TrialView, parent_number: int | None) -> str:
-    t, c, an = v.trial, v.combined, v.analysis or {}
-    parts = [f'<section class="trial" id="trial-{t.number}"><h3>Trial {t.number}: '
-             f'{esc(t.fix or "baseline")} — {esc(t.state)}</h3>']
-    if parent_number:
-        parts.append(f"<p>Parent: trial {parent_number}; config <code>{esc(t.config_hash)}</code></p>")
-    if v.apply:
-        ev = v.apply.evidence or {}
-        ch = ev.get("change", {})
-        parts.append(f"<p>Fix <b>{esc(t.fix)}</b>: {esc(v.apply.reason)} (source "
-                     f"{esc(ev.get('source'))}); change: "
-                     + ", ".join(f"<code>{esc(k)}</code> {esc(a)} → {esc(b)}" for k, (a, b) in ch.items())
-                     + "</p>")
-    if v.verdict:
-        parts.append(f'<p>Decision: <b class="{esc(v.verdict.kind)}">{esc(v.verdict.kind)}</b> — '
-                     f"{esc(v.verdict.reason)}</p>")
-        last = (v.verdict.evidence or {}).get("last_lines")
-        if last:
-            parts.append("<p>Last log lines:</p><pre>" + esc("\n".join(map(str, last))) + "</pre>")
-    if v.fit_sentence():
-        parts.append(f"<p>{esc(v.fit_sentence())}</p>")
-    if an:
-        hidden = max(0.0, (c.get("comm_share") or 0) - (c.get("exposed_comm_share") or 0))
-        parts.append(_table(["wall", "confidence", "step ms", "± ms", "TFLOP/s/GPU", "exposed comm",
-                             "hidden comm", "idle", "gaps >100us", "peak GB", "graph launches"],
-                            [[an.get("wall"), fmt(an.get("confidence"), 2), fmt(c.get("step_time_ms")),
-                              fmt(c.get("step_time_std_ms")), fmt(t.tflops_per_gpu),
-                              f"{100 * (c.get('exposed_comm_share') or 0):.1f}%", f"{100 * hidden:.1f}%",
-                              f"{100 * (c.get('gpu_idle_share') or 0):.1f}%", fmt(c.get("gaps_over_100us")),
-                              fmt(c.get("peak_memory_gb"), 2), fmt(c.get("cuda_graph_launches"))]]))
-        split = a2a_split(c)
-        if split:
-            parts.append(f"<p>{esc(split)}</p>")
-        ev = an.get("evidence") or []
-        if ev:
-            parts.append(_table(["deciding rule", "wall", "metric", "value", "threshold"],
-                                [[e.get("rule"), e.get("wall"), e.get("metric"), e.get("value"),
-                                  e.get("threshold")] for e in ev]))
-        cls = c.get("kernel_class_ms") or {}
-        if cls:
-            counts = c.get("kernel_class_count") or {}
-            parts.append(_table(["kernel class", "ms per rank", "count"],
-                                [[k, fmt(ms, 2), counts.get(k)] for k, ms in
-                                 sorted(cls.items(), key=lambda kv: -kv[1])]))
-        tops = top_kernels(v.folder)
-        if tops:
-            parts.append(_table(["top kernel", "class", "ms per rank", "count"],
-                                [[n[:120], k, fmt(ms, 2), cnt] for n, k, ms, cnt in tops]))
-        strip = svg_timeline(v.folder)
-        if strip:
-            parts.append("<p>Timeline of the profiled window (per rank):</p>" + strip)
-    if v.command:
-        parts.append("<p>Command:</p><pre>" + esc(v.command) + "</pre>")
+def section_html(sec: TrialSection) -> str:
+    parts = [f'<section class="trial" id="trial-{sec.number}"><h3>{esc(sec.title)}</h3>']
+    for line in sec.sentences:
+        if line.startswith("Decision: "):
+            kind, _, why = line[len("Decision: "):].partition(" — ")
+            parts.append(f'<p>Decision: <b class="{esc(kind)}">{esc(kind)}</b> — {esc(why)}</p>')
+        else:
+            parts.append(f"<p>{_code(line)}</p>")
+    if sec.last_lines:
+        parts.append("<p>Last log lines:</p><pre>" + esc("\n".join(sec.last_lines)) + "</pre>")
+    if sec.facts:
+        parts.append('<ul class="facts">' + "".join(f"<li>{esc(f)}</li>" for f in sec.facts)
+                     + "".join(f'<li class="warning">Warning: {esc(w)}</li>' for w in sec.warnings) + "</ul>")
+    parts += [_table(t.header, t.rows) for t in sec.tables]
+    if sec.recipe_notes:
+        parts.append("<ul>" + "".join(f'<li style="margin-left:{2 * d}em">{esc(text)}</li>'
+                                      for d, text in sec.recipe_notes) + "</ul>")
+    strip = svg_timeline(sec.folder) if sec.facts else ""
+    if strip:
+        parts.append("<p>Timeline of the profiled window (per rank):</p>" + strip)
     parts.append("</section>")
     return "".join(parts)
 
 
-def study_html(store, study_name: str) -> str:
-    study, views, decisions = gather(store, study_name)
-    s = summary(store, study_name)
-    one_gpu = one_gpu_sentence(study)
-    best = next((v for v in views if v.trial.number == s.get("best_trial")), None)
-    number = {v.trial.id: v.trial.number for v in views}
-    rows = [["\u00a0\u00a0" * d + ("└ " if d else "") + str(v.trial.number), v.trial.fix or "baseline",
-             v.trial.state, v.verdict.kind if v.verdict else "", fmt(v.trial.step_time_ms),
-             fmt(v.judged_ms), fmt(v.trial.tflops_per_gpu), v.trial.wall or ""] for d, v in tree_lines(views)]
+def section_page(sec: TrialSection) -> str:
+    """One trial's bottleneck report as a page of its own (the screenshot in docs/)."""
+    return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{esc(sec.title)}</title>'
+            f"<style>{CSS}</style></head><body>{section_html(sec)}</body></html>")
+
+
+def trial_html(v: TrialView, parent_number: int | None) -> str:
+    return section_html(trial_section(v, parent_number))
+
+
+def render_html(r: StudyReport) -> str:
     parts = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
-             f"<title>moetune study {esc(study.name)}</title><style>{CSS}</style></head><body>",
-             f"<h1>moetune study {esc(study.name)}</h1>",
-             f"<p>Model {esc(study.model)}; {s['trials']} trials run ({s['skipped']} skipped); "
-             f"stopped: {esc(s.get('stop_reason'))}.</p>",
-             f"<p>{esc(one_gpu)}</p>" if one_gpu else "",
-             f"<p>Baseline {esc(fmt(s.get('baseline_step_time_ms')))} ms/step → best "
-             f"<b>{esc(fmt(s.get('best_step_time_ms')))} ms/step</b> (trial {esc(s.get('best_trial'))}, "
-             f"speed-up {esc(fmt(s.get('speedup'), 3))}x; judged: "
-             f"{esc(fmt(s.get('baseline_judged_step_time_ms')))} → {esc(fmt(s.get('best_judged_step_time_ms')))} ms, "
-             f"{esc(fmt(s.get('judged_speedup'), 3))}x). Kept fixes: "
-             f"{esc(', '.join(s.get('kept_fixes') or []) or 'none')}.</p>",
-             "<h2>Step time across trials</h2>", svg_step_times(views),
-             "<h2>Trials</h2>", "<p>Step ms: mean of the profiled steps in the trace; judged ms: what "
-             "keep or revert compared (the median of the log's steady iterations where there are "
-             "enough). The plot shows judged ms.</p>",
-             _table(["trial", "fix", "state", "decision", "step ms", "judged ms", "TFLOP/s/GPU", "wall"], rows),
-             "<h2>Time breakdown</h2>", svg_breakdown(views)]
-    if best:
-        changes = ", ".join(f"<code>{esc(k)}</code> {esc(a)} → {esc(b)}"
-                            for k, (a, b) in _from_baseline(views, best).items()) or "none"
-        parts += ["<h2>Best config</h2>", f"<p>Changes from the baseline: {changes}</p>", "<pre>" + esc(json.dumps(best.trial.config, indent=1,
-                                                                  sort_keys=True)) + "</pre>",
-                  "<p>Full command line:</p><pre>" + esc(best.command or "(not rendered)") + "</pre>"]
-    refused = [d for d in decisions if d.kind == "skip" and not d.trial_id]
-    if refused:
-        parts += ["<h2>Rules skipped</h2>", _table(["rule", "why"], [[d.rule, d.reason] for d in refused])]
+             f"<title>{esc(r.title)}</title><style>{CSS}</style></head><body>",
+             f"<h1>{esc(r.title)}</h1>", *[f"<p>{esc(x)}</p>" for x in r.intro],
+             "<h2>Headline</h2>", '<ul class="headline">' + "".join(f"<li>{_code(x)}</li>" for x in r.headline)
+             + "".join(f'<li class="warning">Warning: {esc(w)}</li>' for w in r.warnings) + "</ul>",
+             "<h2>Step time across trials</h2>", svg_step_times(r.views),
+             "<h2>Trials</h2>", f"<p>{esc(TRIALS_NOTE)} The plot shows judged ms.</p>",
+             _table(r.trials.header, r.trials.rows, r.trials.depths),
+             "<h2>Time breakdown</h2>", svg_breakdown(r.views)]
+    if r.best_changes is not None:
+        parts.append(f"<p>Best config: changes from the baseline: {_code(r.best_changes)} "
+                     "(in full in the appendix).</p>")
+    if r.skipped_rules:
+        parts += ["<h2>Rules skipped</h2>", _table(r.skipped_rules.header, r.skipped_rules.rows)]
     parts.append("<h2>Bottleneck reports</h2>")
-    parts += [trial_html(v, number.get(v.trial.parent_id)) for v in views]
+    parts += [section_html(s) for s in r.sections]
+    parts.append("<h2>Appendix: configuration and command lines</h2>")
+    parts += [f"<p>{esc(caption)}:</p><pre>{esc(text)}</pre>" for caption, text in r.appendix]
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def study_html(store, study_name: str) -> str:
+    return render_html(build(store, study_name))
 
 
 def write_reports(store, study_name: str, out_dir) -> tuple[Path, Path]:
@@ -553,6 +778,7 @@ def write_reports(store, study_name: str, out_dir) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in study_name)
     md_path, html_path = out / f"{safe}.md", out / f"{safe}.html"
-    md_path.write_text(study_markdown(store, study_name))
-    html_path.write_text(study_html(store, study_name))
+    r = build(store, study_name)
+    md_path.write_text(render_markdown(r))
+    html_path.write_text(render_html(r))
     return md_path, html_path

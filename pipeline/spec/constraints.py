@@ -19,6 +19,7 @@ DISPATCH = "moe-dispatcher-selection.txt"
 README = "megatron-core-moe-readme.md"
 MEGATRON = "Megatron-LM argument validation (megatron/training/arguments.py, TransformerConfig)"
 DEVICE = "../shared/device-notes.md (seen on the GPU machine)"
+GPU_SHEETS = "NVIDIA data sheets (FP8 tensor cores from Hopper on)"
 DROPLESS_GRAPH_MODULES = ("attn", "moe_router", "moe_preprocess")
 
 
@@ -174,6 +175,9 @@ RULES: tuple[Rule, ...] = (
      "moe_act, or drop moe_router from the graphs"),
     ("fp8_needs_te", MEGATRON, lambda c, e: bool(c.fp8_format or c.fp8_recipe) and not _te(c, e),
      "FP8 needs Transformer Engine"),
+    ("fp8_needs_hopper_or_newer", GPU_SHEETS,
+     lambda c, e: bool(c.fp8_format or c.fp8_recipe) and e.generation == "ampere",
+     "FP8 needs a Hopper or Blackwell GPU; this GPU type has no FP8 tensor cores"),
     ("fp8_recipe_without_format", MEGATRON, lambda c, e: bool(c.fp8_recipe) and not c.fp8_format,
      "--fp8-recipe needs --fp8-format (e4m3 or hybrid)"),
     ("fp8_blockwise_not_on_blackwell", WORKFLOW,

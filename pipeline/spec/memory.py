@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.spec import fit
 from moetune.pipeline.spec.config import TrainingConfig, run_args
 from moetune.pipeline.spec.constraints import check
@@ -90,6 +91,20 @@ def mtp_params(m: ModelArch) -> Params:
     shared = 3 * h * (m.moe_shared_expert_intermediate_size or 0)
     return Params(dense=n * (attention_params(m) + shared), experts=n * 3 * h * m.moe_ffn_hidden_size * m.num_experts,
                   replicated=n * (2 * h + h * m.num_experts), embedding=0)
+
+
+class TooFewGPUs(MoetuneError):
+    """A layout's model-parallel groups need more GPUs than there are."""
+
+    def __init__(self, c: TrainingConfig, gpus: int):
+        self.needed = min_gpus(c)
+        super().__init__(f"the layout TP{c.tp} PP{c.pp} EP{c.ep} CP{c.cp} needs {self.needed} GPUs "
+                         f"(or a multiple); {gpus} given")
+
+
+def min_gpus(c: TrainingConfig) -> int:
+    """The fewest GPUs a layout runs on: its dense (TP x PP x CP) and expert (ETP x EP x PP) groups."""
+    return math.lcm(c.tp * c.pp * c.cp, (c.etp or c.tp) * c.ep * c.pp)
 
 
 def bytes_per_param(shards: int, c: TrainingConfig) -> float:
@@ -221,6 +236,8 @@ def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True) -
     `routing=False` prices every layer as a dense layer of `ffn_hidden_size` spread evenly over the
     stages, with MTP on the stage, the scope of Megatron's own theoretical figure (for comparing
     like with like, not for planning)."""
+    if gpus < min_gpus(c):
+        raise TooFewGPUs(c, gpus)
     if not routing:
         return _estimate_dense_scope(m, c, gpus)
     p = count_params(m, c.tp)
@@ -359,6 +376,8 @@ def baseline_layout(exp, gpus: int | None = None, gpu_type: str | None = None,
     it fits before it goes to the cluster (moe-optimization-workflow.md, Phase 1: fit first)."""
     cluster, world, capacity = plan_cluster(exp, gpus, gpu_type)
     cfg = exp.baseline
+    if world % min_gpus(cfg):
+        raise TooFewGPUs(cfg, world)
     est = estimate(exp.model, cfg, world)
     refused = [v.code for v in check(cfg, exp.model, cluster)]
     peak = measured(cfg) if measured else None
