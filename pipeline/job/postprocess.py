@@ -161,7 +161,7 @@ def rank_report(folder: Path, rank: int | str) -> Path | None:
     return rep
 
 
-def _release(text: str) -> tuple[int, ...]:
+def nsys_release(text: str) -> tuple[int, ...]:
     """'NVIDIA Nsight Systems version 2025.3.2.474-...' -> (2025, 3, 2, 474)."""
     m = re.search(r"(\d{4})\.(\d+)(?:\.(\d+))?(?:\.(\d+))?", text or "")
     return tuple(int(x) for x in m.groups() if x is not None) if m else ()
@@ -173,7 +173,7 @@ def check_recorder(report: Path, nsys: str) -> None:
     recorded = report.with_name(report.name.split(".")[0] + NSYS_VERSION_SUFFIX)
     if not recorded.exists():
         return
-    theirs, ours = _release(recorded.read_text(errors="replace")), _release(nsys_version(nsys))
+    theirs, ours = nsys_release(recorded.read_text(errors="replace")), nsys_release(nsys_version(nsys))
     if theirs and ours and theirs > ours:
         raise PostprocessError(
             f"{report.name} was recorded by nsys {'.'.join(map(str, theirs))}; this nsys ({nsys}) "
