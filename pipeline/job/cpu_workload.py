@@ -13,6 +13,8 @@ iteration lines. Its own knobs:
     --stand-in-model-mb MB      memory a rank of the layout would need at micro batch 1 on one GPU,
                                 reported (never held) as MB x micro batch / (TP x PP x EP), so that
                                 fits of different layouts differ as real ones do
+    --stand-in-slow-ranks R:X,...  rank R's iterations last X times as long, as one pipeline stage
+                                (more layers, MoE, the loss) runs longer than another
 
 With more than one rank (WORLD_SIZE > 1) the ranks first meet at MASTER_ADDR:MASTER_PORT over TCP,
 as torch.distributed's rendezvous does (rank 0 listens, the others connect and send their rank and
@@ -160,6 +162,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stand-in-busy", type=float, default=1.0)
     p.add_argument("--stand-in-alloc-mb", type=int, default=0)
     p.add_argument("--stand-in-model-mb", type=float, default=0.0)
+    p.add_argument("--stand-in-slow-ranks", type=slow_ranks, default={})
     # a Megatron flag whose presence stops the run at start-up, as Megatron's TransformerConfig
     # refuses some combinations (selective recompute inside a CUDA-graphed scope on the device)
     p.add_argument("--stand-in-refuse", default=None)
@@ -170,6 +173,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args, megatron_flags = p.parse_known_args(argv)
     args.refused = args.stand_in_refuse if args.stand_in_refuse in megatron_flags else None
     return args
+
+
+def slow_ranks(text: str) -> dict[int, float]:
+    """'R:X,...' -> {R: X}."""
+    try:
+        return {int(r): float(x) for r, x in (part.split(":") for part in text.split(",") if part.strip())}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected RANK:FACTOR[,RANK:FACTOR...]") from None
 
 
 def model_mb(args: argparse.Namespace) -> float:
@@ -281,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"moetune cpu stand-in (not training): {args.train_iters} iterations of "
               f"{args.stand_in_ms_per_iter} ms, NVTX via {nvtx.source}, holding {len(hold) >> 20} MB",
               flush=True)
-    period = args.stand_in_ms_per_iter / 1000
+    period = args.stand_in_ms_per_iter * args.stand_in_slow_ranks.get(rank, 1.0) / 1000
     for it in range(1, args.train_iters + 1):
         t0 = time.perf_counter()
         nvtx.push(f"iteration {it}")

@@ -183,7 +183,7 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
     python = c.python or (sys.executable if own_python else "python")
     command = [python, "-u", str(WORKLOADS[c.workload]), *argv]
     if c.workload == "cpu_stand_in":
-        for key in ("ms_per_iter", "busy", "alloc_mb", "model_mb", "refuse"):
+        for key in ("ms_per_iter", "busy", "alloc_mb", "model_mb", "refuse", "slow_ranks"):
             if key in c.stand_in:  # =: a value may start with --
                 command.append(f"--stand-in-{key.replace('_', '-')}={c.stand_in[key]}")
     folder = str(Path(folder).resolve())

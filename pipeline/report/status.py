@@ -39,6 +39,7 @@ def render_study(store, name: str) -> str:
                      f"{_ms(store.metrics(t.id).get('judged_step_time_ms')):>9} {_ms(t.step_time_ms):>9} "
                      f"{_ms(t.tflops_per_gpu):>8} {(t.wall or '-'):<14} "
                      f"{t.config_hash}")
+    lines += one_gpu_lines(store, study)
     lines.append("  decisions:")
     number = {t.id: t.number for t in store.trials(study.id)}
     for d in store.decisions(study.id):
@@ -46,6 +47,16 @@ def render_study(store, name: str) -> str:
         lines.append(f"    {d.created_at} {d.kind:<11} {where:<9} {d.rule or '':<26} {d.reason}"
                      f"{_evidence(d)}")
     return "\n".join(lines)
+
+
+def one_gpu_lines(store, study) -> list[str]:
+    """In a one-GPU study, the rank that stood for each trial's layout, and why."""
+    from moetune.pipeline.report.study import one_gpu_ranks
+    if not ((study.experiment or {}).get("tuning") or {}).get("one_gpu"):
+        return []
+    trials = ((t.number, t.folder) for t in store.trials(study.id))
+    return [f"  one GPU, {'trial' if len(n) == 1 else 'trials'} {', '.join(map(str, n))}: rank {b['rank']} "
+            f"stood for the layout ({b['why']})" for b, n in one_gpu_ranks(trials)]
 
 
 def render(store, study_name: str | None = None) -> str:

@@ -21,6 +21,7 @@ from moetune import analysis
 from moetune.analysis.metrics import in_window
 from moetune.analysis.window import find_window
 from moetune.pipeline.spec.experiment import tuning_value
+from moetune.pipeline.trial.stages import ONE_GPU_RANK
 from moetune.pipeline.decide.judge import MIN_LOG_STEPS, faster_p, judged_step, steady_iterations
 from moetune.pipeline.tune.state import JUDGED
 from moetune.pipeline.tune.summary import summary
@@ -575,7 +576,7 @@ def build(store, study_name: str) -> StudyReport:
     s = summary(store, study_name)
     intro = [f"Model {study.model}; {s['trials']} trials run ({s['skipped']} skipped); "
              f"stopped: {s.get('stop_reason')}."]
-    one_gpu = one_gpu_sentence(study)
+    one_gpu = one_gpu_sentence(study, views)
     if one_gpu:
         intro.append(one_gpu)
     head, warnings, best = headline(views)
@@ -614,15 +615,36 @@ def tree_lines(views: list[TrialView]) -> list[tuple[int, TrialView]]:
     return out
 
 
-def one_gpu_sentence(study) -> str | None:
-    """What a one-GPU study's step times are (tuning.one_gpu; spec/fit.py one_gpu_config)."""
+def one_gpu_sentence(study, views: list[TrialView] = ()) -> str | None:
+    """What a one-GPU study's step times are (tuning.one_gpu; spec/fit.py one_gpu_config), and
+    which rank stood for each trial's layout, and why."""
     tuning = (study.experiment or {}).get("tuning") or {}
     if not tuning_value(tuning, "one_gpu"):
         return None
-    return ("One GPU: every trial ran its layout's rank 0 alone under Megatron's fake process group, "
+    stood = one_gpu_ranks((v.trial.number, v.folder) for v in views)
+    return ("One GPU: every trial ran one rank of its layout alone under Megatron's fake process group, "
             f"a step of {tuning_value(tuning, 'one_gpu_samples')} sequences per data-parallel rank with "
             "static routing; its step time is that rank's compute and host overhead at the "
-            "production shapes, without communication, waiting or pipeline bubbles.")
+            "production shapes, without communication, waiting or pipeline bubbles."
+            + (" The rank that stood for the layout: " + "; ".join(
+                f"{_trials_word(numbers)}: rank {b['rank']} ({b['why']})" for b, numbers in stood) + "."
+               if stood else ""))
+
+
+def one_gpu_ranks(trials) -> list[tuple[dict, list[int]]]:
+    """(the rank a one-GPU trial ran and why, the trials that ran it) of (number, folder) pairs,
+    in trial order."""
+    out: dict[str, tuple[dict, list[int]]] = {}
+    for number, folder in trials:
+        path = Path(folder) / ONE_GPU_RANK if folder else None
+        if path and path.exists():
+            bound = json.loads(path.read_text())
+            out.setdefault(json.dumps(bound, sort_keys=True), (bound, []))[1].append(number)
+    return list(out.values())
+
+
+def _trials_word(numbers: list[int]) -> str:
+    return ("trial " if len(numbers) == 1 else "trials ") + ", ".join(map(str, numbers))
 
 
 TRIALS_NOTE = ("Judged ms: the median of the log's steady steps (the trace's steps where the log has too "

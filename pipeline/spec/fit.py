@@ -119,14 +119,134 @@ def one_gpu_config(config: TrainingConfig, world: int, samples: int) -> Training
     return static_routing(config).replace(global_batch=max(config.data_parallel(world), 1) * samples)
 
 
-def bounding_ranks(config: TrainingConfig, world: int) -> tuple[int, ...]:
-    """The ranks whose memory bounds the layout's: the first pipeline stage (embedding, and the
-    most micro-batches in flight) and the last (output layer and loss). Megatron orders ranks
-    tp-cp-ep-dp-pp, so a stage is a block of world/PP ranks and its first rank is TP, CP, EP and DP
-    rank 0 (the one that prints Megatron's memory report)."""
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage of a layout, as its memory and time depend on it."""
+    index: int
+    layers: int  # decoder layers it builds (the last stage's MTP layers included)
+    moe_layers: int  # of them, those with routed experts
+    in_flight: int  # micro-batches whose activations it holds at its peak (1F1B: PP - index)
+
+
+def stage_layer_counts(num_layers: int, config: TrainingConfig) -> list[int]:
+    """Decoder layers per pipeline stage as Megatron splits them: the uneven pipeline's first and
+    last stages (--decoder-first/last-pipeline-num-layers) as set, the rest evenly."""
+    pp = max(config.pp, 1)
+    if pp == 1:
+        return [num_layers]
+    ends = {0: config.first_pp_layers, pp - 1: config.last_pp_layers}
+    fixed = {s: n for s, n in ends.items() if n is not None}
+    rest = [s for s in range(pp) if s not in fixed]
+    share, extra = divmod(num_layers - sum(fixed.values()), max(len(rest), 1))
+    # Megatron refuses a split that does not divide; the remainder goes to the later stages here
+    even = {s: share + (i >= len(rest) - extra) for i, s in enumerate(rest)}
+    return [fixed.get(s, even.get(s, 0)) for s in range(pp)]
+
+
+def pipeline_stages(model, config: TrainingConfig) -> list[Stage]:
+    """Each stage's layers, MoE layers and micro-batches in flight, from the layout and the model's
+    leading dense layers (model.first_dense_layers). Interleaved (VPP): stage s builds virtual
+    stages s, s + PP, ... of its layers / VPP each, so the dense layers sit in the first chunks in
+    order. MTP layers are built on the last stage (megatron-core's default placement), MoE where
+    the model's layers are."""
+    pp, vpp = max(config.pp, 1), max(config.vpp or 1, 1)
+    counts = stage_layer_counts(model.num_layers, config)
+    moe = [0] * pp
+    layer = 0
+    for chunk in range(vpp):
+        for s in range(pp):
+            size = counts[s] // vpp + (chunk < counts[s] % vpp)
+            if model.num_experts > 1:
+                moe[s] += max(0, layer + size - max(layer, model.first_dense_layers))
+            layer += size
+    mtp = model.mtp_num_layers
+    counts[-1] += mtp
+    moe[-1] += mtp if model.num_experts > 1 else 0
+    return [Stage(s, counts[s], moe[s], pp - s) for s in range(pp)]
+
+
+def stage_rank(stage: int, config: TrainingConfig, world: int) -> int:
+    """A stage's first rank: Megatron orders ranks tp-cp-ep-dp-pp, so a stage is a block of
+    world/PP ranks and its first is TP, CP, EP and DP rank 0 (the one that prints Megatron's memory
+    report)."""
+    return stage * (world // max(config.pp, 1))
+
+
+def heaviest_moe_stage(stages: list[Stage]) -> Stage | None:
+    """The stage with the most MoE layers and, of those, the most micro-batches in flight (the
+    earliest); None without MoE layers."""
+    moe = [s for s in stages if s.moe_layers]
+    return max(moe, key=lambda s: (s.moe_layers, s.in_flight)) if moe else None
+
+
+def bounding_ranks(config: TrainingConfig, world: int, model=None) -> tuple[int, ...]:
+    """The ranks whose memory and time bound the layout's: the first pipeline stage (embedding,
+    the most micro-batches in flight), the last (output layer, loss, MTP) and, with `model`, the
+    stage with the most MoE layers and micro-batches in flight where that is another (a first
+    stage of dense layers only, as deepseek_v3's, shows no expert's memory or time)."""
     if config.pp <= 1 or world < config.pp:
         return (0,)
-    return (0, world - world // config.pp)
+    stages = [0, config.pp - 1]
+    heavy = heaviest_moe_stage(pipeline_stages(model, config)) if model is not None else None
+    if heavy and heavy.index not in stages:
+        stages.insert(1, heavy.index)
+    return tuple(stage_rank(s, config, world) for s in stages)
+
+
+# Fit step times closer than this share are one: a fit's two or three steady steps vary by a few
+# percent from one run to the next, and the trials of a study should profile the same stage
+STEP_TIE_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class BoundRank:
+    """The rank a one-GPU trial runs for its layout, and why."""
+    rank: int
+    stage: int
+    why: str
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "stage": self.stage, "why": self.why}
+
+
+def _seconds(ms: float) -> str:
+    return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.0f} ms"
+
+
+def bound_rank(model, config: TrainingConfig, world: int, measured: dict | None = None) -> BoundRank:
+    """The rank that bounds a pipeline's step, for a one-GPU trial: of the stages holding MoE
+    layers, the one the fit measured slowest (`measured`: {rank: {step_time_ms}}, fit.json's
+    ranks; within STEP_TIE_SHARE, the one with more MoE layers, then more in flight); without a
+    measurement of one, the stage with the most MoE layers and micro-batches in flight."""
+    if config.pp <= 1 or world < config.pp:
+        return BoundRank(0, 0, "the layout has one pipeline stage")
+    stages = pipeline_stages(model, config)
+    where = f"of {config.pp}"
+    timed = {}
+    for r, m in (measured or {}).items():
+        r = int(r)
+        s = r // (world // config.pp)
+        if m.get("step_time_ms") and r == stage_rank(s, config, world):
+            timed[s] = float(m["step_time_ms"])
+    moe_timed = {s: ms for s, ms in timed.items() if stages[s].moe_layers}
+    if moe_timed:
+        top = max(moe_timed.values())
+        pick = max((s for s, ms in moe_timed.items() if ms >= top * (1 - STEP_TIE_SHARE)),
+                   key=lambda s: (stages[s].moe_layers, stages[s].in_flight))
+        others = ", ".join(f"{_seconds(ms)} for stage {s}" for s, ms in sorted(timed.items()) if s != pick)
+        why = (f"stage {pick} {where}: {stages[pick].moe_layers} MoE layers, slowest measured stage, "
+               f"{_seconds(timed[pick])} per step" + (f" against {others}" if others else ""))
+        dense = [s for s in timed if not stages[s].moe_layers]
+        if dense:
+            why += f" (stage {', '.join(map(str, sorted(dense)))} holds no MoE layer)"
+        return BoundRank(stage_rank(pick, config, world), pick, why)
+    heavy = heaviest_moe_stage(stages)
+    if heavy is None:
+        return BoundRank(0, 0, f"stage 0 {where}: the model has no MoE layer")
+    return BoundRank(stage_rank(heavy.index, config, world), heavy.index,
+                     f"stage {heavy.index} {where}: {heavy.moe_layers} MoE layers, "
+                     f"{heavy.in_flight} micro-batches in flight, the most of any stage; no fit "
+                     "measured its step")
 
 
 def headroom_gb(capacity_gb: float) -> float:

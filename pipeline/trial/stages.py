@@ -137,12 +137,33 @@ class TrialContext:
 
 
 # -- the stages ------------------------------------------------------------------------------
-def _render_inputs(t: TrialContext) -> tuple[list[Path], Any]:
+def _fit_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     model, cluster = t.model_and_cluster()
     cluster_d = as_dict(cluster)
     return [], {"config": t.row.config, "model": model.to_dict(), "cluster": cluster_d,
                 "folder": str(t.folder), "launcher": _launcher(t), "node_cpus": node_cpus(t),
                 "megatron_core": probed(t).get("megatron_core"), "templates": render.template_texts()}
+
+
+def _render_inputs(t: TrialContext) -> tuple[list[Path], Any]:
+    files, extra = _fit_inputs(t)
+    bound = one_gpu_rank(t)  # a fit measured again may name another rank
+    return files, {**extra, **({"one_gpu_rank": bound.to_dict()} if bound else {})}
+
+
+ONE_GPU_RANK = "one_gpu_rank.json"  # beside spec.json: the rank a one-GPU trial ran, and why
+
+
+def one_gpu_rank(t: TrialContext) -> fit.BoundRank | None:
+    """In a one-GPU study, the rank that stands for the trial's layout (spec/fit.py bound_rank):
+    of its stages holding MoE layers, the one its fit (fit/fit.json) measured slowest; without a
+    fit, the one with the most MoE layers and micro-batches in flight. None outside one."""
+    if not t.one_gpu:
+        return None
+    model, cluster = t.model_and_cluster()
+    fitted = t.path("fit/fit.json")
+    measured = json.loads(fitted.read_text()).get("ranks") if fitted.exists() else None
+    return fit.bound_rank(model, TrainingConfig.from_dict(t.row.config), rank_count(cluster), measured)
 
 
 def _launcher(t: TrialContext) -> str:
@@ -170,9 +191,10 @@ def node_cpus(t: TrialContext) -> int | None:
 
 
 def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluster, tuning,
-               launcher: str, node_cpus: int | None, megatron_core: str | None = None) -> render.JobSpec:
+               launcher: str, node_cpus: int | None, megatron_core: str | None = None,
+               rank: int = 0) -> render.JobSpec:
     """What one trial submits: its layout's job, or in a one-GPU study (tuning.one_gpu) the
-    layout's rank 0 alone, profiled (spec/fit.py one_gpu_config; fit.OneGpuError where the step
+    layout's `rank` alone, profiled (spec/fit.py one_gpu_config; fit.OneGpuError where the step
     cannot hold the layout). `megatron_core`: the image's version, where the preflight found it:
     a flag that Megatron renamed goes by the name that version knows."""
     one_rank = None
@@ -180,7 +202,7 @@ def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluste
         world = rank_count(cluster)
         samples = int(tuning_value(tuning or {}, "one_gpu_samples"))
         config = fit.one_gpu_config(config, world, samples)
-        one_rank = ((0,), world)
+        one_rank = ((rank,), world)
     argv = config.to_args(model, has_apex=as_dict(cluster).get("has_apex") is not False) + run_args()
     if one_rank:
         argv += list(fit.FAKE_GROUP_ARGS)
@@ -204,14 +226,18 @@ def write_trial_job(spec: render.JobSpec, config: dict) -> list[Path]:
 
 def do_render(t: TrialContext) -> list[Path]:
     model, cluster = t.model_and_cluster()
+    bound = one_gpu_rank(t)
     try:
         spec = trial_spec(name=t.job_name(), folder=t.folder, config=TrainingConfig.from_dict(t.row.config),
                           model=model, cluster=cluster, tuning=t.experiment.get("tuning"),
                           launcher=_launcher(t), node_cpus=node_cpus(t),
-                          megatron_core=probed(t).get("megatron_core"))
+                          megatron_core=probed(t).get("megatron_core"), rank=bound.rank if bound else 0)
     except fit.OneGpuError as e:
         raise StageError(f"trial {t.id}: {e}") from None
     out = write_trial_job(spec, t.row.config)
+    if bound:
+        (t.folder / ONE_GPU_RANK).write_text(json.dumps(bound.to_dict(), indent=1, sort_keys=True) + "\n")
+        out.append(t.folder / ONE_GPU_RANK)
     t.store.update_trial(t.id, folder=str(t.folder))
     return out
 
@@ -227,7 +253,7 @@ def do_fit(t: TrialContext) -> list[Path]:
         shutil.rmtree(folder)
     world = rank_count(cluster)
     config = fit.fit_config(TrainingConfig.from_dict(t.row.config), world)
-    ranks = fit.bounding_ranks(config, world)
+    ranks = fit.bounding_ranks(config, world, model)
     argv = args_for_megatron(config.to_args(model, has_apex=cluster_d.get("has_apex") is not False)
                              + run_args() + list(fit.FAKE_GROUP_ARGS), probed(t).get("megatron_core"))
     spec = render.job_spec(name=t.job_name() + ".fit", folder=folder, config=config.to_dict(),
@@ -236,7 +262,11 @@ def do_fit(t: TrialContext) -> list[Path]:
     render.write_job(spec)
     ref = jobs.submit(spec, jobs.resolve_kind(t.executor))
     state = jobs.wait(ref, poll_s=1.0)
-    measured = {r: _fit_rank(folder / f"log_rank_{r}.txt") for r in ranks}
+    stages_of = {fit.stage_rank(s.index, config, world): s for s in fit.pipeline_stages(model, config)
+                 if world >= config.pp}
+    measured = {r: {**_fit_rank(folder / f"log_rank_{r}.txt"),
+                    **({"stage": stages_of[r].index, "moe_layers": stages_of[r].moe_layers}
+                       if r in stages_of else {})} for r in ranks}
     capacity = cluster_d.get("gpu_memory_gb") or gpus.memory_gb(cluster_d.get("gpu_type"))
     if not capacity:
         raise StageError(f"trial {t.id}: cluster.gpu_type {cluster_d.get('gpu_type')!r} has no known "
@@ -511,7 +541,7 @@ def do_decide(t: TrialContext) -> list[Path]:
 
 # stage → (its inputs: (files, extra), what it does)
 STAGES: dict[str, tuple[Callable, Callable]] = {
-    FIT: (_render_inputs, do_fit),
+    FIT: (_fit_inputs, do_fit),
     "render": (_render_inputs, do_render),
     "submit": (_submit_inputs, do_submit),
     "collect": (_collect_inputs, do_collect),
