@@ -28,6 +28,76 @@ def test_bounding_ranks_are_the_first_and_last_pipeline_stage():
     assert fit.bounding_ranks(TrainingConfig(tp=2, pp=16, ep=64), 1024) == (0, 960)
 
 
+SHIPPED = ("deepseek_v3", "mixtral_8x7b", "mixtral_8x22b", "qwen3_30b_a3b", "qwen3_235b", "qwen3_30b_a3b_ep8")
+
+
+def shipped(name):
+    from moetune.pipeline.spec.experiment import load_experiment
+    from moetune.pipeline.spec.section import rank_count
+    exp = load_experiment(name)
+    return exp.model, exp.baseline, rank_count(exp.cluster)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_fit_measures_the_first_last_and_heaviest_moe_stage_of_every_shipped_layout(name):
+    """Each shipped layout's stages hold all its layers (MTP on the last), and the fit measures its
+    first and last stage and the one with the most MoE layers and micro-batches in flight."""
+    model, config, world = shipped(name)
+    stages = fit.pipeline_stages(model, config)
+    assert len(stages) == config.pp
+    assert sum(s.layers for s in stages) == model.num_layers + model.mtp_num_layers
+    assert sum(s.moe_layers for s in stages) == model.moe_layers + model.mtp_num_layers
+    assert [s.in_flight for s in stages] == list(range(config.pp, 0, -1))
+    heavy = fit.heaviest_moe_stage(stages)
+    ranks = fit.bounding_ranks(config, world, model)
+    block = world // config.pp
+    expect = sorted({0, config.pp - 1, heavy.index}) if config.pp > 1 else [0]
+    assert sorted(r // block for r in ranks) == expect and all(r % block == 0 for r in ranks)
+
+
+def test_deepseek_v3s_fit_measures_its_first_moe_stage_beside_the_dense_first_one():
+    """61 layers on 16 stages: 3 dense on the first (--decoder-first-pipeline-num-layers 3), 4 MoE
+    on each middle one, 2 and the MTP layer on the last. Stage 1 (rank 64 of 1024) holds the most
+    MoE layers and, of those, the most micro-batches in flight."""
+    model, config, world = shipped("deepseek_v3")
+    stages = fit.pipeline_stages(model, config)
+    assert [(s.layers, s.moe_layers) for s in stages] == [(3, 0)] + [(4, 4)] * 14 + [(3, 3)]
+    assert fit.heaviest_moe_stage(stages).index == 1
+    assert fit.bounding_ranks(config, world, model) == (0, 64, 960)
+    assert fit.bounding_ranks(config, world) == (0, 960)  # without the model: first and last
+
+
+def test_deepseek_v3s_one_gpu_rank_is_the_slowest_measured_moe_stage():
+    """Never the dense first stage, however slow; the slowest measured stage of those with MoE
+    layers; measured within STEP_TIE_SHARE of each other, the one with more MoE layers and more in
+    flight; with no fit, the heaviest MoE stage."""
+    model, config, world = shipped("deepseek_v3")
+    timed = lambda **ms: {int(r[1:]): {"step_time_ms": v} for r, v in ms.items()}
+    b = fit.bound_rank(model, config, world, timed(r0=2000.0, r64=3100.0, r960=4340.0))
+    assert (b.rank, b.stage) == (960, 15)
+    assert b.why == ("stage 15 of 16: 3 MoE layers, slowest measured stage, 4.34 s per step against "
+                     "2.00 s for stage 0, 3.10 s for stage 1 (stage 0 holds no MoE layer)")
+    assert fit.bound_rank(model, config, world, timed(r0=9000.0, r64=3100.0, r960=2000.0)).rank == 64
+    assert fit.bound_rank(model, config, world, timed(r0=2000.0, r64=4200.0, r960=4340.0)).rank == 64
+    # fit.json's ranks are strings; a rank that did not measure is passed over
+    fitted = {"0": {"step_time_ms": 2000.0}, "64": {"step_time_ms": None}, "960": {"step_time_ms": 4340.0}}
+    assert fit.bound_rank(model, config, world, fitted).rank == 960
+    alone = fit.bound_rank(model, config, world)
+    assert (alone.rank, alone.stage) == (64, 1) and "no fit measured its step" in alone.why
+    assert fit.bound_rank(model, config.replace(pp=1, first_pp_layers=None, last_pp_layers=None), world).rank == 0
+
+
+def test_interleaved_stages_hold_the_dense_layers_in_their_first_chunks():
+    """8 layers, 3 dense first, PP 2 x VPP 2 (2 layers a chunk): stage 0 builds layers 0-1 and
+    4-5, stage 1 layers 2-3 and 6-7, so stage 1 holds 3 MoE layers and stage 0 two."""
+    from moetune.pipeline.spec.model import ModelArch
+    model, _, _ = shipped("deepseek_v3")
+    small = ModelArch.from_dict({**model.to_dict(), "num_layers": 8, "mtp_num_layers": 0})
+    stages = fit.pipeline_stages(small, TrainingConfig(pp=2, vpp=2))
+    assert [(s.layers, s.moe_layers) for s in stages] == [(4, 2), (4, 3)]
+    assert fit.bounding_ranks(TrainingConfig(pp=2, vpp=2), 16, small) == (0, 8)
+
+
 def test_fit_config_routes_statically_on_the_alltoall_dispatcher():
     c = fit.fit_config(TrainingConfig(ep=8, dispatcher="flex", flex_backend="deepep", train_iters=50))
     assert (c.dispatcher, c.flex_backend, c.capacity_factor, c.pad_to_capacity) == ("alltoall", None, 1.0, True)

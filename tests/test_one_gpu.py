@@ -73,10 +73,14 @@ def one_gpu_experiment(tmp_path, **cluster) -> str:
                                global_batch=64)
 
 
-def test_a_one_gpu_study_runs_rank_0_alone_for_every_trial(tmp_path):
+def test_a_one_gpu_study_runs_the_slowest_moe_stage_alone_for_every_trial(tmp_path):
+    """PP 2 on 8 GPUs' worth of the stand-in, its last stage's rank (4) told to run 3x slower: the
+    fit measures ranks 0 and 4, and every trial runs rank 4 alone, profiled; the report and
+    `moetune status` say rank 4 stood for the layout, and why."""
+    from moetune.pipeline.report import status, study as report
     store = Store(str(tmp_path / "db.sqlite"))
-    s = tuner.tune(one_gpu_experiment(tmp_path), store, executor="local", runs_root=tmp_path / "runs",
-                   progress=False, one_gpu=True)
+    exp = one_gpu_experiment(tmp_path, stand_in={"ms_per_iter": 20, "slow_ranks": "4:3"})
+    s = tuner.tune(exp, store, executor="local", runs_root=tmp_path / "runs", progress=False, one_gpu=True)
     assert s["study"] == "one_gpu_stand_in-1gpu"
     study = store.study(s["study"])
     trials = store.trials(study.id)
@@ -85,22 +89,35 @@ def test_a_one_gpu_study_runs_rank_0_alone_for_every_trial(tmp_path):
         if t.state == "skipped":
             continue
         folder = Path(t.folder)
+        fitted = json.loads((folder / "fit" / "fit.json").read_text())  # fitted first, as on the cluster
+        assert set(fitted["ranks"]) == {"0", "4"}
+        assert fitted["ranks"]["4"]["step_time_ms"] > 2 * fitted["ranks"]["0"]["step_time_ms"]
+        assert fitted["ranks"]["4"]["stage"] == 1 and fitted["ranks"]["4"]["moe_layers"] == 2
         spec = json.loads((folder / "spec.json").read_text())
-        assert (spec["nodes"], spec["ntasks_per_node"], spec["fit_ranks"], spec["fit_world"]) == (1, 1, [0], 8)
+        assert (spec["nodes"], spec["ntasks_per_node"], spec["fit_ranks"], spec["fit_world"]) == (1, 1, [4], 8)
+        bound = json.loads((folder / "one_gpu_rank.json").read_text())
+        assert (bound["rank"], bound["stage"]) == (4, 1)
+        assert bound["why"].startswith("stage 1 of 2: 2 MoE layers, slowest measured stage, ")
         argv = shlex.split((folder / "command.txt").read_text())
         assert "--fake-process-group" in argv
         # 8 ranks at PP 2: 4 data-parallel ranks, 4 sequences each; the trial's own config keeps 64
         assert argv[argv.index("--global-batch-size") + 1] == "16"
         assert TrainingConfig.from_dict(t.config).global_batch == 64
-        # the job's log has the rank's iteration lines (tee'd as they come, for the hang watch)
-        assert "[Rank 0]" in (folder / "log.txt").read_text()
-        assert (folder / "fit" / "fit.json").exists()  # fitted first, as on the cluster
+        # the job's log has the rank's lines (tee'd as they come, for the hang watch)
+        assert "[Rank 4]" in (folder / "log.txt").read_text()
     # the GPU hours of a one-GPU study are one GPU's
     its = json.loads((Path(trials[0].folder) / "analysis.json").read_text())["log"]["iteration_ms"]
+    assert min(its) > 50  # rank 4's iterations, 3 x 20 ms
     assert store.metrics(trials[0].id)["gpu_hours"] == pytest.approx(sum(its) / 3.6e6, rel=1e-6)
     applied = [d.rule for d in store.decisions(study.id) if d.kind == "apply"]
     by_id = {r.id: r for r in rules.load_rules()}
     assert all(by_id[r].one_gpu for r in applied)
+    text = report.study_markdown(store, s["study"])
+    ran = [t.number for t in trials if t.state != "skipped"]
+    said = ("trial " if len(ran) == 1 else "trials ") + ", ".join(map(str, ran))
+    assert f"The rank that stood for the layout: {said}: rank 4 (stage 1 of 2: 2 MoE layers, slowest " \
+           "measured stage, " in text
+    assert f"one GPU, {said}: rank 4 stood for the layout (stage 1 of 2: " in status.render(store, s["study"])
 
 
 def test_a_one_gpu_study_never_proposes_what_one_rank_cannot_show(tmp_path):
@@ -129,7 +146,9 @@ def test_one_gpu_trial_under_nsys_is_profiled_as_rank_0(tmp_path, nsys_bin):
     """The fit job profiled: nsys names the report by RANK (srun's SLURM_PROCID is 0 for every rank
     of a fit), and the export and analysis read it as rank 0's."""
     store = Store(str(tmp_path / "db.sqlite"))
-    exp = one_gpu_experiment(tmp_path, nsys=nsys_bin, profile_ranks=[0])
+    # rank 0 the slower stage, so that the trial runs it (a tie would, too: it holds more in flight)
+    exp = one_gpu_experiment(tmp_path, nsys=nsys_bin, profile_ranks=[0],
+                             stand_in={"ms_per_iter": 20, "slow_ranks": "0:2"})
     s = tuner.tune(exp, store, executor="local", runs_root=tmp_path / "runs", progress=False,
                    one_gpu=True, max_trials=1)
     base = store.trials(store.study(s["study"]).id)[0]

@@ -633,14 +633,15 @@ def one_gpu_sentence(study, views: list[TrialView] = ()) -> str | None:
 
 def one_gpu_ranks(trials) -> list[tuple[dict, list[int]]]:
     """(the rank a one-GPU trial ran and why, the trials that ran it) of (number, folder) pairs,
-    in trial order."""
-    out: dict[str, tuple[dict, list[int]]] = {}
+    in trial order; trials that ran the same rank share the first one's why, its fit's figures."""
+    out: dict[int, tuple[dict, list[int]]] = {}
     for number, folder in trials:
         path = Path(folder) / ONE_GPU_RANK if folder else None
         if path and path.exists():
             bound = json.loads(path.read_text())
-            out.setdefault(json.dumps(bound, sort_keys=True), (bound, []))[1].append(number)
-    return list(out.values())
+            out.setdefault(bound["rank"], (bound, []))[1].append(number)
+    return [({**b, "why": b["why"] + f", trial {n[0]}'s fit"} if len(n) > 1 else b, n)
+            for b, n in out.values()]
 
 
 def _trials_word(numbers: list[int]) -> str:

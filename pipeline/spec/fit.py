@@ -108,11 +108,11 @@ def one_gpu_samples(layouts) -> int:
 
 
 def one_gpu_config(config: TrainingConfig, world: int, samples: int) -> TrainingConfig:
-    """What a one-GPU trial runs (tuning.one_gpu): the layout's rank 0 alone, static routing, and
-    a step of `samples` sequences per data-parallel rank instead of the production global batch,
-    so that steps last seconds, not minutes, and every trial of a study does the same work per
-    step whatever its micro batch (a larger micro batch is fewer micro-batches, as on the
-    cluster). Iterations and the profiled window are the config's own."""
+    """What a one-GPU trial runs (tuning.one_gpu): one rank of the layout alone (bound_rank),
+    static routing, and a step of `samples` sequences per data-parallel rank instead of the
+    production global batch, so that steps last seconds, not minutes, and every trial of a study
+    does the same work per step whatever its micro batch (a larger micro batch is fewer
+    micro-batches, as on the cluster). Iterations and the profiled window are the config's own."""
     why = one_gpu_problem(config, samples)
     if why:
         raise OneGpuError(why)

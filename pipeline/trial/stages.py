@@ -13,7 +13,8 @@
 and, before render when the tuner fits first (spec/fit.py):
 
     fit     : config (+ experiment, templates) → fit/job.sh, fit/log_rank_R.txt, fit/fit.json
-              (the layout's memory-bounding ranks, one after another on one GPU, fake process group)
+              (the layout's bounding ranks, one after another on one GPU, fake process group: the
+              first and last stage and the one with the most MoE layers, spec/fit.py bounding_ranks)
 
 Every run is recorded in the store with the hash of its inputs (names and contents). A stage is
 skipped when its last good run had the same inputs hash and its outputs are all there;
@@ -126,7 +127,8 @@ class TrialContext:
 
     @property
     def one_gpu(self) -> bool:
-        """The study runs every trial as its layout's rank 0 alone on one GPU (tuning.one_gpu)."""
+        """The study runs every trial as one rank of its layout alone on one GPU (tuning.one_gpu;
+        one_gpu_rank)."""
         return bool(tuning_value(self.experiment.get("tuning") or {}, "one_gpu"))
 
     def job_name(self) -> str:
@@ -243,7 +245,7 @@ def do_render(t: TrialContext) -> list[Path]:
 
 
 def do_fit(t: TrialContext) -> list[Path]:
-    """The layout's memory-bounding ranks, one after another on one GPU under Megatron's fake
+    """The layout's bounding ranks, one after another on one GPU under Megatron's fake
     process group, as a job of its own in fit/ (rendered from the same templates, submitted the
     same way); each rank's peak and step time, and whether the layout fits (fit/fit.json)."""
     model, cluster = t.model_and_cluster()
