@@ -142,20 +142,20 @@ def test_a_one_gpu_study_never_proposes_what_one_rank_cannot_show(tmp_path):
     assert not kept & {"dispatcher_deepep", "ep_a2a_overlap", "dispatcher_hybridep_nvl", "delay_wgrad"}
 
 
-def test_one_gpu_trial_under_nsys_is_profiled_as_rank_0(tmp_path, nsys_bin):
-    """The fit job profiled: nsys names the report by RANK (srun's SLURM_PROCID is 0 for every rank
-    of a fit), and the export and analysis read it as rank 0's."""
+def test_one_gpu_trial_under_nsys_is_profiled_as_the_rank_it_runs(tmp_path, nsys_bin):
+    """The trial's rank profiled, though the cluster profiles rank 0 only: rank 4 (the slower
+    stage) runs, nsys names the report by RANK (srun's SLURM_PROCID is 0 for every rank of a fit),
+    and the export and analysis read it as rank 4's."""
     store = Store(str(tmp_path / "db.sqlite"))
-    # rank 0 the slower stage, so that the trial runs it (a tie would, too: it holds more in flight)
     exp = one_gpu_experiment(tmp_path, nsys=nsys_bin, profile_ranks=[0],
-                             stand_in={"ms_per_iter": 20, "slow_ranks": "0:2"})
+                             stand_in={"ms_per_iter": 20, "slow_ranks": "4:3"})
     s = tuner.tune(exp, store, executor="local", runs_root=tmp_path / "runs", progress=False,
                    one_gpu=True, max_trials=1)
     base = store.trials(store.study(s["study"]).id)[0]
     folder = Path(base.folder)
-    assert (folder / "trace_0.sqlite").exists()
+    assert (folder / "trace_4.sqlite").exists() and not (folder / "trace_0.sqlite").exists()
     analysis = json.loads((folder / "analysis.json").read_text())
-    assert analysis["metrics"]["combined"]["step_time_ms"] > 0
+    assert analysis["metrics"]["combined"]["step_time_ms"] > 50  # rank 4's 3 x 20 ms
     assert "-o" in (folder / "job.sh").read_text() and "trace_%q{RANK}" in (folder / "job.sh").read_text()
 
 
