@@ -234,7 +234,9 @@ def bound_rank(model, config: TrainingConfig, world: int, measured: dict | None 
         pick = max((s for s, ms in moe_timed.items() if ms >= top * (1 - STEP_TIE_SHARE)),
                    key=lambda s: (stages[s].moe_layers, stages[s].in_flight))
         others = ", ".join(f"{_seconds(ms)} for stage {s}" for s, ms in sorted(timed.items()) if s != pick)
-        why = (f"stage {pick} {where}: {stages[pick].moe_layers} MoE layers, slowest measured stage, "
+        slowest = "slowest measured stage" if timed[pick] >= top else \
+            f"within {STEP_TIE_SHARE:.0%} of the slowest measured stage and more MoE layers or in flight"
+        why = (f"stage {pick} {where}: {stages[pick].moe_layers} MoE layers, {slowest}, "
                f"{_seconds(timed[pick])} per step" + (f" against {others}" if others else ""))
         dense = [s for s in timed if not stages[s].moe_layers]
         if dense:
