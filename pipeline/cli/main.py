@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override the experiment's trial budget")
         sp.add_argument("--no-progress", action="store_true", help="no progress bar")
         sp.add_argument("--one-gpu", action="store_true",
-                        help="every trial on one GPU: the layout's rank 0 alone under Megatron's fake "
+                        help="every trial on one GPU: one rank of the layout alone under Megatron's fake "
                              "process group (tuning.one_gpu; study NAME-1gpu)")
 
     sp = add("fit", cmd_fit, "measure a layout's memory-bounding ranks on one GPU each (Megatron's "

@@ -41,7 +41,8 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--fix", action="append", default=[], metavar="RULE",
                    help="apply this rule's change to the baseline (rules.yaml ids; repeatable, in order)")
     p.add_argument("--one-gpu", action="store_true",
-                   help="the one-GPU trial: the layout's rank 0 alone under the fake process group")
+                   help="the one-GPU trial: a rank of the layout alone under the fake process "
+                        "group (rank 0 here; a study runs the slowest MoE stage its fit measured)")
     p.add_argument("--launcher", choices=("srun", "local"), default="srun",
                    help="srun: the cluster's job (default); local: the job without Slurm")
     p.add_argument("--out", required=True, help="folder for the job's files (made if absent)")

@@ -117,8 +117,8 @@ class Tuning(_Strict):
     # fit each multi-GPU layout on one GPU before it is submitted (spec/fit.py); None: when the
     # workload is a real training (the CPU stand-in's memory means nothing)
     fit_first: bool | None = None
-    # every trial on one GPU: the layout's rank 0 alone under Megatron's fake process group, its
-    # compute and host overhead at the production shapes, collectives skipped (spec/fit.py
+    # every trial on one GPU: one rank of the layout alone (the slowest MoE stage the fit
+    # measured) under Megatron's fake process group, its compute and host overhead at the production shapes, collectives skipped (spec/fit.py
     # one_gpu_config); a study for the walls one rank shows, before the cluster is touched
     one_gpu: bool = False
     # sequences per data-parallel rank in a one-GPU step; None: the least that every PP and micro

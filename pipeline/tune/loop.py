@@ -99,8 +99,8 @@ class Tuner:
         self.alpha = float(tuning_value(experiment.tuning, "significance"))
         self.patience = int(tuning_value(experiment.tuning, "patience"))
         self.hang_timeout_s = float(tuning_value(experiment.tuning, "hang_timeout_s"))
-        # one GPU (tuning.one_gpu): every trial is the layout's rank 0 alone, so a trial costs
-        # one GPU's time and only the rules one rank can show are proposed
+        # one GPU (tuning.one_gpu): every trial is one rank of the layout alone (the slowest MoE
+        # stage's), so a trial costs one GPU's time and only the rules one rank can show are proposed
         self.one_gpu = bool(tuning_value(experiment.tuning, "one_gpu"))
         tuning = as_dict(experiment.tuning)
         # the one-GPU step, planned now for every trial the study can propose (decide/one_gpu.py)
