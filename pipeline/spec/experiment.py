@@ -118,8 +118,9 @@ class Tuning(_Strict):
     # workload is a real training (the CPU stand-in's memory means nothing)
     fit_first: bool | None = None
     # every trial on one GPU: one rank of the layout alone (the slowest MoE stage the fit
-    # measured) under Megatron's fake process group, its compute and host overhead at the production shapes, collectives skipped (spec/fit.py
-    # one_gpu_config); a study for the walls one rank shows, before the cluster is touched
+    # measured) under Megatron's fake process group, its compute and host overhead at the
+    # production shapes, collectives skipped (spec/fit.py one_gpu_config); a study for the walls
+    # one rank shows, before the cluster is touched
     one_gpu: bool = False
     # sequences per data-parallel rank in a one-GPU step; None: the least that every PP and micro
     # batch the study's rules can propose runs comparably (decide/one_gpu.py), fixed at its start
