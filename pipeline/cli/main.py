@@ -84,7 +84,8 @@ def cmd_tune(args, _rest):
     writable_folder(args.out, "reports")
     summary = tuner.tune(args.model, _store(args), executor=args.executor,
                          runs_root=Path(args.runs), max_trials=args.max_trials,
-                         progress=not args.no_progress, one_gpu=args.one_gpu)
+                         progress=not args.no_progress, one_gpu=args.one_gpu,
+                         bank_dir=getattr(args, "bank", None))
     md, html = _write_reports(args, summary.get("study", args.model))
     judged = lambda key: "?" if summary.get(key) is None else f"{summary[key]:.1f}"
     print(f"study {summary.get('study')}: {summary.get('trials', '?')} trials, best "
@@ -95,8 +96,11 @@ def cmd_tune(args, _rest):
 
 
 def cmd_demo(args, _rest):
+    from moetune.pipeline.job.replay import DEFAULT_BANK, load_bank
     args.executor = "replay"
     args.model = args.model or "moe_proxy"
+    args.bank = args.bank or DEFAULT_BANK
+    load_bank(args.bank)  # no bank (an installed wheel): one line naming --bank, before any folder is made
     return cmd_tune(args, _rest)
 
 
@@ -197,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--one-gpu", action="store_true",
                         help="every trial on one GPU: the layout's rank 0 alone under Megatron's fake "
                              "process group (tuning.one_gpu; study NAME-1gpu)")
+        if name == "demo":
+            sp.add_argument("--bank", help="the trial bank folder (default: this checkout's "
+                                           "benchmarks/trial_bank, env MOETUNE_BANK; a wheel ships none)")
 
     sp = add("fit", cmd_fit, "measure a layout's memory-bounding ranks on one GPU each (Megatron's "
              "fake process group) and say whether it fits; exit 1 when it does not")
