@@ -111,11 +111,12 @@ def _main(argv: list[str], db: str | None = None) -> int:
         return code
     print(f"{exp.name} on {world}x {gpu_type} ({capacity:.0f} GB each, {source}): {len(layouts)} feasible layouts shown (--limit {args.limit}), "
           "least model parallelism first, the baseline first where the search does not hold it")
-    print(f"{'TP':>3} {'PP':>3} {'EP':>4} {'recompute':<18} {'GB/GPU':>7} {'measured':>8}")
+    rw = max([18] + [len(",".join(l.config.recompute_modules)) for l in layouts])  # the column fits its names
+    print(f"{'TP':>3} {'PP':>3} {'EP':>4} {'recompute':<{rw}} {'GB/GPU':>7} {'measured':>8}")
     for l in layouts:
         c = l.config
         seen = f"{l.measured_gb:>8.1f}" if l.measured_gb is not None else f"{'-':>8}"
         note = "  baseline" if l is base else ""
-        print(f"{c.tp:>3} {c.pp:>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<18} {l.memory_gb:>7.1f} "
+        print(f"{c.tp:>3} {c.pp:>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<{rw}} {l.memory_gb:>7.1f} "
               f"{seen}{note}")
     return code
