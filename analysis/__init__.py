@@ -118,6 +118,8 @@ def analyze(paths=(), log=None, gpu_memory_gb: float | None = None, workers: int
         from moetune.analysis.logs import parse_log
         parsed_log = parse_log(log)
     files = trace_files(paths)
+    if not files:
+        return log_only(parsed_log, gpu_memory_gb, str(log))
     from moetune.analysis import keys
     keys.start(files)  # the files' ranks are listed while pandas is imported (analysis.keys)
     from moetune.analysis.load import graphs_traced_whole_in
@@ -136,6 +138,30 @@ def analyze(paths=(), log=None, gpu_memory_gb: float | None = None, workers: int
     return result(combined, per_rank, parsed_log, gpu_memory_gb,
                   [str(p) for p in files] + ([str(log)] if log else []),
                   graph_warnings([p.name for p in files if graphs_traced_whole_in(p)]))
+
+
+NO_TRACE = "no trace given: a wall is judged from a trace (moetune analyze TRACE... --log LOG)"
+
+
+def log_only(parsed_log: dict, gpu_memory_gb: float | None, source: str) -> dict:
+    """A log without a trace: what the log shows, its steady steps' median first (as a trial is
+    judged), throughput, peak memory and how it ended. The wall only where the log names it (an
+    out-of-memory failure); otherwise `unknown`, saying a trace is needed, not that a window was 0."""
+    from moetune.analysis.logs import steady_iterations
+    import numpy as np
+    out = result({}, {}, parsed_log, gpu_memory_gb, [source])
+    steady = steady_iterations(parsed_log)
+    c = out["metrics"]["combined"]
+    if steady:
+        med = float(np.median(steady))
+        c.update(steady_median_ms=round(med, 3), steady_steps=len(steady),
+                 steady_mad_ms=round(float(np.median(np.abs(np.array(steady) - med))) * 1.4826, 3))
+    out["evidence"] = [e for e in out["evidence"] if e.get("rule") != "no_window"]
+    if out["wall"] == "unknown":
+        out["evidence"].insert(0, {"rule": "no_trace", "wall": "unknown", "metric": None, "value": None,
+                                   "threshold": None, "reason": NO_TRACE})
+    out["log_only"] = True
+    return out
 
 
 def graph_warnings(names: list[str]) -> list[str]:

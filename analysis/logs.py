@@ -38,6 +38,22 @@ def unsteady_iterations(text: str) -> list[int]:
         out.update(range(1, int(warmup) + 2))
     return sorted(out)
 
+
+MIN_STEADY_STEPS = 6  # steady iterations a log needs before its median judges a step time
+
+
+def steady_iterations(log: dict | None) -> list[float]:
+    """A parsed log's iteration times without warm-up (the first fifth, at least 3) and without the
+    iterations it names unsteady; where that leaves fewer than MIN_STEADY_STEPS, only without
+    warm-up. What a step time is judged by (pipeline/decide/judge.py) and a log alone reports."""
+    log = log or {}
+    its = log.get("iteration_ms") or []
+    skip = max(3, len(its) // 5)
+    first = log.get("first_iteration") or 1
+    unsteady = set(log.get("unsteady_iterations") or ())
+    quiet = [ms for i, ms in enumerate(its) if i >= skip and first + i not in unsteady]
+    return quiet if len(quiet) >= MIN_STEADY_STEPS else list(its[skip:])
+
 # (failure, pattern). First match in file order of this table wins.
 FAILURES: tuple[tuple[str, re.Pattern], ...] = (
     # the GPU's memory: the caching allocator, the CUDA runtime or driver, cuBLAS could not allocate

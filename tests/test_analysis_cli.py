@@ -86,6 +86,37 @@ def test_log_only_run(tmp_path, capsys):
     assert r["wall"] == "unknown"
 
 
+BANK_LOGS = Path(__file__).resolve().parents[1] / "benchmarks" / "trial_bank" / "logs"
+
+
+def test_log_alone_reports_what_the_log_shows(capsys):
+    """A recorded log alone (the trial bank's baseline, 16 iterations on 2x H200, a 4-step profile
+    window inside): the steady median step the tuner judges by (461.7 ms, as the demo's baseline),
+    the mean labelled as such, throughput, peak memory, and how the run ended; no wall, saying a trace
+    is needed, instead of a window of 0 ms."""
+    log = str(BANK_LOGS / "baseline.log.xz")
+    assert analyze_main(["--log", log]) == 0
+    out = capsys.readouterr().out
+    assert "window_ms" not in out and "unknown" not in out
+    assert out.startswith("wall: not judged (no trace given: a wall is judged from a trace")
+    flat = " ".join(out.split())
+    assert "steady step median 461.7 ms ± 64.9 ms over 9 steady iterations" in flat
+    assert "mean step 1297.0 ms ± 1378.5 ms (after 2 warm-up iterations" in flat
+    assert "peak memory 13.36 GB (max allocated)" in flat and "ended no failure in the log" in flat
+    assert analyze_main(["--log", log, "--format", "json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["metrics"]["combined"]["steady_median_ms"] == pytest.approx(461.7, abs=0.05)
+    assert r["evidence"][0]["rule"] == "no_trace"
+
+
+def test_log_alone_that_failed_names_the_failure(capsys):
+    """An out-of-memory log alone: the memory wall the log itself shows, and the failure's line."""
+    assert analyze_main(["--log", str(BANK_LOGS / "mbs32_seq4096_oom.log.xz"), "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("- wall: memory (confidence 0.95; log_oom = 1.0, rule oom_in_log)")
+    assert "- ended: oom: [rank0]: torch.OutOfMemoryError: CUDA out of memory." in out
+
+
 def test_usage_errors_are_one_line(tmp_path, capsys):
     _one_line_error(capsys, [], "--log")
     _one_line_error(capsys, ["x.sqlite", "--format", "yaml"], "--format")

@@ -239,3 +239,15 @@ def test_stage_says_what_it_did_and_fit_exits_by_its_verdict(tmp_path):
     assert r.returncode == expect and "is current" in r.stdout and f"fit: {fitted['reason']}" in r.stdout
     r = moetune(*db, "stage", "fit", "--trial", "1", "--force", cwd=tmp_path)
     assert r.returncode == expect and "ran; it wrote 1 file" in r.stdout
+
+
+def test_tune_that_measured_nothing_exits_1(tmp_path):
+    """A study stopped before any trial measured a step time (here: the demo's bank holds no run
+    of the baseline) says why on stderr and exits 1, not 0 with `best ? ms/step`."""
+    bank = tmp_path / "bank"
+    bank.mkdir()
+    (bank / "bank.jsonl").write_text("")
+    r = subprocess.run([sys.executable, "-m", "moetune.pipeline.cli.main", "demo", "--bank", str(bank),
+                        "--no-progress"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert "moetune: no trial measured a step time; stopped: baseline trial did not complete" in r.stderr

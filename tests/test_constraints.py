@@ -197,3 +197,28 @@ def test_check_cli_names_an_argument_megatron_lacks(capsys):
     assert capsys.readouterr().out.strip().splitlines() == [
         "not a Megatron argument: --expert-model-paralel-size (did you mean --expert-model-parallel-size?)",
         "not a Megatron argument: --stand-in-busy"]
+
+
+def test_batch_and_divisibility_messages_carry_the_numbers():
+    """The rows whose fix is a number say the numbers: the global batch, micro batch and
+    data-parallel size (with the GPUs and model parallelism it comes from, and a global batch that
+    would divide); the GPU count against TP×PP×CP; experts against EP; heads against TP."""
+    cluster = dict(H100)
+    msg = {v.code: v.message for v in check(OK.replace(global_batch=60, micro_batch=2), MODEL, cluster)}
+    # 16 GPUs / TP 2 = DP 8; micro batch 2 × 8 = 16, and 64 is the multiple of 16 nearest 60
+    assert msg["global_batch_not_divisible"] == (
+        "global batch 60 must be a multiple of micro batch 2 × data-parallel size 8 (= 16, from 16 GPUs / "
+        "TP×PP×CP 2); e.g. global batch 64")
+    msg = {v.code: v.message for v in check(OK.replace(tp=3), MODEL, cluster)}
+    assert "TP×PP×CP = 3×1×1 = 3 must divide the GPU count 16" in msg["gpus_not_divisible"]
+    assert msg["heads_not_divisible_by_tp"] == "attention heads (16) must be divisible by TP (3)"
+    msg = {v.code: v.message for v in check(OK.replace(ep=3), MODEL, {**cluster, "gpus_per_node": 6, "nodes": 1})}
+    assert msg["experts_not_divisible_by_ep"] == "the number of experts (16) must be divisible by EP (3)"
+
+
+def test_every_message_is_one_line_text():
+    """Every refusal of the cases above is a non-empty line of text (a message made from the config
+    renders, none is left a function)."""
+    for changes, cluster, _ in CASES:
+        for v in check(OK.replace(**changes), MODEL, {**H100, **cluster}):
+            assert isinstance(v.message, str) and v.message and "\n" not in v.message, v.code

@@ -158,11 +158,25 @@ def test_script_in_a_kernel_name_renders_as_text(tmp_path):
 
 
 def test_all_to_all_split_says_when_one_rank_cannot_split_it():
+    """One rank's trace: the advice to trace more ranks only where the study asked for one; where it
+    asked for two and one came back, that is what the row says."""
     two = report.a2a_split({"a2a_ms": 300.0, "a2a_wait_ms": 290.0, "a2a_transfer_ms": 10.0, "ranks": 2})
     assert "290.00 ms waiting for a late peer and 10.00 ms transfer (2 ranks traced)" in two
-    one = report.a2a_split({"a2a_ms": 300.0, "a2a_wait_ms": 0.0, "a2a_transfer_ms": 300.0, "ranks": 1})
-    assert "not split" in one and "profile_ranks" in one
+    c = {"a2a_ms": 300.0, "a2a_wait_ms": 0.0, "a2a_transfer_ms": 300.0, "ranks": 1}
+    one = report.a2a_split(c, [0])
+    assert "not split" in one and "set cluster.profile_ranks to two ranks or more" in one
+    asked_two = report.a2a_split(c, [0, 1])
+    assert "set cluster.profile_ranks" not in asked_two
+    assert "one rank's trace was read though cluster.profile_ranks names [0, 1]" in asked_two
     assert report.a2a_split({"a2a_ms": 0.0, "ranks": 2}) is None
+
+
+def test_memory_figure_names_its_source():
+    """The device's figure (from the trace) and the data sheet's are both labelled, so 139.8 and
+    `plan`'s 141 GB for one H200 do not read as a contradiction."""
+    assert report.memory_fact(16.594, 139.80072, "H200") == (
+        "Memory: peak 16.59 GB of 139.8 GB the device reports to CUDA (H200 data sheet: 141 GB)")
+    assert report.memory_fact(16.594, None, None) == "Memory: peak 16.59 GB"
 
 
 # ---- the demo's study: one honest headline, the same evidence in both formats ----------------------
@@ -211,7 +225,7 @@ def test_html_and_markdown_hold_the_same_evidence(demo):
     store, _, text, page = demo
     r = report.build(store, "moe_proxy-replay")
     for needle in ("Idle causes: launch-starved 1643.3 ms", "Kernels: 5133 per step, median kernel 9.4 us",
-                   "peak 16.59 GB of 140 GB"):
+                   "peak 16.59 GB of 139.8 GB the device reports to CUDA (H200 data sheet: 141 GB)"):
         assert needle in text and report.esc(needle) in page, needle
     for sec in r.sections:
         for fact in sec.facts:
@@ -223,3 +237,68 @@ def test_html_and_markdown_hold_the_same_evidence(demo):
     for line in r.headline + r.warnings:
         assert report.md(line) in text
         assert report.esc(line.split("`")[0]) in page
+
+
+def test_demo_profile_ranks_advice_fits_the_trial(demo):
+    """The demo's trial 3 replays a recording of rank 0 alone while the study asked for ranks 0 and
+    1: the report says a rank's trace is missing, not to set profile_ranks, which it already has."""
+    _, _, text, _ = demo
+    trial3 = text.split("### Trial 3", 1)[1].split("###", 1)[0]
+    assert "not split into transfer and waiting (one rank's trace was read though " \
+           "cluster.profile_ranks names [0, 1]" in trial3
+    assert "set cluster.profile_ranks to two ranks or more" not in text
+
+
+def test_demo_status_prints_sensible_precision(demo):
+    """`moetune status` on the demo's store: step times and noise to 0.1 ms, p to three digits."""
+    store, *_ = demo
+    out = status.render(store)
+    assert "step_time_ms=868.6" in out and "868.617" not in out
+    assert not re.search(r"_ms=\d+\.\d{2,}", out)
+
+
+@pytest.fixture(scope="module")
+def demo_te(tmp_path_factory):
+    """`moetune demo moe_proxy_te` through the command line: (stdout, stderr, Markdown, store)."""
+    tmp = tmp_path_factory.mktemp("demo_te")
+    r = subprocess.run([sys.executable, "-m", "moetune.pipeline.cli.main", "demo", "moe_proxy_te"],
+                       cwd=tmp, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout, r.stderr, (tmp / "reports" / "moe_proxy_te-replay.md").read_text(), \
+        Store(str(tmp / ".moetune" / "moetune.db"))
+
+
+def test_te_demo_replays_only_what_its_bank_holds(demo_te):
+    """The TE demo proposes only configs the bank recorded: no trial is skipped for a config the bank
+    lacks, no rule is applied twice, each rule it passed over for the bank is one skip decision."""
+    out, err, text, store = demo_te
+    assert "not in the trial bank" not in out + err + text
+    study = store.study("moe_proxy_te-replay")
+    applied = [d.rule for d in store.decisions(study.id) if d.kind == "apply"]
+    assert applied and len(applied) == len(set(applied)), applied
+    assert all(t.state == "completed" for t in store.trials(study.id))
+    lacking = [(d.rule, (d.evidence or {}).get("parent")) for d in store.decisions(study.id)
+               if d.kind == "skip" and "the trial bank holds no recorded run" in d.reason]
+    assert lacking and len(lacking) == len(set(lacking))
+    assert "0 skipped" in text and "## Rules skipped" in text
+
+
+def test_fix_reason_is_the_wall_or_condition_that_proposed_it(demo_te):
+    """A fix for the parent's wall says so; a rule of another wall proposed on its own metric condition
+    names that condition with the parent's value, not the parent's wall."""
+    _, _, text, store = demo_te
+    # grouped_gemm is a compute rule with no metric condition: it came once the host_overhead fixes
+    # were passed over (the bank lacks them); cuda_graphs_te answers the host_overhead wall itself
+    assert ("Fix: grouped_gemm — a compute fix, proposed on its preconditions alone, not on trial 1's "
+            "wall (host_overhead)") in text
+    assert "Fix: cuda_graphs_te — answers trial 2's host_overhead wall, confidence 0.95:" in text
+    assert "| grouped_gemm | completed | keep | 364.6 | -33.6% | 0.00014 | 416.2 | 65.1 | host_overhead | " \
+           "compute preconditions |" in text
+    views = {v.trial.number: v for v in report.gather(store, "moe_proxy_te-replay")[1]}
+    parent, child = views[2], views[3]
+    # the same trial as if the communication rule ep_a2a_overlap had been proposed on it
+    child.trial.fix = "ep_a2a_overlap"
+    why = report.fix_reason(child, parent)
+    assert why.startswith("a communication fix, proposed on its own condition exposed_a2a_share_net ")
+    assert "(ge 0.03), not on trial 2's wall (host_overhead)" in why
+    assert "answers" not in why

@@ -3,6 +3,7 @@ fresh venv, plans, checks and tunes the CPU stand-in from another directory, wit
 and job templates it ships; and it claims no top-level name but `moetune`."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -64,3 +65,24 @@ def test_tune_the_cpu_stand_in_from_another_directory(installed, tmp_path):
     assert (tmp_path / ".moetune" / "moetune.db").exists()
     log = next((tmp_path / "runs" / "wheel_stand_in").glob("*/log.txt")).read_text()
     assert "iteration" in log  # the installed workload script ran as the job
+
+
+def test_demo_names_the_bank_it_needs_then_replays_it(installed, tmp_path):
+    """The wheel ships no trial bank (51 MB of recorded traces): `moetune demo` from it says so in
+    one line naming --bank and MOETUNE_BANK, exit 2, and makes no folder; given a checkout's bank
+    by --bank or MOETUNE_BANK, the installed demo replays it to its report."""
+    _, bin_ = installed
+    r = subprocess.run([bin_ / "moetune", "demo"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    line, = r.stderr.strip().splitlines()
+    assert "no trial bank here" in line and "--bank" in line and "MOETUNE_BANK" in line
+    assert list(tmp_path.iterdir()) == []
+    bank = REPO / "benchmarks" / "trial_bank"
+    out = run([bin_ / "moetune", "demo", "--bank", bank, "--no-progress"], cwd=tmp_path, timeout=600)
+    assert "study moe_proxy-replay: 3 trials, best 253.5 ms/step (baseline 461.7 ms, judged)" in out
+    assert (tmp_path / "reports" / "moe_proxy-replay.md").exists()
+    env = {**os.environ, "MOETUNE_BANK": str(bank)}
+    r = subprocess.run([bin_ / "moetune", "demo", "--no-progress"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr  # the same study again: resumed from the store, nothing replayed
+    assert "best 253.5 ms/step" in r.stdout

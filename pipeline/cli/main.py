@@ -84,19 +84,26 @@ def cmd_tune(args, _rest):
     writable_folder(args.out, "reports")
     summary = tuner.tune(args.model, _store(args), executor=args.executor,
                          runs_root=Path(args.runs), max_trials=args.max_trials,
-                         progress=not args.no_progress, one_gpu=args.one_gpu)
+                         progress=not args.no_progress, one_gpu=args.one_gpu,
+                         bank_dir=getattr(args, "bank", None))
     md, html = _write_reports(args, summary.get("study", args.model))
     judged = lambda key: "?" if summary.get(key) is None else f"{summary[key]:.1f}"
     print(f"study {summary.get('study')}: {summary.get('trials', '?')} trials, best "
           f"{judged('best_judged_step_time_ms')} ms/step (baseline "
           f"{judged('baseline_judged_step_time_ms')} ms, judged)")
     print(f"report: {md}\nreport: {html}")
+    if summary.get("best_judged_step_time_ms") is None:  # stopped before any trial measured
+        print(f"moetune: no trial measured a step time; stopped: {summary.get('stop_reason')}", file=sys.stderr)
+        return 1
     return 0
 
 
 def cmd_demo(args, _rest):
+    from moetune.pipeline.job.replay import DEFAULT_BANK, load_bank
     args.executor = "replay"
     args.model = args.model or "moe_proxy"
+    args.bank = args.bank or DEFAULT_BANK
+    load_bank(args.bank)  # no bank (an installed wheel): one line naming --bank, before any folder is made
     return cmd_tune(args, _rest)
 
 
@@ -197,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--one-gpu", action="store_true",
                         help="every trial on one GPU: one rank of the layout alone under Megatron's fake "
                              "process group (tuning.one_gpu; study NAME-1gpu)")
+        if name == "demo":
+            sp.add_argument("--bank", help="the trial bank folder (default: this checkout's "
+                                           "benchmarks/trial_bank, env MOETUNE_BANK; a wheel ships none)")
 
     sp = add("fit", cmd_fit, "measure a layout's memory-bounding ranks on one GPU each (Megatron's "
              "fake process group) and say whether it fits; exit 1 when it does not")

@@ -95,24 +95,28 @@ def _main(argv: list[str], db: str | None = None) -> int:
         print(json.dumps([l.to_dict() for l in layouts], indent=1))
         return code
     gpu_type = args.gpu_type or exp.cluster.gpu_type
+    # where the capacity comes from: a device reports a little less than its data sheet (an H200's
+    # 141 GB reads 139.8 in a trace), so the figure says which it is
+    source = "cluster.gpu_memory_gb" if exp.cluster.gpu_memory_gb else f"{gpu_type} data sheet"
     if args.baseline:
         l = layouts[0]
         c = l.config
         verdict = "fits" if l.fits else ("refused: " + ", ".join(l.refused) if l.refused else "does NOT fit")
         print(f"{exp.name} baseline TP{c.tp} PP{c.pp} EP{c.ep} on {world}x {gpu_type}: estimate "
               f"{l.estimate_gb:.1f} GB allocated + {FIXED_GB:.0f} GB fixed = {l.memory_gb:.1f} of "
-              f"{capacity:.0f} GB: {verdict}")
+              f"{capacity:.0f} GB ({source}): {verdict}")
         return code
     if not layouts:
         print(f"no layout of {exp.name} fits; add GPUs, or consider offloading and full recompute")
         return code
-    print(f"{exp.name} on {world}x {gpu_type}: {len(layouts)} feasible layouts shown (--limit {args.limit}), "
+    print(f"{exp.name} on {world}x {gpu_type} ({capacity:.0f} GB each, {source}): {len(layouts)} feasible layouts shown (--limit {args.limit}), "
           "least model parallelism first, the baseline first where the search does not hold it")
-    print(f"{'TP':>3} {'PP':>3} {'EP':>4} {'recompute':<18} {'GB/GPU':>7} {'measured':>8}")
+    rw = max([18] + [len(",".join(l.config.recompute_modules)) for l in layouts])  # the column fits its names
+    print(f"{'TP':>3} {'PP':>3} {'EP':>4} {'recompute':<{rw}} {'GB/GPU':>7} {'measured':>8}")
     for l in layouts:
         c = l.config
         seen = f"{l.measured_gb:>8.1f}" if l.measured_gb is not None else f"{'-':>8}"
         note = "  baseline" if l is base else ""
-        print(f"{c.tp:>3} {c.pp:>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<18} {l.memory_gb:>7.1f} "
+        print(f"{c.tp:>3} {c.pp:>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<{rw}} {l.memory_gb:>7.1f} "
               f"{seen}{note}")
     return code

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-MIN_LOG_STEPS = 6  # steady log iterations needed to judge by the log
+from moetune.analysis import logs
+
+MIN_LOG_STEPS = logs.MIN_STEADY_STEPS  # steady log iterations needed to judge by the log
 EXACT_UP_TO = 200  # steps on both sides together up to which U's exact distribution is computed
 
 
@@ -28,13 +30,7 @@ def steady_iterations(analysis: dict | None) -> np.ndarray:
     """The log's iteration times without warm-up (the first fifth, at least 3) and without the
     iterations the log names unsteady (analysis/logs.py: the profiled window, a CUDA graph capture);
     where that leaves fewer than MIN_LOG_STEPS, only without warm-up."""
-    log = (analysis or {}).get("log") or {}
-    its = log.get("iteration_ms") or []
-    skip = max(3, len(its) // 5)
-    first = log.get("first_iteration") or 1
-    unsteady = set(log.get("unsteady_iterations") or ())
-    quiet = [ms for i, ms in enumerate(its) if i >= skip and first + i not in unsteady]
-    return np.array(quiet if len(quiet) >= MIN_LOG_STEPS else its[skip:], dtype=float)
+    return np.array(logs.steady_iterations((analysis or {}).get("log")), dtype=float)
 
 
 def judged_step(analysis: dict | None) -> dict:

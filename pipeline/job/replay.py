@@ -19,6 +19,7 @@ from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.paths import TRIAL_BANK
 from moetune.pipeline.spec.config import TrainingConfig
 
+# a checkout's bank; an installed moetune has none of its own ($MOETUNE_BANK or `demo --bank`)
 DEFAULT_BANK = Path(os.environ.get("MOETUNE_BANK") or TRIAL_BANK)
 
 
@@ -39,7 +40,9 @@ def entry_hash(entry: dict) -> str:
 def load_bank(bank_dir: str | Path = DEFAULT_BANK) -> list[dict]:
     path = Path(bank_dir) / "bank.jsonl"
     if not path.exists():
-        raise ReplayError(f"{path}: no trial bank here; the demo needs benchmarks/trial_bank/bank.jsonl")
+        raise ReplayError(f"{path}: no trial bank here; the demo replays a checkout's benchmarks/trial_bank "
+                          "(51 MB, not in the wheel): give --bank CHECKOUT/benchmarks/trial_bank or set "
+                          "MOETUNE_BANK")
     out = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():

@@ -11,14 +11,21 @@ def _ms(v) -> str:
     return f"{v:.1f}" if isinstance(v, (int, float)) else "-"
 
 
+def _figure(key: str, v) -> str:
+    """A figure of the evidence as a reader takes it: ms to 0.1, p to three digits."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    return f"{v:.1f}" if key.endswith("_ms") else f"{v:.3g}"
+
+
 def _evidence(d) -> str:
     ev = d.evidence or {}
     bits = []
     for key in ("parent_step_time_ms", "step_time_ms", "p_faster", "noise_ms", "verify"):
         if ev.get(key) is not None:
-            bits.append(f"{key}={ev[key]}")
+            bits.append(f"{key}={_figure(key, ev[key])}")
     if ev.get("deciding"):
-        bits.append("deciding=" + ",".join(f"{e.get('metric')}={e.get('value')}"
+        bits.append("deciding=" + ",".join(f"{e.get('metric')}={_figure('', e.get('value'))}"
                                              for e in ev["deciding"][:3]))
     return ("  [" + "; ".join(bits) + "]") if bits else ""
 

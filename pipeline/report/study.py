@@ -15,11 +15,16 @@ from __future__ import annotations
 import html
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from moetune import analysis
 from moetune.analysis.metrics import in_window
 from moetune.analysis.window import find_window
+from moetune.pipeline.decide import rules as rules_mod
+from moetune.pipeline.errors import MoetuneError
+from moetune.pipeline.paths import RULES_FILE
+from moetune.pipeline.spec import gpus
 from moetune.pipeline.spec.experiment import tuning_value
 from moetune.pipeline.trial.stages import ONE_GPU_RANK
 from moetune.pipeline.decide.judge import MIN_LOG_STEPS, faster_p, judged_step, steady_iterations
@@ -352,14 +357,18 @@ class StudyReport:
     views: list[TrialView]
 
 
-def a2a_split(c: dict) -> str | None:
-    """The all-to-all per step, split into waiting for a late peer and transfer (analysis/skew.py)."""
+def a2a_split(c: dict, profile_ranks: list | None = None) -> str | None:
+    """The all-to-all per step, split into waiting for a late peer and transfer (analysis/skew.py).
+    With one rank's trace, why: the study asked for one rank, or asked for more and one came back."""
     a2a = c.get("a2a_ms") or 0.0
     if a2a <= 0:
         return None
     if (c.get("ranks") or 0) < 2:
-        return (f"All-to-all: {fmt(a2a, 2)} ms/step; not split into transfer and waiting "
-                f"(one rank traced: set cluster.profile_ranks to two ranks or more)")
+        asked = list(profile_ranks or [])
+        why = ("one rank traced: set cluster.profile_ranks to two ranks or more" if len(asked) < 2 else
+               f"one rank's trace was read though cluster.profile_ranks names {asked}: the other "
+               "ranks' traces are missing from the trial folder")
+        return f"All-to-all: {fmt(a2a, 2)} ms/step; not split into transfer and waiting ({why})"
     return (f"All-to-all: {fmt(a2a, 2)} ms/step, of which {fmt(c.get('a2a_wait_ms'), 2)} ms waiting "
             f"for a late peer and {fmt(c.get('a2a_transfer_ms'), 2)} ms transfer "
             f"({count(c.get('ranks'))} ranks traced)")
@@ -482,11 +491,57 @@ def headline(views: list[TrialView]) -> tuple[list[str], list[str], TrialView | 
     return out, warnings, best
 
 
+@lru_cache(maxsize=4)
+def _rule_table(path: str) -> dict:
+    try:
+        return {r.id: r for r in rules_mod.load_rules(path)}
+    except MoetuneError:  # a malformed team table: the report still renders, from the store alone
+        return {}
+
+
+def _rule(rule_id: str | None):
+    """The fix's row of the rule table, or None (a rule since removed, a baseline)."""
+    return _rule_table(str(RULES_FILE)).get(rule_id) if rule_id else None
+
+
+def _conditions(rule, parent: TrialView | None) -> str:
+    """The rule's metric conditions with the parent's values: what proposed it beside the wall."""
+    metrics = parent.combined if parent else {}
+    out = []
+    for metric, op, limit in getattr(rule, "when", ()) or ():
+        value = metrics.get(metric)
+        shown = fmt(value, 3) if isinstance(value, float) else ("–" if value is None else value)
+        out.append(f"{metric} {shown} ({op} {limit})")
+    return ", ".join(out)
+
+
+def fix_reason(v: TrialView, parent: TrialView | None) -> str:
+    """Why the trial's fix was tried, from what its parent had: the wall it answers when that is the
+    parent's wall; else the rule's own metric conditions (or its preconditions alone), not the
+    parent's wall, which it does not address."""
+    ev = (v.apply.evidence or {}) if v.apply else {}
+    rule, top = _rule(v.trial.fix), ev.get("wall")
+    if rule is None:
+        return v.apply.reason if v.apply else ""
+    who = f"trial {parent.trial.number}'s" if parent else "the parent's"
+    if rule.wall == top:
+        conf = f", confidence {fmt(ev['confidence'], 2)}" if ev.get("confidence") else ""
+        return f"answers {who} {top} wall{conf}: {rule.rationale}"
+    conds = _conditions(rule, parent)
+    basis = f"its own condition {conds}" if conds else "its preconditions alone"
+    return (f"a {rule.wall} fix, proposed on {basis}, not on {who} wall ({top}): it came after "
+            f"that wall's fixes were tried or passed over; {rule.rationale}")
+
+
 def _proposed_by(v: TrialView) -> str:
-    """The wall (and the analysis' confidence in it) that proposed the trial's fix."""
+    """What proposed the trial's fix: the parent's wall (with the analysis' confidence) when the
+    rule answers it, else the rule's own wall and conditions."""
     ev = (v.apply.evidence or {}) if v.apply else {}
     if not ev.get("wall"):
         return ""
+    rule = _rule(v.trial.fix)
+    if rule is not None and rule.wall != ev["wall"]:
+        return f"{rule.wall} condition" if rule.when else f"{rule.wall} preconditions"
     return ev["wall"] + (f" ({fmt(ev['confidence'], 2)})" if ev.get("confidence") else "")
 
 
@@ -503,14 +558,26 @@ def trials_table(views: list[TrialView]) -> Table:
                      fmt(t.step_time_ms), fmt(t.tflops_per_gpu), t.wall or "", _proposed_by(v)])
         depths.append(depth)
     return Table(["trial", "fix", "state", "decision", "judged ms", "change", "p", "profiled ms",
-                  "TFLOP/s/GPU", "wall", "proposed by wall (confidence)"], rows, depths)
+                  "TFLOP/s/GPU", "wall", "proposed by"], rows, depths)
 
 
-def trial_facts(v: TrialView) -> list[str]:
-    """The evidence rows of a trial's analysis, each 'Label: value'."""
+def memory_fact(peak_gb, device_gb, gpu_type: str | None) -> str:
+    """The peak against the GPU's memory, each figure with its source: what the device reported to
+    CUDA in the trace (GiB), and the data sheet's (spec/gpus.py) where the GPU type is known."""
+    sheet = gpus.memory_gb(gpu_type)
+    sheet_text = f"{gpu_type} data sheet: {fmt(sheet, 0)} GB" if sheet else None
+    if device_gb is None:
+        return f"Memory: peak {fmt(peak_gb, 2)} GB" + (f" ({sheet_text})" if sheet_text else "")
+    return (f"Memory: peak {fmt(peak_gb, 2)} GB of {fmt(device_gb, 1)} GB the device reports to CUDA"
+            + (f" ({sheet_text})" if sheet_text else ""))
+
+
+def trial_facts(v: TrialView, cluster: dict | None = None) -> list[str]:
+    """The evidence rows of a trial's analysis, each 'Label: value'; `cluster`: the study's section."""
     t, c, an = v.trial, v.combined, v.analysis or {}
+    cluster = cluster or {}
     hidden = max(0.0, (c.get("comm_share") or 0) - (c.get("exposed_comm_share") or 0))
-    split = a2a_split(c)
+    split = a2a_split(c, cluster.get("profile_ranks"))
     return [f"Wall: {an.get('wall')} (confidence {fmt(an.get('confidence'), 2)})",
             f"Step time, judged: {ms(v.judged_ms)} ({judged_source(v)})",
             f"Step time, profiled: {ms(c.get('step_time_ms'))} ± {ms(c.get('step_time_std_ms'))}, mean of "
@@ -523,8 +590,7 @@ def trial_facts(v: TrialView) -> list[str]:
             f"over 100 us ({ms(c.get('gaps_over_100us_ms'))})",
             f"Idle causes: launch-starved {ms(c.get('launch_starved_ms'))}, sync-blocked "
             f"{ms(c.get('sync_blocked_ms'))}",
-            f"Memory: peak {fmt(c.get('peak_memory_gb'), 2)} GB of {fmt(an.get('gpu_memory_gb'), 0)} GB "
-            f"the device reports",
+            memory_fact(c.get("peak_memory_gb"), an.get("gpu_memory_gb"), cluster.get("gpu_type")),
             f"Kernels: {count(c.get('kernels_per_step'))} per step, median kernel "
             f"{fmt(c.get('median_kernel_us'))} us; CUDA graph launches {count(c.get('cuda_graph_launches'))}"]
 
@@ -549,14 +615,15 @@ def trial_tables(v: TrialView) -> list[Table]:
     return out
 
 
-def trial_section(v: TrialView, parent_number: int | None) -> TrialSection:
+def trial_section(v: TrialView, parent_number: int | None, cluster: dict | None = None,
+                  parent: TrialView | None = None) -> TrialSection:
     t = v.trial
     sentences = []
     if parent_number:
         sentences.append(f"Parent: trial {parent_number}. Config hash {t.config_hash}.")
     if v.apply:
-        sentences.append(f"Fix: {t.fix} — {v.apply.reason} (source: {(v.apply.evidence or {}).get('source')}); "
-                         f"change: {_change(v)}")
+        sentences.append(f"Fix: {t.fix} — {fix_reason(v, parent)} (source: "
+                         f"{(v.apply.evidence or {}).get('source')}); change: {_change(v)}")
     shown = decision_sentence(v)
     if shown:
         sentences.append(f"Decision: {shown[0]} — {shown[1]}")
@@ -565,7 +632,7 @@ def trial_section(v: TrialView, parent_number: int | None) -> TrialSection:
     an = v.analysis or {}
     last = ((v.verdict.evidence or {}).get("last_lines") if v.verdict else None) or []
     return TrialSection(t.number, f"Trial {t.number}: {t.fix or 'baseline'} — {t.state}", sentences,
-                        trial_facts(v) if an else [], [str(w) for w in an.get("warnings") or []],
+                        trial_facts(v, cluster) if an else [], [str(w) for w in an.get("warnings") or []],
                         trial_tables(v) if an else [], recipe_notes(an.get("recipes") or {}),
                         [str(x) for x in last], v.folder)
 
@@ -585,6 +652,8 @@ def build(store, study_name: str) -> StudyReport:
         changes = ", ".join(f"`{k}` {a} → {b}" for k, (a, b) in _from_baseline(views, best).items()) or "none"
     refused = [d for d in decisions if d.kind == "skip" and not d.trial_id]
     number = {v.trial.id: v.trial.number for v in views}
+    by_id = {v.trial.id: v for v in views}
+    cluster = (study.experiment or {}).get("cluster") or {}
     appendix = []
     if best:
         appendix.append((f"Best config (trial {best.trial.number}), in full",
@@ -592,7 +661,8 @@ def build(store, study_name: str) -> StudyReport:
     appendix += [(f"Trial {v.trial.number} command line", v.command) for v in views if v.command]
     return StudyReport(f"moetune study {study.name}", intro, head, warnings, trials_table(views), changes,
                        Table(["rule", "why"], [[d.rule, d.reason] for d in refused]) if refused else None,
-                       [trial_section(v, number.get(v.trial.parent_id)) for v in views], appendix, views)
+                       [trial_section(v, number.get(v.trial.parent_id), cluster, by_id.get(v.trial.parent_id))
+                        for v in views], appendix, views)
 
 
 def _from_baseline(views: list[TrialView], best: TrialView) -> dict:

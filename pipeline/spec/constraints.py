@@ -60,6 +60,11 @@ def _te(c: TrainingConfig, e: Env) -> bool:
     return e.has_te and c.transformer_impl == "transformer_engine"
 
 
+def _multiple(n: int, of: int) -> int:
+    """The multiple of `of` nearest `n` (at least `of`): a global batch that would divide."""
+    return max(of, round(n / of) * of)
+
+
 def _graphed_recompute(c: TrainingConfig, module: str, scope: str) -> bool:
     """Selective recompute of `module` inside a graphed `scope` (a graph of the whole layer, as
     full-iteration graphs or graphs with no scope named, holds every scope)."""
@@ -69,28 +74,34 @@ def _graphed_recompute(c: TrainingConfig, module: str, scope: str) -> bool:
     return module in c.recompute_modules and (whole_layer or scope in c.cuda_graph_modules)
 
 
-Rule = tuple[str, str, Callable[[TrainingConfig, Env], bool], str]
+Message = str | Callable[[TrainingConfig, Env], str]
+Rule = tuple[str, str, Callable[[TrainingConfig, Env], bool], Message]
 
-# (code, source, predicate: True when violated, message with the fix)
+# (code, source, predicate: True when violated, message with the fix: text, or made from the
+# config and the environment where the numbers tell the fix)
 RULES: tuple[Rule, ...] = (
     ("gpus_not_divisible", MEGATRON, lambda c, e: e.gpus % (c.tp * c.pp * c.cp) != 0,
-     "TP×PP×CP must divide the GPU count; pick sizes whose product divides it"),
+     lambda c, e: f"TP×PP×CP = {c.tp}×{c.pp}×{c.cp} = {c.tp * c.pp * c.cp} must divide the GPU count "
+                  f"{e.gpus}; pick sizes whose product divides it"),
     ("expert_folding", WORKFLOW, lambda c, e: e.gpus % ((c.etp or c.tp) * c.ep * c.pp) != 0,
-     "parallel folding needs ETP×EP×EDP×PP = world size: ETP×EP×PP must divide the GPU count"),
+     lambda c, e: f"parallel folding needs ETP×EP×EDP×PP = world size: ETP×EP×PP = {c.etp or c.tp}×{c.ep}×"
+                  f"{c.pp} = {(c.etp or c.tp) * c.ep * c.pp} must divide the GPU count {e.gpus}"),
     ("layers_not_divisible_by_pp", MEGATRON,
      lambda c, e: e.even_stages(c) > 0 and e.pp_layers(c) % (e.even_stages(c) * (c.vpp or 1)) != 0,
      "the layers must split evenly over PP×VPP stages; change PP/VPP or set first/last stage layers"),
     ("uneven_pp_without_pp", MEGATRON, lambda c, e: (c.first_pp_layers or c.last_pp_layers) and c.pp == 1,
      "first/last pipeline stage layers need PP > 1"),
     ("experts_not_divisible_by_ep", MEGATRON, lambda c, e: e.m.num_experts % c.ep != 0,
-     "the number of experts must be divisible by EP"),
+     lambda c, e: f"the number of experts ({e.m.num_experts}) must be divisible by EP ({c.ep})"),
     ("heads_not_divisible_by_tp", MEGATRON, lambda c, e: e.m.num_attention_heads % c.tp != 0,
-     "attention heads must be divisible by TP"),
+     lambda c, e: f"attention heads ({e.m.num_attention_heads}) must be divisible by TP ({c.tp})"),
     ("query_groups_not_divisible_by_tp", MEGATRON, lambda c, e: e.m.num_query_groups % c.tp != 0,
-     "query groups must be divisible by TP; lower TP"),
+     lambda c, e: f"query groups ({e.m.num_query_groups}) must be divisible by TP ({c.tp}); lower TP"),
     ("global_batch_not_divisible", MEGATRON,
      lambda c, e: e.dp(c) > 0 and c.global_batch % (c.micro_batch * e.dp(c)) != 0,
-     "global batch must be a multiple of micro batch × DP"),
+     lambda c, e: f"global batch {c.global_batch} must be a multiple of micro batch {c.micro_batch} × "
+                  f"data-parallel size {e.dp(c)} (= {c.micro_batch * e.dp(c)}, from {e.gpus} GPUs / TP×PP×CP "
+                  f"{c.tp * c.pp * c.cp}); e.g. global batch {_multiple(c.global_batch, c.micro_batch * e.dp(c))}"),
     ("sp_without_tp", MEGATRON, lambda c, e: c.sequence_parallel and c.tp == 1,
      "sequence parallel needs TP ≥ 2; turn it off or raise TP"),
     ("moe_tp_without_sp", MEGATRON, lambda c, e: c.tp > 1 and not c.sequence_parallel,
@@ -262,4 +273,5 @@ def env_of(model, cluster) -> Env:
 
 def check(config: TrainingConfig, model, cluster) -> list[Violation]:
     e = env_of(model, cluster)
-    return [Violation(code, msg, src) for code, src, bad, msg in RULES if bad(config, e)]
+    return [Violation(code, msg(config, e) if callable(msg) else msg, src)
+            for code, src, bad, msg in RULES if bad(config, e)]

@@ -13,7 +13,8 @@ Decisions (store.decisions, each with its evidence):
   stage_error  a stage of the trial raised (fit, render, submit, collect, export, analyze): it
                measured nothing; the reason names the stage, and the study goes on
   skip         a rule the checker refused, whose config already ran, that crashed earlier in the
-               study, that the bank lacks, or that the one-GPU step cannot hold
+               study, whose config the trial bank lacks (replay: not proposed), or that the one-GPU
+               step cannot hold
   stop         why the study ended (also: a preflight problem that blocks trials, before the first)
   preflight    what the preflight found (its notes); resume: a study a preflight stopped goes on
 """
@@ -76,6 +77,10 @@ def fit_analysis(fitted: dict) -> dict:
                           "reason": fitted.get("reason")}],
             "metrics": {"combined": {"peak_memory_gb": fitted.get("peak_gb")}},
             "log": {"failure": "oom" if oom else None}}
+
+
+def _ms(v) -> str:
+    return "? ms" if v is None else f"{v:.1f} ms"
 
 
 def _gpu_hours(analysis: dict | None, gpus: int) -> float:
@@ -290,15 +295,27 @@ class Tuner:
             if seen is not None:
                 self.decide("skip", f"its config already ran as trial {seen.number}", rule=rid, **ev)
                 continue
+            lacking = self._bank_lacks(p.config)
+            if lacking:
+                self.decide("skip", lacking, rule=rid, **ev)
+                continue
             trial = self.store.add_trial(self.study.id, p.config.to_dict(), h, parent_id=parent.id,
                                          fix=rid)
             change = {k: list(v) for k, v in config.diff(p.config).items()}
-            self.decide("apply", f"{analysis.get('wall')} wall: {p.rule.rationale}", trial, rid,
+            self.decide("apply", f"{p.rule.wall} wall: {p.rule.rationale}", trial, rid,
                         change=change, source=p.rule.source,
                         deciding=analysis.get("evidence") or [], **ev)
             self.say(f"trial {trial.number}: {rid} {change}")
             return True
         return False
+
+    def _bank_lacks(self, config: TrainingConfig) -> str | None:
+        """Replaying: why a proposal is not proposed when the trial bank holds no run of its config
+        (the demo replays only what was recorded on the GPU machine); None otherwise."""
+        if self.executor != "replay" or find_entry(config, self.bank_dir or DEFAULT_BANK) is not None:
+            return None
+        return (f"the trial bank holds no recorded run of its config {config.config_hash()}; the demo "
+                "proposes only what it can replay")
 
     def judge(self, trial) -> None:
         self._judge(trial)
@@ -354,7 +371,7 @@ class Tuner:
             if out.state == "completed":
                 self.decide("keep", "baseline", trial, None, step_time_ms=m.get("step_time_ms"),
                             **ev)
-                self.say(f"trial {trial.number}: baseline {m.get('step_time_ms')} ms/step, "
+                self.say(f"trial {trial.number}: baseline {_ms(m.get('step_time_ms'))}/step, "
                          f"wall {values['wall']}")
             else:
                 self.decide("revert", f"baseline {out.state}: {out.error}", trial, None,
@@ -367,7 +384,7 @@ class Tuner:
         if parent.state == "no_fit" and out.state == "completed":  # nothing ran before it to beat
             self.decide("keep", f"the first layout that fits: {rid} on top of trial {parent.number}",
                         trial, rid, step_time_ms=m.get("step_time_ms"), **ev)
-            self.say(f"trial {trial.number}: {rid} fits, {m.get('step_time_ms')} ms/step")
+            self.say(f"trial {trial.number}: {rid} fits, {_ms(m.get('step_time_ms'))}/step")
             return
         if out.state != "completed":
             log = (out.analysis or {}).get("log") or {}
