@@ -250,9 +250,10 @@ class Store:
             tables = sorted(inspect(self.engine).get_table_names())
             raise StoreError(f"{self.url}: not a moetune store" + (f" (its tables: {', '.join(tables[:5])})"
                              if tables else " (no tables)") + "; give moetune's own with --db or MOETUNE_DB")
-        if current != SCHEMA_VERSION:
-            raise StoreError(f"{self.url}: schema version {current}, this moetune reads {SCHEMA_VERSION}; "
-                             "a moetune of that version reads it, and a writing command brings an older one up to date")
+        # migrations only add tables (MIGRATIONS): an older store reads as it is, without what it lacks
+        if current > SCHEMA_VERSION:
+            raise StoreError(f"{self.url}: schema version {current} is newer than this moetune "
+                             f"({SCHEMA_VERSION}); upgrade moetune")
 
     def migrate(self) -> None:
         current = self.schema_version()
@@ -416,6 +417,9 @@ class Store:
             return row
 
     def latest_preflight(self, cluster: str, image: str) -> Preflight | None:
+        """None where there is none, also in a store older than the table (opened read-only)."""
+        if not inspect(self.engine).has_table(Preflight.__tablename__):
+            return None
         with self.session() as s:
             return s.scalar(select(Preflight).where(Preflight.cluster == cluster, Preflight.image == image)
                             .order_by(Preflight.id.desc()).limit(1))
