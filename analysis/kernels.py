@@ -81,7 +81,17 @@ CLASSES: tuple[str, ...] = tuple(dict.fromkeys(c for c, _ in KERNEL_PATTERNS if 
 _COMPILED = tuple((cls, re.compile(p)) for cls, p in KERNEL_PATTERNS)
 
 
+_SIGNATURE = re.compile(r"^void\s+|\(anonymous namespace\)::|[(<].*$")
+
+
+def base_name(name: str) -> str:
+    """A kernel's name without what a demangled name adds around it (`void `, template arguments,
+    the parameter list): `void deep_ep::intranode::dispatch<8, 768>(...)` -> `deep_ep::intranode::dispatch`."""
+    return _SIGNATURE.sub("", name.strip())
+
+
 def classify_name(name: str) -> str:
+    name = base_name(name)
     for cls, rx in _COMPILED:
         if rx.search(name):
             return cls

@@ -210,7 +210,7 @@ def test_preflight_capabilities_resolve_under_the_yamls_explicit_values():
     caps = spec.capabilities(_record(), cluster)
     assert caps == {"has_transformer_engine": True, "has_deep_ep": True, "has_hybrid_ep": True, "has_apex": False,
                     "gpus_per_node": 8, "gpu_memory_gb": 79.65, "node_cpus": 112, "task_cpus": 14,
-                    "numa_nodes": 2}
+                    "numa_nodes": 2, "megatron_core": "0.19.2"}
     resolved = spec.resolve(cluster, caps)
     assert isinstance(resolved, Cluster)
     assert resolved.has_transformer_engine is False  # the YAML said so

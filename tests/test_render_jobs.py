@@ -184,6 +184,7 @@ def test_nsys_that_cannot_reach_its_daemon_is_started_once_more(tmp_path, error,
 # while (the real `nsys --start-agent` lingers so); it writes no report. Started again, it runs.
 SLOW_FAKE_NSYS = """#!/bin/bash
 here=$(dirname "$0")
+case "$1" in --version) echo "NVIDIA Nsight Systems version 2022.4.2.1-stand-in"; exit 0 ;; export) exit 0 ;; esac
 if [ -e "$here/tried" ]; then echo run >> "$here/runs"; exit 0; fi
 touch "$here/tried"
 (sleep 10) &

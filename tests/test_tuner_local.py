@@ -80,28 +80,29 @@ def _study_ends_with_reports(store, tmp_path, name, stage, trial_number):
 
 @pytest.mark.parametrize("stage", ["fit", "render", pytest.param("submit", marks=pytest.mark.slurm)])
 def test_a_baseline_that_cannot_start_ends_the_study_with_its_reason_and_reports(tmp_path, stage, request):
-    """Real failures, no stand-in for the stage: the fit's and the trial's job script refuse a
-    cluster.env key that is not a shell name (render.py), and Slurm's sbatch refuses a partition
-    it does not have. The tuner records the stage_error, stops with its reason, and a second run
-    of the tuner does not die on it."""
+    """Real failures, no stand-in for the stage, that only the trial's own job meets (the
+    preflight before it renders and submits a one-node probe of the same cluster and passes): the
+    fit's and the trial's job script refuse a value holding a newline (render.py), and Slurm's
+    sbatch refuses more nodes than the cluster has. The tuner records the stage_error, stops with
+    its reason, and a second run of the tuner does not die on it."""
     cluster = {"python": sys.executable}
     executor = "local"
     tuning = {"budget_trials": 3, "patience": 2}
-    if stage in ("fit", "render"):
-        cluster["env"] = {"NOT-A-NAME": "1"}
+    if stage in ("fit", "render"):  # the stand-in's flags go on the training command line
+        cluster["stand_in"] = {"ms_per_iter": 30, "refuse": "--x\nrm -rf /"}
     if stage == "fit":  # the fit renders its own job first
         tuning["fit_first"] = True
         cluster["gpus_per_node"] = 8
     if stage == "submit":
         request.getfixturevalue("slurm")
-        cluster["partition"], executor = "no_such_partition", "slurm"
+        cluster["nodes"], executor = 9, "slurm"
     exp = stand_in_experiment(tmp_path, "unstartable", cluster, tuning, **({"pp": 2} if stage == "fit" else {}))
     store = Store(str(tmp_path / "db.sqlite"))
     one_gpu = stage == "fit"  # the one-GPU study fits every trial first, the stand-in's workload too
     s = tuner.tune(exp, store, executor=executor, runs_root=tmp_path / "runs", progress=False, one_gpu=one_gpu)
     error, stop = _study_ends_with_reports(store, tmp_path, s["study"], stage, 1)
     assert "baseline trial did not complete" in stop.reason and error.reason in stop.reason
-    assert ("Invalid partition" if stage == "submit" else "NOT-A-NAME") in error.reason
+    assert ("node configuration is not available" if stage == "submit" else "newline") in error.reason
     again = tuner.tune(exp, store, executor=executor, runs_root=tmp_path / "runs", progress=False, one_gpu=one_gpu)
     assert again["stop_reason"] == s["stop_reason"] and again["trials_total"] == s["trials_total"]
 

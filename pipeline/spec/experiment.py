@@ -52,7 +52,7 @@ class Cluster(_Strict):
     gpus_per_node: int = Field(default=8, ge=0)  # 0: the CPU stand-in's nodes
     gpu_type: GpuType = "H100"
     nvlink_domain: int = Field(default=8, gt=0)
-    time_limit: str = "00:30:00"
+    time_limit: str | int = "00:30:00"  # "HH:MM:SS", "MM:SS", "D-HH:MM:SS" or whole minutes
     # resources as NVIDIA's Slurm launchers ask for them (../shared/cluster-notes.md, Megatron-Bridge
     # scripts/performance executors): whole nodes, all their memory, the node's CPUs shared out
     # among its ranks, each rank bound to its GPU's NUMA node
