@@ -130,8 +130,10 @@ def test_postprocess_where_login_runs_in_the_tuner(slurm, nsys_bin, tmp_path):
         s = tuner.tune(exp, store, executor="slurm", runs_root=runs, progress=False)
     finally:
         WATCH["on"] = False
-    # the hook sees what the first test says did not happen: the export and the SQLite read here
-    assert {e for e, _ in WATCH["seen"]} == {"subprocess.Popen", "sqlite3.connect", "open"}
+    # the hook sees what the first test says did not happen: the SQLite read here (the job exported
+    # it with its own nsys; this process may still ask nsys its version and recipes, once per process)
+    seen = {e for e, _ in WATCH["seen"]}
+    assert {"sqlite3.connect", "open"} <= seen <= {"subprocess.Popen", "sqlite3.connect", "open"}
     tr = store.trials(store.study(s["study"]).id)[0]
     assert tr.state == "completed"
     folder = Path(tr.folder)

@@ -79,12 +79,15 @@ def _study_ends_with_reports(store, tmp_path, name, stage, trial_number):
 
 
 @pytest.mark.parametrize("stage", ["fit", "render", pytest.param("submit", marks=pytest.mark.slurm)])
-def test_a_baseline_that_cannot_start_ends_the_study_with_its_reason_and_reports(tmp_path, stage, request):
-    """Real failures, no stand-in for the stage, that only the trial's own job meets (the
-    preflight before it renders and submits a one-node probe of the same cluster and passes): the
-    fit's and the trial's job script refuse a value holding a newline (render.py), and Slurm's
-    sbatch refuses more nodes than the cluster has. The tuner records the stage_error, stops with
-    its reason, and a second run of the tuner does not die on it."""
+def test_a_baseline_that_cannot_start_ends_the_study_with_its_reason_and_reports(tmp_path, stage, request,
+                                                                                  monkeypatch):
+    """Failures that only the trial's own job meets (the preflight before it renders and submits a
+    one-node probe of the same cluster, and passes): the fit's and the trial's job script refuse,
+    for real, a value holding a newline (render.py); the trial's sbatch is refused by an injected
+    error (a stand-in: what Slurm refuses at once, the preflight's own sbatch meets too, and a job
+    that can never run is queued rather than refused). The tuner records the stage_error, stops
+    with its reason, and a second run of the tuner does not die on it."""
+    from moetune.pipeline.job import scheduler
     cluster = {"python": sys.executable}
     executor = "local"
     tuning = {"budget_trials": 3, "patience": 2}
@@ -95,7 +98,15 @@ def test_a_baseline_that_cannot_start_ends_the_study_with_its_reason_and_reports
         cluster["gpus_per_node"] = 8
     if stage == "submit":
         request.getfixturevalue("slurm")
-        cluster["nodes"], executor = 9, "slurm"
+        executor = "slurm"
+        real_submit = scheduler.submit
+
+        def injected_submit(spec, kind="auto"):  # stand-in for sbatch refusing the trial's job
+            if ".t1." in spec.name:
+                raise scheduler.JobError(f"submitting {spec.name} failed: injected: Batch job "
+                                         "submission failed: Requested node configuration is not available")
+            return real_submit(spec, kind)
+        monkeypatch.setattr(scheduler, "submit", injected_submit)
     exp = stand_in_experiment(tmp_path, "unstartable", cluster, tuning, **({"pp": 2} if stage == "fit" else {}))
     store = Store(str(tmp_path / "db.sqlite"))
     one_gpu = stage == "fit"  # the one-GPU study fits every trial first, the stand-in's workload too

@@ -283,9 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     folder = os.environ.get("MOETUNE_TRIAL_DIR")
     if folder:
         path = os.path.join(folder, f"rank_{rank}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(me, f, indent=1, sort_keys=True)
-        os.replace(path + ".tmp", path)
+        try:
+            with open(path + ".tmp", "w") as f:
+                json.dump(me, f, indent=1, sort_keys=True)
+            os.replace(path + ".tmp", path)
+        except OSError as e:  # one line, one write: a step whose other ranks are being killed
+            print(f"OSError: {e}", file=sys.stderr, flush=True)  # may cut a longer traceback short
+            return 1
     nvtx = nvtx_api()
     hold = b"\x01" * (args.stand_in_alloc_mb * 2**20) if args.stand_in_alloc_mb else b""
     if rank == 0:
