@@ -143,8 +143,8 @@ def _fit_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     model, cluster = t.model_and_cluster()
     cluster_d = as_dict(cluster)
     return [], {"config": t.row.config, "model": model.to_dict(), "cluster": cluster_d,
-                "folder": str(t.folder), "launcher": _launcher(t), "node_cpus": node_cpus(t),
-                "megatron_core": probed(t).get("megatron_core"), "templates": render.template_texts()}
+                "folder": str(t.folder), "launcher": _launcher(t), **job_facts(t),
+                "templates": render.template_texts()}
 
 
 def _render_inputs(t: TrialContext) -> tuple[list[Path], Any]:
@@ -173,23 +173,21 @@ def _launcher(t: TrialContext) -> str:
     return "srun" if slurm else "local"
 
 
-def probed(t: TrialContext) -> dict:
-    """What the latest preflight of this cluster and image found (spec/preflight.py
-    capabilities: node_cpus, megatron_core, ...); {} where none ran."""
+def job_facts(t: TrialContext) -> dict:
+    """What the trial's job script takes from the machines, read once: `node_cpus`, CPUs of one
+    compute node shared out among its ranks (render.cpus_per_rank): what the latest preflight of
+    this cluster and image found on a node, else Slurm's word for the partition, or this machine's
+    where the job runs here; `megatron_core`, the image's version the preflight found (None where
+    none ran: a flag Megatron renamed then goes by its newest name)."""
     _, cluster = t.model_and_cluster()
     c = as_dict(cluster)
     row = t.store.latest_preflight(str(c.get("name") or "cluster"), preflight_spec.image_key(c))
-    return preflight_spec.capabilities(row.record, c) if row and row.record else {}
-
-
-def node_cpus(t: TrialContext) -> int | None:
-    """CPUs of one compute node, shared out among its ranks (render.cpus_per_rank): what the
-    preflight found on a node of this cluster and image, else Slurm's word for the partition, or
-    this machine's where the job runs here."""
+    found = preflight_spec.capabilities(row.record, c) if row and row.record else {}
     if _launcher(t) == "local":
-        return os.cpu_count()
-    _, cluster = t.model_and_cluster()
-    return probed(t).get("node_cpus") or jobs.node_cpus(as_dict(cluster).get("partition"))
+        cpus = os.cpu_count()
+    else:
+        cpus = found.get("node_cpus") or jobs.node_cpus(c.get("partition"))
+    return {"node_cpus": cpus, "megatron_core": found.get("megatron_core")}
 
 
 def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluster, tuning,
@@ -232,8 +230,7 @@ def do_render(t: TrialContext) -> list[Path]:
     try:
         spec = trial_spec(name=t.job_name(), folder=t.folder, config=TrainingConfig.from_dict(t.row.config),
                           model=model, cluster=cluster, tuning=t.experiment.get("tuning"),
-                          launcher=_launcher(t), node_cpus=node_cpus(t),
-                          megatron_core=probed(t).get("megatron_core"), rank=bound.rank if bound else 0)
+                          launcher=_launcher(t), **job_facts(t), rank=bound.rank if bound else 0)
     except fit.OneGpuError as e:
         raise StageError(f"trial {t.id}: {e}") from None
     out = write_trial_job(spec, t.row.config)
@@ -256,11 +253,12 @@ def do_fit(t: TrialContext) -> list[Path]:
     world = rank_count(cluster)
     config = fit.fit_config(TrainingConfig.from_dict(t.row.config), world)
     ranks = fit.bounding_ranks(config, world, model)
+    facts = job_facts(t)
     argv = args_for_megatron(config.to_args(model, has_apex=cluster_d.get("has_apex") is not False)
-                             + run_args() + list(fit.FAKE_GROUP_ARGS), probed(t).get("megatron_core"))
+                             + run_args() + list(fit.FAKE_GROUP_ARGS), facts["megatron_core"])
     spec = render.job_spec(name=t.job_name() + ".fit", folder=folder, config=config.to_dict(),
                            argv=argv, cluster=cluster, launcher=_launcher(t), fit=(ranks, world),
-                           node_cpus=node_cpus(t))
+                           node_cpus=facts["node_cpus"])
     render.write_job(spec)
     ref = jobs.submit(spec, jobs.resolve_kind(t.executor))
     state = jobs.wait(ref, poll_s=1.0)
