@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from moetune.analysis import settings
+
 try:
     import connectorx
 except ImportError:  # optional at run time: sqlite3 reads the same tables, slower
@@ -28,8 +30,9 @@ except ImportError:  # optional at run time: sqlite3 reads the same tables, slow
 
 
 def reader() -> str:
-    """The reader in use: connectorx, or sqlite3 (not installed, or forced by the environment)."""
-    if connectorx is None or os.environ.get("MOETUNE_TRACE_READER") == "sqlite3":
+    """The reader in use: connectorx, or sqlite3 (not installed, or chosen by the environment)."""
+    chosen = settings.trace_reader()  # read first, so a misspelt value is refused either way
+    if connectorx is None or chosen == "sqlite3":
         return "sqlite3"
     return "connectorx"
 

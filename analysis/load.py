@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from moetune.analysis import settings
 from moetune.analysis.columnar import int_frames
 from moetune.analysis.errors import TraceError
 from moetune.analysis.nsys import nsys_binary
@@ -68,7 +69,7 @@ def _check_file(path: Path) -> None:
 
 def cache_dir() -> Path:
     """Where decompressed traces are kept: $MOETUNE_CACHE, else ~/.cache/moetune, else the temp dir."""
-    for base in (os.environ.get("MOETUNE_CACHE"), Path.home() / ".cache" / "moetune", tempfile.gettempdir()):
+    for base in (settings.cache(), Path.home() / ".cache" / "moetune", tempfile.gettempdir()):
         if not base:
             continue
         d = Path(base) / "traces"

@@ -11,18 +11,19 @@ import subprocess
 from functools import lru_cache
 from pathlib import Path
 
+from moetune.analysis import settings
 from moetune.analysis.errors import TraceError
 
 
 def nsys_binary() -> str:
-    found = os.environ.get("MOETUNE_NSYS") or shutil.which("nsys")
+    found = settings.nsys() or shutil.which("nsys")
     if not found:
         raise TraceError("nsys not found: install Nsight Systems (scripts/nsys-up) or set MOETUNE_NSYS")
     return found
 
 
 def qdstrm_importer() -> str | None:
-    candidates = [os.environ.get("MOETUNE_QDSTRM_IMPORTER", "")]
+    candidates = [settings.qdstrm_importer()]
     real = Path(os.path.realpath(nsys_binary()))
     candidates += [str(real.parent.parent / "host-linux-x64" / "QdstrmImporter"),
                    "/usr/lib/nsight-systems/host-linux-x64/QdstrmImporter"]

@@ -1,6 +1,7 @@
 """moetune's pipeline: layers in the order the data flows, each importing only those before it.
 
-    errors, paths  one error base; where moetune's own files are
+    errors, paths, one error base; where moetune's own files are; the environment variables it
+    settings       reads, each read when asked
     spec           model, training config (-> Megatron args), experiment YAML, GPUs, constraints, memory
     job            job scripts from the templates, the scheduler (submitit: Slurm or local), and the
                    workloads that run inside the job

@@ -1,11 +1,11 @@
-"""The one base of moetune's own errors.
+"""The one base of moetune's own errors, as the pipeline names it.
 
-Every error an engineer can act on is a `MoetuneError` subclass, raised with one line that names
-the file or key at fault and what to do; the CLI prints it as that line and exits 2. Anything
-else is a bug and keeps its traceback.
+`MoetuneError` is defined with the analysis (analysis/errors.py), the layer every other imports,
+so a `TraceError` is one too; every pipeline error derives from it. The CLI prints any of them as
+its one line and exits 2; anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+from moetune.analysis.errors import MoetuneError, SettingError, TraceError
 
-class MoetuneError(Exception):
-    """An error an engineer can fix: one line, names what is wrong and what is allowed."""
+__all__ = ["MoetuneError", "SettingError", "TraceError"]

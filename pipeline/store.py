@@ -1,12 +1,11 @@
 """The study store: studies, trials, stage runs, metrics and decisions (SQLAlchemy).
 
 SQLite file by default (WAL mode, every write in one transaction); any SQLAlchemy URL by
-`MOETUNE_DB` (PostgreSQL for a team). Old databases are brought up to date by `MIGRATIONS`.
+`MOETUNE_DB` (settings.py) (PostgreSQL for a team). Old databases are brought up to date by `MIGRATIONS`.
 """
 from __future__ import annotations
 
 import json
-import os
 import re
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -18,9 +17,9 @@ from sqlalchemy import (JSON, Float, ForeignKey, Integer, String, Text, UniqueCo
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from moetune.pipeline import settings
 from moetune.pipeline.errors import MoetuneError
 
-DEFAULT_DB = ".moetune/moetune.db"
 CONNECT_TIMEOUT_S = 10  # a server that does not answer is an error, not a hang
 
 
@@ -155,7 +154,7 @@ MIGRATIONS: list[tuple[int, Any]] = [(1, _migrate_v1), (2, _migrate_v2)]
 
 
 def database_url(url: str | None = None, read_only: bool = False) -> str:
-    url = url or os.environ.get("MOETUNE_DB") or DEFAULT_DB
+    url = url or settings.db()
     if "://" not in url:
         if read_only and not Path(url).is_file():
             raise NoStore(f"{url}: no moetune store here; `moetune tune MODEL` or `make demo` makes one")

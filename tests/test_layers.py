@@ -11,8 +11,8 @@ REPO = Path(__file__).resolve().parents[1]
 # folder -> import name (pyproject.toml's package-dir)
 PACKAGES = {"pipeline": "moetune.pipeline", "analysis": "moetune.analysis"}
 # moetune.pipeline's layers in the order the data flows (pipeline/__init__.py)
-LAYERS = ("errors", "paths", "spec", "job", "store", "trial", "decide", "tune", "report", "cli")
-BASE = {"errors", "paths"}  # the first two are one layer: both import nothing of moetune
+LAYERS = ("errors", "paths", "settings", "spec", "job", "store", "trial", "decide", "tune", "report", "cli")
+BASE = LAYERS[:3]  # one layer: the error base, where files are, the environment; no later layer
 
 
 def modules(folder: Path, package: str) -> dict[str, Path]:
@@ -91,12 +91,12 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def layer(module: str) -> int | None:
-    """A pipeline module's place in LAYERS (errors and paths share the first); None outside."""
+    """A pipeline module's place in LAYERS (the BASE modules share the first); None outside."""
     parts = module.split(".")
     if parts[:2] != ["moetune", "pipeline"] or len(parts) < 3:
         return None
     top = parts[2]
-    return 0 if top in BASE else LAYERS.index(top) - 1 if top in LAYERS else None
+    return 0 if top in BASE else LAYERS.index(top) - len(BASE) + 1 if top in LAYERS else None
 
 
 def against_layers(graph: dict[str, set[str]]) -> list[str]:
@@ -107,7 +107,7 @@ def against_layers(graph: dict[str, set[str]]) -> list[str]:
                 bad.append(f"{src} -> {dst}: analysis imports nothing of the pipeline")
             ls, ld = layer(src), layer(dst)
             if ls is not None and ld is not None and ld > ls:
-                bad.append(f"{src} -> {dst}: layer {LAYERS[ls + 1]} imports a later layer")
+                bad.append(f"{src} -> {dst}: layer {LAYERS[ls + len(BASE) - 1]} imports a later layer")
     return sorted(bad)
 
 

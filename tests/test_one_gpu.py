@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from moetune.pipeline import settings
 from moetune.pipeline.decide import rules
 from moetune.pipeline.spec import fit
 from moetune.pipeline.spec.config import TrainingConfig
@@ -58,7 +59,7 @@ def test_rules_that_need_the_collectives_are_marked_in_the_table():
 
 
 def test_a_malformed_one_gpu_key_names_the_rule(tmp_path):
-    table = Path(rules.RULES_FILE).read_text().replace("    one_gpu: false\n", "    one_gpu: sometimes\n", 1)
+    table = settings.rules_file().read_text().replace("    one_gpu: false\n", "    one_gpu: sometimes\n", 1)
     (tmp_path / "rules.yaml").write_text(table)
     with pytest.raises(rules.RuleError, match=r"rule dispatcher_deepep: one_gpu 'sometimes' must be true or false"):
         rules.load_rules(tmp_path / "rules.yaml")

@@ -20,7 +20,7 @@ from moetune.pipeline.spec import preflight as spec
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.constraints import check
 from moetune.pipeline.spec.experiment import Cluster, load_experiment
-from moetune.pipeline.spec.megatron_validate import VENV_PYTHON, available as megatron_available
+from moetune.pipeline.spec.megatron_validate import available as megatron_available, venv_python
 from moetune.pipeline.store import Store
 from moetune.pipeline.trial import preflight
 from moetune.pipeline.tune import loop as tuner
@@ -86,7 +86,7 @@ def test_preflight_blocks_a_megatron_workload_where_the_image_has_no_megatron(sl
 def test_preflight_with_the_megatron_venv_finds_megatron_core_0_19(slurm, tmp_path):
     """cluster.python pointed at the Megatron venv: the probe, run by that interpreter in the
     job, finds megatron-core 0.19.2 and torch; the training entry's own check says it can run."""
-    cluster = stand_in_cluster(workload="megatron", gpus_per_node=0, python=str(VENV_PYTHON), nsys="off",
+    cluster = stand_in_cluster(workload="megatron", gpus_per_node=0, python=str(venv_python()), nsys="off",
                                time_limit="00:10:00")
     out = preflight.run(cluster, executor="slurm", runs_root=tmp_path / "runs", poll_s=2, timeout_s=600)
     rec = out.record

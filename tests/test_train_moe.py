@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from moetune.pipeline import settings
 from moetune.pipeline.paths import ROOT
 from moetune.pipeline.spec import megatron_validate as mv
 from moetune.pipeline.spec.config import run_args
@@ -22,7 +23,7 @@ MEGATRON_VERSIONS = {"0.17": "legacy", "0.18": "legacy", "0.19": "0.19"}
 
 
 def _run(version: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(mv.VENV_PYTHON), *args], capture_output=True, text=True,
+    return subprocess.run([str(mv.venv_python()), *args], capture_output=True, text=True,
                           timeout=timeout, env=mv.subprocess_env(version), cwd="/")
 
 
@@ -42,7 +43,7 @@ def test_megatron_version_check_says_the_entry_runs(version):
     assert (rc, report["entry"], report["fix"], report["training"]) == (0, "ok", None, True), report
     assert report["megatron_core"].startswith(version + ".")
     assert report["api"] == MEGATRON_VERSIONS[version]
-    home = mv.mcore_folder(version) if version != mv.MAIN_MCORE else mv.VENV
+    home = mv.mcore_folder(version) if version != mv.MAIN_MCORE else settings.megatron_venv()
     assert report["megatron_from"].startswith(str(home)) and report["megatron_from"].endswith("megatron")
 
 

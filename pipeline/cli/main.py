@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from moetune.analysis.errors import TraceError
+from moetune.pipeline import settings
 from moetune.pipeline.errors import MoetuneError
 
 # the stage names `moetune stage` takes, in their order (trial/stages.py FIT and STAGE_ORDER; a
@@ -15,7 +15,7 @@ STAGE_NAMES = ("fit", "render", "submit", "collect", "export", "analyze", "decid
 
 
 class UserError(MoetuneError):
-    """An error an engineer can fix; printed as one line, exit code 2."""
+    """A command's own refusal (a folder it cannot write, nothing to report); one line, exit 2."""
 
 
 def _store(args, read_only: bool = False):
@@ -99,10 +99,10 @@ def cmd_tune(args, _rest):
 
 
 def cmd_demo(args, _rest):
-    from moetune.pipeline.job.replay import DEFAULT_BANK, load_bank
+    from moetune.pipeline.job.replay import load_bank
     args.executor = "replay"
     args.model = args.model or "moe_proxy"
-    args.bank = args.bank or DEFAULT_BANK
+    args.bank = args.bank or settings.bank()
     load_bank(args.bank)  # no bank (an installed wheel): one line naming --bank, before any folder is made
     return cmd_tune(args, _rest)
 
@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="moetune",
         description="Automatic performance tuner for Megatron MoE training on Slurm: profile "
                     "short runs under Nsight Systems, find the wall, apply the next fix, repeat.")
-    p.add_argument("--db", default=os.environ.get("MOETUNE_DB"),
+    p.add_argument("--db", default=None,  # the store reads MOETUNE_DB when the command runs
                    help="store: a SQLite path or any SQLAlchemy URL (env MOETUNE_DB; "
                         "default .moetune/moetune.db)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -282,7 +282,7 @@ def _first_command(argv: list[str]) -> int | None:
 
 
 def _is_user_error(e: Exception) -> bool:
-    return isinstance(e, (MoetuneError, TraceError, FileNotFoundError, PermissionError))
+    return isinstance(e, (MoetuneError, FileNotFoundError, PermissionError))
 
 
 if __name__ == "__main__":

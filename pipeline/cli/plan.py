@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from moetune.pipeline.cli.common import add_gpu_args, exit_code
@@ -28,7 +27,7 @@ def measured_peaks(exp, world: int, db: str | None = None) -> dict[str, float]:
     (`db`: moetune's --db, else MOETUNE_DB, else .moetune/moetune.db; none is created) of this model
     at this GPU count."""
     try:
-        store = Store(db or os.environ.get("MOETUNE_DB"), read_only=True)
+        store = Store(db, read_only=True)  # no --db: the store resolves MOETUNE_DB
     except NoStore:
         return {}
     out: dict[str, float] = {}

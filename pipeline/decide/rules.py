@@ -21,7 +21,7 @@ import yaml
 
 from moetune.analysis.metrics import less_waiting
 from moetune.pipeline.errors import MoetuneError
-from moetune.pipeline.paths import RULES_FILE
+from moetune.pipeline import settings
 from moetune.pipeline.spec import gpus as gpu_table
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.constraints import check as constraint_check
@@ -108,7 +108,7 @@ class Proposal:
 
 
 def load_rules(path: str | Path | None = None) -> list[Rule]:
-    path = Path(path or RULES_FILE)
+    path = Path(path or settings.rules_file())
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
@@ -147,7 +147,7 @@ def load_rules(path: str | Path | None = None) -> list[Rule]:
 
 def load_fit_order(path: str | Path | None = None, rules: list[Rule] | None = None) -> tuple[str, ...]:
     """The table's `fit_order`: memory rules in the order a layout that does not fit tries them."""
-    path = Path(path or RULES_FILE)
+    path = Path(path or settings.rules_file())
     rules = load_rules(path) if rules is None else rules
     memory = {r.id for r in rules if r.wall == "memory"}
     order = tuple((yaml.safe_load(path.read_text()) or {}).get("fit_order") or ())

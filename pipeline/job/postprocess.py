@@ -1,13 +1,14 @@
-"""A trial's post-processing as a CPU job of its own (issue 15 item 4): each profiled rank's report
-is imported (QdstrmImporter, where a bare .qdstrm came back), exported to SQLite (`nsys export`)
-and reduced to its per-rank summary (analysis.summary.rank_summary), written beside the report as
-trace_R.metrics.json. The login node then reads only those small files and combines them.
+"""A trial's post-processing as a CPU job of its own, so that the heavy export runs on a compute
+node: each profiled rank's report is imported (QdstrmImporter, where a bare .qdstrm came back),
+exported to SQLite (`nsys export`) and reduced to its per-rank summary
+(analysis.summary.rank_summary), written beside the report as trace_R.metrics.json. The login node
+then reads only those small files and combines them.
 
     submit(folder, ranks, cluster, after=job_id, python=...) -> job id   (sbatch, an array: one
                                                                           element per rank)
     state(job_id) -> Slurm state of the whole array (COMPLETED when every element is)
     process_report(folder, rank, for_job) -> [paths written]            (what one task does)
-    python -m moetune.pipeline.job.postprocess FOLDER --ranks 0,2 --for-job ID   (the job's command)
+    python -m moetune.pipeline.job.postprocess FOLDER --ranks 0,2 --task I --for-job ID   (the job's command)
 
 The job asks Slurm for `--dependency=afterany:<trial job>`: it starts when the trial's job ends,
 however it ended (a timed-out run still has reports to read). Its partition, account, time, memory
@@ -66,7 +67,7 @@ def sbatch_argv(folder: str | Path, ranks: list[int], cluster, after: str, name:
     folder = Path(folder).resolve()
     s = settings(cluster)
     # a job array, one element per profiled rank: elements start as CPUs free up, so 8 ranks
-    # need not find 8 CPUs at once; each picks its rank by SLURM_ARRAY_TASK_ID
+    # need not find 8 CPUs at once; each picks its rank by its index (--task)
     cmd = ["sbatch", "--parsable", "--no-requeue", f"--job-name={name}",
            f"--dependency=afterany:{after}", f"--array=0-{max(1, len(ranks)) - 1}", "--ntasks=1",
            f"--cpus-per-task={int(s['cpus_per_task'])}", f"--mem={s['mem']}",
@@ -75,10 +76,11 @@ def sbatch_argv(folder: str | Path, ranks: list[int], cluster, after: str, name:
            f"--chdir={folder}"]
     cmd += [f"--partition={s['partition']}"] if s["partition"] else []
     cmd += [f"--account={s['account']}"] if s["account"] else []
-    # the words go to sbatch as argv (no shell on this side); --wrap's shell sees them quoted
-    task = [python, "-m", "moetune.pipeline.job.postprocess", str(folder),
-            "--ranks", ",".join(map(str, ranks)), "--for-job", str(after)]
-    return cmd + ["--wrap", " ".join(map(shell_word, task))]
+    # the words go to sbatch as argv (no shell on this side); --wrap's shell sees them quoted,
+    # and expands only the element's index, which Slurm sets in each element's environment
+    head = [python, "-m", "moetune.pipeline.job.postprocess", str(folder), "--ranks", ",".join(map(str, ranks))]
+    task = " ".join(map(shell_word, head)) + ' --task "$SLURM_ARRAY_TASK_ID" --for-job ' + shell_word(str(after))
+    return cmd + ["--wrap", task]
 
 
 def submit(folder: str | Path, ranks: list[int], cluster, after: str, name: str,
@@ -242,12 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", required=True, help="comma-separated profiled ranks")
     ap.add_argument("--for-job", default=None, help="the trial job whose reports these are")
     ap.add_argument("--task", type=int, default=None,
-                    help="which of --ranks this task does (default SLURM_ARRAY_TASK_ID; all without it)")
+                    help="which of --ranks this task does (the job passes its array index; all without it)")
     a = ap.parse_args(argv)
     ranks = [int(r) for r in a.ranks.split(",") if r.strip()]
-    task = a.task if a.task is not None else os.environ.get("SLURM_ARRAY_TASK_ID")
-    mine = [ranks[int(task)]] if task is not None and int(task) < len(ranks) else \
-        ([] if task is not None else ranks)
+    task = a.task
+    mine = [ranks[task]] if task is not None and task < len(ranks) else ([] if task is not None else ranks)
     t0 = time.monotonic()
     for rank in mine:
         try:

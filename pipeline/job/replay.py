@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import json
 import lzma
-import os
 import shutil
 from functools import lru_cache
 from pathlib import Path
 
+from moetune.pipeline import settings
 from moetune.pipeline.errors import MoetuneError
-from moetune.pipeline.paths import TRIAL_BANK
 from moetune.pipeline.spec.config import TrainingConfig
-
-# a checkout's bank; an installed moetune has none of its own ($MOETUNE_BANK or `demo --bank`)
-DEFAULT_BANK = Path(os.environ.get("MOETUNE_BANK") or TRIAL_BANK)
 
 
 class ReplayError(MoetuneError):
@@ -37,8 +33,9 @@ def entry_hash(entry: dict) -> str:
     return entry_config(entry).config_hash()
 
 
-def load_bank(bank_dir: str | Path = DEFAULT_BANK) -> list[dict]:
-    path = Path(bank_dir) / "bank.jsonl"
+def load_bank(bank_dir: str | Path | None = None) -> list[dict]:
+    """The bank's entries (`bank_dir` None: settings.bank(), a checkout's own unless MOETUNE_BANK)."""
+    path = Path(bank_dir or settings.bank()) / "bank.jsonl"
     if not path.exists():
         raise ReplayError(f"{path}: no trial bank here; the demo replays a checkout's benchmarks/trial_bank "
                           "(51 MB, not in the wheel): give --bank CHECKOUT/benchmarks/trial_bank or set "
@@ -79,9 +76,9 @@ def _cached(bank_dir: str | Path) -> tuple[dict[str, dict], dict[str, dict]]:
     return _indexes(str(p), (p / "bank.jsonl").stat().st_mtime if (p / "bank.jsonl").exists() else 0)
 
 
-def find(config: TrainingConfig, bank_dir: str | Path = DEFAULT_BANK) -> dict | None:
+def find(config: TrainingConfig, bank_dir: str | Path | None = None) -> dict | None:
     """The entry of this config; else one of the same config run for another length."""
-    by_hash, by_shape = _cached(bank_dir)
+    by_hash, by_shape = _cached(bank_dir or settings.bank())
     return by_hash.get(config.config_hash()) or by_shape.get(shape_hash(config))
 
 
@@ -93,8 +90,9 @@ def _copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def replay_job(config: dict, folder: str, bank_dir: str = str(DEFAULT_BANK)) -> dict:
+def replay_job(config: dict, folder: str, bank_dir: str | None = None) -> dict:
     """The job body: write the matching entry's log and trace into `folder`."""
+    bank_dir = bank_dir or str(settings.bank())
     cfg = TrainingConfig.from_dict(config)
     entry = find(cfg, bank_dir)
     if entry is None:

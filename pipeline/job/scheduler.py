@@ -23,6 +23,7 @@ from pathlib import Path
 import submitit
 from submitit.core.utils import JobPaths
 
+from moetune.pipeline import settings
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job.render import JobSpec
 
@@ -150,7 +151,7 @@ def local_gpus(gpus: int, visible: str | None = None) -> dict:
     may use where CUDA_VISIBLE_DEVICES already narrows them."""
     if not gpus:
         return {"gpus_per_node": 0}
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    visible = settings.visible_gpus() if visible is None else visible
     if not visible:
         return {"gpus_per_node": gpus}
     ids = [v.strip() for v in visible.split(",") if v.strip()]

@@ -23,7 +23,7 @@ from moetune.analysis.metrics import in_window
 from moetune.analysis.window import find_window
 from moetune.pipeline.decide import rules as rules_mod
 from moetune.pipeline.errors import MoetuneError
-from moetune.pipeline.paths import RULES_FILE
+from moetune.pipeline import settings
 from moetune.pipeline.spec import gpus
 from moetune.pipeline.spec.experiment import tuning_value
 from moetune.pipeline.trial.stages import ONE_GPU_RANK
@@ -501,7 +501,7 @@ def _rule_table(path: str) -> dict:
 
 def _rule(rule_id: str | None):
     """The fix's row of the rule table, or None (a rule since removed, a baseline)."""
-    return _rule_table(str(RULES_FILE)).get(rule_id) if rule_id else None
+    return _rule_table(str(settings.rules_file())).get(rule_id) if rule_id else None
 
 
 def _conditions(rule, parent: TrialView | None) -> str:

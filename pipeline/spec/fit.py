@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.spec.config import TrainingConfig
 
 FIT_ITERS = 3  # Megatron reports memory after iteration 2, when the optimizer states exist
@@ -71,7 +72,7 @@ def fit_config(config: TrainingConfig, world: int | None = None) -> TrainingConf
     return fitted
 
 
-class OneGpuError(ValueError):
+class OneGpuError(MoetuneError):
     """A config a one-GPU trial cannot run comparably (one line)."""
 
 

@@ -16,13 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from moetune.pipeline import settings
 from moetune.pipeline.errors import MoetuneError
-from moetune.pipeline.paths import ROOT
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.environment import config_env
 
-VENV = Path(os.environ.get("MEGATRON_VENV", ROOT / ".venv-megatron"))
-VENV_PYTHON = VENV / "bin" / "python"
 MAIN_MCORE = "0.19"  # the venv's own megatron-core; the older ones are folders beside it
 OLDER_MCORE = ("0.16", "0.17", "0.18")
 
@@ -54,7 +52,7 @@ for argv, world, CAPABILITY, has_te, env in jobs:
     if has_te and rope_utils.fused_apply_rotary_pos_emb is None:
         rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
     mcore_utils._te_version = Version(TE_VERSION if has_te else "0.0.0")
-    # the job's environment (pipeline/render.py), and nothing left over from the argv before
+    # the job's environment (job/render.py), and nothing left over from the argv before
     for k in ENV_KEYS:
         os.environ.pop(k, None)
     os.environ.update(env)
@@ -84,22 +82,27 @@ print("@@" + json.dumps(out))
 '''
 
 
+def venv_python() -> Path:
+    """The megatron venv's Python (settings: MEGATRON_VENV, else .venv-megatron here)."""
+    return settings.megatron_venv() / "bin" / "python"
+
+
 def available(mcore: str | None = None) -> bool:
-    return VENV_PYTHON.exists() and (mcore in (None, MAIN_MCORE) or mcore_folder(mcore).is_dir())
+    return venv_python().exists() and (mcore in (None, MAIN_MCORE) or mcore_folder(mcore).is_dir())
 
 
 def mcore_folder(mcore: str) -> Path:
     """Where scripts/megatron-venv installs megatron-core `mcore` ("0.17": its latest patch release)."""
-    return VENV / f"mcore-{mcore}"
+    return settings.megatron_venv() / f"mcore-{mcore}"
 
 
 def subprocess_env(mcore: str | None = None) -> dict[str, str]:
     """The environment of a subprocess of the venv's Python that imports megatron-core `mcore`
     (None or MAIN_MCORE: the venv's own), with no GPU."""
     if not available(mcore):
-        where = VENV_PYTHON if not VENV_PYTHON.exists() else mcore_folder(mcore)
+        where = venv_python() if not venv_python().exists() else mcore_folder(mcore)
         raise MegatronUnavailable(f"{where} missing; run scripts/megatron-venv")
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    env = settings.environ(CUDA_VISIBLE_DEVICES="")
     if mcore not in (None, MAIN_MCORE):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(mcore_folder(mcore)), env.get("PYTHONPATH")) if p)
     return env
@@ -123,14 +126,14 @@ def job_env(argv: list[str]) -> dict[str, str]:
 def validate(argvs: list[list[str]], world_size: int | list[int],
              generation: str = "hopper", has_te: bool = True, memory: bool = False,
              envs: list[dict[str, str]] | None = None, mcore: str | None = None) -> list:
-    """`envs`: each job's environment; by default the one pipeline/render.py renders for it.
+    """`envs`: each job's environment; by default the one job/render.py renders for it.
     `mcore`: the megatron-core minor version to check under (None: the venv's own, 0.19)."""
     env = subprocess_env(mcore)
     worlds = world_size if isinstance(world_size, list) else [world_size] * len(argvs)
     caps = [CAPABILITY[generation]] * len(argvs)
     envs = envs if envs is not None else [job_env(a) for a in argvs]
     jobs = [(a, w, c, has_te, e) for a, w, c, e in zip(argvs, worlds, caps, envs)]
-    proc = subprocess.run([str(VENV_PYTHON), "-c", _PROBE], input=json.dumps([jobs, memory, TE_VERSION]),
+    proc = subprocess.run([str(venv_python()), "-c", _PROBE], input=json.dumps([jobs, memory, TE_VERSION]),
                           capture_output=True, text=True, timeout=600, env=env)
     marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
     if proc.returncode != 0 or not marker:
@@ -163,7 +166,7 @@ except Caught as c:
 
 def known_flags(mcore: str | None = None) -> set[str]:
     """Every option string Megatron's own argument parser accepts (megatron-core `mcore`)."""
-    proc = subprocess.run([str(VENV_PYTHON), "-c", _FLAGS_PROBE], capture_output=True, text=True,
+    proc = subprocess.run([str(venv_python()), "-c", _FLAGS_PROBE], capture_output=True, text=True,
                           timeout=300, env=subprocess_env(mcore))
     marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
     if not marker:
@@ -190,7 +193,7 @@ except SystemExit:
 def parser_refusal(argv: list[str], mcore: str | None = None) -> str | None:
     """What Megatron's own argument parser says of an argv (an unknown argument, a value of the
     wrong type or outside its choices), or None; only parsing, not validate_args."""
-    proc = subprocess.run([str(VENV_PYTHON), "-c", _PARSE_PROBE], input=json.dumps(list(argv)),
+    proc = subprocess.run([str(venv_python()), "-c", _PARSE_PROBE], input=json.dumps(list(argv)),
                           capture_output=True, text=True, timeout=300, env=subprocess_env(mcore))
     marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
     if not marker:

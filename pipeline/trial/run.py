@@ -18,7 +18,6 @@ from pathlib import Path
 
 import submitit
 
-from moetune.analysis.errors import TraceError
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.job.replay import replay_job
@@ -41,7 +40,7 @@ class TrialOutcome:
     stage: str | None = None  # the stage that raised (state stage_error)
 
 
-class StageFailure(Exception):
+class StageFailure(MoetuneError):
     """A stage of the trial raised one of moetune's errors: the trial measured nothing (its
     outcome is stage_error, with the stage and the error's line)."""
 
@@ -56,7 +55,7 @@ def _stage(name: str, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except stages.NotReady:
         raise
-    except (MoetuneError, TraceError) as e:
+    except MoetuneError as e:  # a TraceError too
         raise StageFailure(name, e) from None
 
 

@@ -41,6 +41,7 @@ from moetune.analysis.logs import parse_log
 from moetune.analysis.nsys import nsys_binary
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job import render
+from moetune.pipeline import settings
 from moetune.pipeline.paths import trial_folder
 from moetune.pipeline.job import postprocess
 from moetune.pipeline.job import scheduler as jobs
@@ -97,7 +98,7 @@ class TrialContext:
         with store.session() as s:
             self.study = s.get(Study, self.row.study_id)
         self.experiment = dict(self.study.experiment or {})
-        self.folder = trial_folder(runs_root, self.study.name, self.row)
+        self.folder = trial_folder(runs_root or settings.runs(), self.study.name, self.row)
         self.executor = executor or self.experiment.get("executor") or "auto"
 
     @property

@@ -32,8 +32,9 @@ from moetune.pipeline.decide import applied
 from moetune.pipeline.decide import one_gpu as one_gpu_step
 from moetune.pipeline.decide import rules as rules_mod
 from moetune.pipeline.decide.judge import compare, judged_step
+from moetune.pipeline import settings
 from moetune.pipeline.errors import MoetuneError
-from moetune.pipeline.job.replay import DEFAULT_BANK, find as find_entry, load_bank
+from moetune.pipeline.job.replay import find as find_entry, load_bank
 from moetune.pipeline.paths import trial_folder
 from moetune.pipeline.spec import fit
 from moetune.pipeline.spec.config import TrainingConfig
@@ -312,7 +313,7 @@ class Tuner:
     def _bank_lacks(self, config: TrainingConfig) -> str | None:
         """Replaying: why a proposal is not proposed when the trial bank holds no run of its config
         (the demo replays only what was recorded on the GPU machine); None otherwise."""
-        if self.executor != "replay" or find_entry(config, self.bank_dir or DEFAULT_BANK) is not None:
+        if self.executor != "replay" or find_entry(config, self.bank_dir) is not None:
             return None
         return (f"the trial bank holds no recorded run of its config {config.config_hash()}; the demo "
                 "proposes only what it can replay")
@@ -425,7 +426,7 @@ def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs
     if executor not in ("slurm", "local", "replay"):
         raise TunerError(f"executor {executor!r}: use auto, slurm, local or replay")
     if executor == "replay":
-        bank_dir = Path(bank_dir or DEFAULT_BANK)
+        bank_dir = Path(bank_dir or settings.bank())
         load_bank(bank_dir)  # a clear error now rather than in every job
         # the demo submits nothing to a cluster: its jobs render for this machine, whatever the
         # experiment's cluster runs them in (a container needs Slurm's pyxis)
