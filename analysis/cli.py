@@ -5,7 +5,8 @@ import argparse
 import json
 import sys
 
-from moetune.analysis import TraceError, analyze
+from moetune.analysis import analyze
+from moetune.analysis.errors import MoetuneError
 from moetune.analysis.render import render_markdown, render_text
 
 
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
         return int(e.code or 0)
     try:
         result = analyze(args.paths, log=args.log, gpu_memory_gb=args.gpu_memory_gb, workers=args.workers)
-    except TraceError as e:
+    except MoetuneError as e:  # a trace it cannot read, a setting it does not take
         print(f"moetune analyze: {e}", file=sys.stderr)
         return 2
     if args.format == "json":
