@@ -3,8 +3,8 @@
 Only the tables and columns the metrics need are read (the kernel and runtime tables through
 analysis.columnar, both at once; a rank's rows only where analysis.ranks asks, by SQL conditions);
 names are resolved through `StringIds`, once per distinct id. A table that is absent (no CUDA, no
-NVTX, no memory events) gives an empty frame. open_trace() reads a whole file (pipeline/report.py's
-rank_frames); analyze() reads rank by rank (analysis.ranks).
+NVTX, no memory events) gives an empty frame. open_trace() reads a whole file (rank_frames, for
+the report's plots); analyze() reads rank by rank (analysis.ranks).
 """
 from __future__ import annotations
 

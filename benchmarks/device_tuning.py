@@ -5,7 +5,7 @@ compares with the trial bank's full sweep.
 
 Reads benchmarks/device_tuning/ (the run's store, reports and per-trial files, brought back by
 `bash benchmarks/device/tune.sh pack`) and benchmarks/trial_bank/bank.jsonl. For each judged trial it
-also gives what the current keep/revert rule (pipeline/judge.py) decides on the same two analyses.
+also gives what the current keep/revert rule (pipeline/decide/judge.py) decides on the same two analyses.
 Writes benchmarks/results/device_tuning.json and the `## Device tuning run` section of
 docs/benchmarks.md.
 """
@@ -118,7 +118,7 @@ def section(r: dict) -> str:
              f"({r['started']} → {r['ended']}, 2× H200, megatron-core 0.19.2 local spec, no Transformer "
              f"Engine), every trial a real Megatron training under `nsys profile` 2025.3 (ranks 0 and 1 "
              f"profiled), exported, analysed and judged by the loop itself (keep: median gain over 2% "
-             f"and a one-sided rank test on the steady steps, p < 0.05; pipeline/judge.py); started by "
+             f"and a one-sided rank test on the steady steps, p < 0.05; pipeline/decide/judge.py); started by "
              f"`bash benchmarks/device/tune.sh start`, brought back by `tune.sh wait` into "
              f"`benchmarks/device_tuning/` (store, reports, every trial's log and analysis, both ranks' "
              f"traces of trials 1 and {r['final_trial']}). Read back by "

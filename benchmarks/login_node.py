@@ -1,6 +1,6 @@
-"""Benchmark (issue 15 item 5): what the tuner's process on the login node spends on a study whose
-trials each bring several large reports, with the post-processing in that process (before item 4,
-`cluster.postprocess.where: login`) and as a Slurm job after each trial's (item 4, `where: job`).
+"""Benchmark: what the tuner's process on the login node spends on a study whose trials each bring
+several large reports, with the post-processing in that process (`cluster.postprocess.where:
+login`) and as a Slurm job after each trial's (`where: job`), which is why the job is the default.
 
     .venv/bin/python benchmarks/login_node.py [--kernels 1000000] [--ranks 8] [--trials 2]
 
@@ -163,7 +163,7 @@ def main():
     section = (
         "## Login node: post-processing in the tuner or as Slurm jobs\n\n"
         f"`.venv/bin/python benchmarks/login_node.py --kernels {args.kernels} --ranks {args.ranks} "
-        f"--trials {args.trials}` (issue 15 item 5): a study of {args.trials} trials, each bringing "
+        f"--trials {args.trials}`: a study of {args.trials} trials, each bringing "
         f"{args.ranks} reports of a synthetic {args.kernels:,}-kernel single-rank export "
         f"({result['report_mb']} MB each). Each mode is a fresh child process playing the tuner with the "
         "functions the trial's stages call: `login` runs analysis.analyze on the reports in that process "

@@ -1,5 +1,5 @@
-"""A completed run that is busy on compute with its allocator peak near the GPU's capacity
-(issue 14, item 4): recorded on one H100 as one-GPU trials, to test that such a run is not
+"""A completed run that is busy on compute with its allocator peak near the GPU's capacity:
+recorded on one H100 as one-GPU trials, to test that such a run is not
 classified `memory` (tests/test_near_capacity.py).
 
 Each variant is a production experiment's model with a layout and micro batch chosen by

@@ -1,7 +1,7 @@
 """Shared pytest fixtures. Each block says whose it is; add yours in a block of its own."""
 from __future__ import annotations
 
-# ---- Slurm orchestration fixtures (issue 4: scripts/slurm-up, pipeline/stages.py) -------------
+# ---- Slurm orchestration fixtures (scripts/slurm-up, pipeline/trial/stages.py) ----------------
 import os
 import shutil
 import signal
@@ -36,7 +36,7 @@ def trace_cache(tmp_path_factory):
         os.environ["MOETUNE_CACHE"] = old
 
 
-# The tests' cluster: 3 nodes on this machine (issue 15; scripts/test-deps brings up the same).
+# The tests' cluster: 3 nodes on this machine (scripts/test-deps brings up the same).
 # The multi-node tests need 2 nodes for a trial and a third for the study to go on when one dies.
 TEST_NODES = max(3, int(os.environ.get("MOETUNE_TEST_NODES", "3")))
 

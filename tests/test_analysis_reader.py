@@ -1,4 +1,4 @@
-"""The columnar reader and the per-rank map (issue 17): every recorded trace gets the same wall and
+"""The columnar reader and the per-rank map: every recorded trace gets the same wall and
 the same metrics through connectorx in worker processes as through Python's sqlite3 in this
 process; a truncated or foreign file is still the one-line TraceError; ranks of one file and ranks
 of one file each agree; the summaries a worker sends back are small."""

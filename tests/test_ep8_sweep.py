@@ -1,4 +1,4 @@
-"""Issue 16's experiment and sweep are ready for an 8-GPU machine: each config passes moetune's
+"""The EP 8 experiment (qwen3_30b_a3b_ep8) and its sweep are ready for an 8-GPU machine: each config passes moetune's
 constraint table and Megatron 0.19.2's own validation for 8 GPUs of the TE image, and the baseline
 fits 8 H200 by the calibrated estimate (the runs themselves need nvidia-h200-x8)."""
 import importlib.util

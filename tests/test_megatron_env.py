@@ -1,7 +1,7 @@
 """Megatron's validation runs with the environment the job gets (pipeline/spec/environment.py ENV_RULES).
 Every job sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and megatron-core 0.19.2's
 validate_args then refuses `--cuda-graph-impl transformer_engine` unless NCCL_GRAPH_REGISTER=0
-(seen on the device at start-up: the fit lease of issue 14)."""
+(without it, such a job stops at start-up on the GPU)."""
 import pytest
 
 from moetune.pipeline.spec import megatron_validate as mv

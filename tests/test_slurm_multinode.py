@@ -1,4 +1,4 @@
-"""Multi-node trials on the real multi-node Slurm of scripts/slurm-up (issue 15): the CPU stand-in
+"""Multi-node trials on the real multi-node Slurm of scripts/slurm-up: the CPU stand-in
 for training at 2 nodes x 2 tasks through submitit, nsys 2022.4 profiling one rank on each node.
 What each rank saw (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, its node) comes from the
 stand-in's rank_<RANK>.json, written after the ranks met at the rendezvous address."""

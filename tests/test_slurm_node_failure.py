@@ -1,5 +1,5 @@
 """A node dies while a 2-node trial of a tuning study runs, on the real 3-node Slurm of
-scripts/slurm-up (issue 15). The node's death: its slurmd is SIGKILLed (slurmctld hears nothing from
+scripts/slurm-up. The node's death: its slurmd is SIGKILLed (slurmctld hears nothing from
 it any more) and the trial's rank on it is SIGSTOPped (a dead node's processes make no progress;
 killed outright, the step would fail at once and the job end FAILED, which a real dead node does
 not do). With JobRequeue=0 and --no-requeue the job ends NODE_FAIL (SlurmdTimeout=10: ~25 s);

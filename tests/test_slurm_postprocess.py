@@ -1,4 +1,4 @@
-"""Post-processing as Slurm jobs (issue 15 item 4), on the real Slurm of scripts/slurm-up and
+"""Post-processing as Slurm jobs, on the real Slurm of scripts/slurm-up and
 nsys 2022.4: a tuner study of the CPU stand-in whose trials each profile two ranks. After each
 trial's job, a CPU job of its own (`--dependency=afterany:<trial job>`, one task per profiled
 rank, as an array) exports the reports and writes each rank's summary beside it; the tuner process reads only

@@ -1,5 +1,5 @@
 """The tuner with submitit's local executor and real jobs: the CPU stand-in for training
-(pipeline/cpu_workload.py, no GPU here) runs each trial; every stage is the real one."""
+(pipeline/job/cpu_workload.py, no GPU here) runs each trial; every stage is the real one."""
 import sys
 from pathlib import Path
 

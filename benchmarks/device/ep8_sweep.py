@@ -1,4 +1,4 @@
-"""The 8-GPU sweep of issue 16 around experiments/qwen3_30b_a3b_ep8.yaml's plain baseline: the
+"""The 8-GPU sweep around experiments/qwen3_30b_a3b_ep8.yaml's plain baseline: the
 dispatchers (alltoall, DeepEP, HybridEP), EP all-to-all overlap with and without delayed wgrad, TE
 CUDA graph scopes, EP 8 against EP 4 with expert tensor parallelism (parallel folding), and micro
 batch (moe-dispatcher-selection.txt, moe-comm-overlap.txt, megatron-core-moe-readme.md).

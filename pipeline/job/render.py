@@ -35,7 +35,7 @@ WORKLOADS = {"megatron": WORKLOAD_DIR / "train_moe.py", "cpu_stand_in": WORKLOAD
 # nsys trace types and capture: GPU training records CUDA + NVTX inside the capture range the
 # training opens (cudaProfilerStart/Stop around the profiled steps); the CPU stand-in has no CUDA
 # and no capture range, only NVTX. `-s none`: no CPU sampling (a short run made a 2 GB report
-# with it, ../shared/device-notes.md).
+# with it, on the GPU machine).
 NSYS_MODES = {
     # --cuda-graph-trace=node: each kernel of a CUDA graph in the kernel table. Traced as whole
     # graphs (nsys's default) they are missing from it, so a graphed trial's busy time and kernel

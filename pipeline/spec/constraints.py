@@ -169,8 +169,8 @@ RULES: tuple[Rule, ...] = (
      "full recompute runs only with full-iteration CUDA graphs; use selective recompute"),
     # A recomputed module inside a graphed scope replays its dropout's random numbers, which a
     # graph cannot draw: Megatron refuses it while dropout is on (0.1 by default; moetune leaves
-    # it). Seen on the device: a fit of qwen3_30b_a3b's graphed layout with core_attn recompute
-    # stopped at start-up (2026-11-23).
+    # it), so a fit of qwen3_30b_a3b's graphed layout with core_attn recompute stops at start-up
+    # on a GPU: refused here, before any job.
     ("recompute_core_attn_in_graphed_attention", MEGATRON,
      lambda c, e: _graphed_recompute(c, "core_attn", "attn"),
      "Megatron does not recompute core attention inside a CUDA-graphed attention while attention "

@@ -53,8 +53,8 @@ class Cluster(_Strict):
     gpu_type: GpuType = "H100"
     nvlink_domain: int = Field(default=8, gt=0)
     time_limit: str | int = "00:30:00"  # "HH:MM:SS", "MM:SS", "D-HH:MM:SS" or whole minutes
-    # resources as NVIDIA's Slurm launchers ask for them (../shared/cluster-notes.md, Megatron-Bridge
-    # scripts/performance executors): whole nodes, all their memory, the node's CPUs shared out
+    # resources as NVIDIA's Slurm launchers ask for them (Megatron-Bridge's scripts/performance
+    # executors): whole nodes, all their memory, the node's CPUs shared out
     # among its ranks, each rank bound to its GPU's NUMA node
     exclusive: bool = True
     mem: str | None = "0"  # --mem per node; "0" is all of it; None sends no --mem

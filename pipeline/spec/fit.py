@@ -20,7 +20,7 @@ FAKE_GROUP_ARGS = ("--fake-process-group",)
 # Megatron captures CUDA graphs after --cuda-graph-warmup-steps (default 3) iterations, and their
 # private pools then hold GBs more: a 3-iteration fit of qwen3_235b's EP-128 layout with TE graphs
 # peaked at 69 GB and fitted, and its trial ran out of memory at capture, 26.8 GB in graph pools
-# (H100, 2026-11-23). A graphed layout's fit runs two iterations past the capture.
+# (on an H100). So a graphed layout's fit runs two iterations past the capture.
 CUDA_GRAPH_WARMUP_STEPS = 3
 
 
@@ -35,7 +35,7 @@ def fit_iterations(config: TrainingConfig) -> int:
 # and uneven routing (the fit routes statically, perfectly balanced; real routing sends some experts
 # more tokens than others, and the allocator's fragmentation grows with it). One communicator of two
 # H200s held 1,282 MiB per rank outside PyTorch's allocator after an all-reduce and an all-to-all
-# (benchmarks/device/recipe_workload.py, 2026-11-23); a rank of several groups holds more.
+# (benchmarks/device/recipe_workload.py); a rank of several groups holds more.
 NCCL_BUFFERS_GB = 3.0
 ROUTING_IMBALANCE_SHARE = 0.05  # of the GPU's memory
 
@@ -90,8 +90,8 @@ def one_gpu_problem(config: TrainingConfig, samples: int) -> str | None:
                 "(tuning.one_gpu_samples)")
     # fewer micro-batches than stages leave the first stage holding fewer in flight than on the
     # cluster: mixtral_8x7b at PP 4, micro batch 2 (core_attn recompute) peaked at 51.6 GB with 2,
-    # and ran out of memory past 78 GB with 4 (H100, 2026-11-23): a step that small hides the
-    # layout's memory
+    # and ran out of memory past 78 GB with 4 (on an H100): a step that small hides the layout's
+    # memory
     if samples < config.pp * config.micro_batch:
         return (f"the one-GPU step's {samples} samples make {samples // config.micro_batch} micro-batches "
                 f"of {config.micro_batch}, fewer than the {config.pp} pipeline stages; "

@@ -130,7 +130,7 @@ def activation_bytes_per_layer(m: ModelArch, c: TrainingConfig, moe: bool) -> fl
     # Recomputing core_attn keeps the checkpoint's inputs (Q, K, V) and the output all the same:
     # under fused attention it frees only the statistics (unfused: the score matrix too, below).
     # Mixtral 8x7B at PP 4, micro batch 2 with core_attn recompute ran out of memory on an H100
-    # (over 79.8 GiB) where dropping Q, K, V and the output had estimated 76.3 (2026-11-23).
+    # (over 79.8 GiB) where dropping Q, K, V and the output would estimate 76.3.
     stats = 0 if "core_attn" in mods else 4 * s * b * m.num_attention_heads / tp
     core = 2 * s * b * (q + kv + q) / tp + stats
     proj_in = 0 if "attn_proj" in c.offload_modules else 2 * s * b * q / tp

@@ -71,7 +71,7 @@ MIN_DROP_SHARE = 0.002  # of the parent's peak: less is the same memory measured
 def lowered(peak: float | None, parent_peak: float | None) -> bool:
     """Did a memory fix lower its parent's measured peak? Only then is it the parent of the next
     one: a fix that freed nothing costs step time for no memory (core_attn recompute under fused
-    attention held 1.2 GB more on Mixtral 8x7B, H100, 2026-11-23), so the next fix goes on the
+    attention held 1.2 GB more on Mixtral 8x7B on an H100), so the next fix goes on the
     parent instead. A parent that ran out of memory is beaten by any peak."""
     if parent_peak is None:
         return True
