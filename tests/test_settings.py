@@ -2,9 +2,11 @@
 once, with its default and what it sets, and is read when it is used, so a variable set after
 moetune was imported still takes effect (the store, the rule table, the trial bank, the Megatron
 venv, nsys). A value outside a variable's allowed set is one line naming the variable and the
-values it takes, from the function and from the real `moetune analyze` command."""
+values it takes, from the function and from the real `moetune analyze` command. No other module's
+code touches the environment, except the scripts that run inside the job without moetune."""
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -102,3 +104,32 @@ def test_the_command_refuses_an_unknown_trace_reader_in_one_line():
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "MOETUNE_TRACE_READER='sqlite'" in lines[0] and "connectorx, sqlite3" in lines[0]
+
+
+# The modules whose own code may touch the environment: the two settings modules, and the scripts
+# that run inside the job by path, where moetune is not installed to ask (the workloads, and the
+# preflight probe reporting what the job got). Programs held as text and run in another
+# interpreter (megatron_validate's, in Megatron's venv) are not this process's code.
+READERS = {"analysis/settings.py", "pipeline/settings.py", "pipeline/job/train_moe.py",
+           "pipeline/job/cpu_workload.py", "pipeline/job/preflight_probe.py"}
+OS_ENV = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+
+
+def touches_environment(tree: ast.AST) -> bool:
+    """os.environ, os.getenv and the like, or the same imported from os, anywhere in the code."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id == "os" and node.attr in OS_ENV:
+                return True
+        if isinstance(node, ast.ImportFrom) and node.module == "os":
+            if {a.name for a in node.names} & OS_ENV:
+                return True
+    return False
+
+
+def test_only_the_settings_modules_and_in_job_scripts_read_the_environment():
+    found = {str(path.relative_to(REPO))
+             for path in sorted([*REPO.glob("pipeline/**/*.py"), *REPO.glob("analysis/**/*.py")])
+             if touches_environment(ast.parse(path.read_text()))}
+    assert found - READERS == set()
+    assert {"pipeline/settings.py", "analysis/settings.py"} <= found  # the walk sees a read
