@@ -3,8 +3,8 @@
 Only the tables and columns the metrics need are read (the kernel and runtime tables through
 analysis.columnar, both at once; a rank's rows only where analysis.ranks asks, by SQL conditions);
 names are resolved through `StringIds`, once per distinct id. A table that is absent (no CUDA, no
-NVTX, no memory events) gives an empty frame. open_trace() reads a whole file (rank_frames, for
-the report's plots); analyze() reads rank by rank (analysis.ranks).
+NVTX, no memory events) gives an empty frame. open_trace() reads a whole file (analysis.recipes
+compares it with nsys's own figures); analyze() reads rank by rank (analysis.ranks.read_ranks).
 """
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ def _names(con, ids: pd.Series, clean=None) -> pd.Categorical:
 def open_trace(path: str | Path) -> Trace:
     path = Path(path)
     with connect(path) as (con, local):
-        return _load(con, path, local)
+        return read_trace(con, path, local)
 
 
 class connect:
@@ -201,12 +201,14 @@ def export_version(con, tables) -> str:
     return version
 
 
-def _load(con, path: Path, local: Path | None = None) -> Trace:
+def read_trace(con, path: Path, local: Path | None = None) -> Trace:
+    """Every frame of the trace open on `con` (open_trace's reader)."""
     tables = tables_of(con, path)
     kernels, runtime = kernels_and_runtime(con, local, tables)
     return Trace(path=path, version=export_version(con, tables), kernels=kernels,
-                 copies=_copies(con, tables), runtime=runtime,
-                 nvtx=_nvtx(con, tables), memory=_memory(con, tables), gpus=_gpus(con, tables),
+                 copies=read_copies(con, tables), runtime=runtime,
+                 nvtx=read_nvtx(con, tables), memory=read_memory(con, tables),
+                 gpus=read_gpus(con, tables),
                  tables=frozenset(tables), sm_active=read_sm_active(con, tables))
 
 
@@ -300,7 +302,7 @@ def graphs_traced_whole_in(path: str | Path) -> bool:
         return graphs_traced_whole(con, tables_of(con, Path(path)))
 
 
-def _copies(con, tables, where: str = "") -> pd.DataFrame:
+def read_copies(con, tables, where: str = "") -> pd.DataFrame:
     parts = []
     for t, kind in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
         if t in tables:
@@ -321,7 +323,7 @@ def _runtime_names(con, df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _nvtx(con, tables, where: str = "") -> pd.DataFrame:
+def read_nvtx(con, tables, where: str = "") -> pd.DataFrame:
     t = "NVTX_EVENTS"
     if t not in tables:
         return pd.DataFrame(columns=["start", "end", "globalPid", "text"])
@@ -336,14 +338,14 @@ def _nvtx(con, tables, where: str = "") -> pd.DataFrame:
     return df
 
 
-def _memory(con, tables, where: str = "") -> pd.DataFrame:
+def read_memory(con, tables, where: str = "") -> pd.DataFrame:
     t = "CUDA_GPU_MEMORY_USAGE_EVENTS"
     if t not in tables:
         return pd.DataFrame(columns=["start", "deviceId", "globalPid", "bytes", "op"])
     return _read(con, f"SELECT start, deviceId, globalPid, bytes, memoryOperationType AS op FROM {t} {_where(where)}")
 
 
-def _gpus(con, tables) -> pd.DataFrame:
+def read_gpus(con, tables) -> pd.DataFrame:
     t = "TARGET_INFO_GPU"
     if t not in tables:
         return pd.DataFrame(columns=["id", "name", "totalMemory"])

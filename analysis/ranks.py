@@ -2,12 +2,14 @@
 
 A rank is one (globalPid, deviceId) of one file: a file per rank, or one process of a one-file
 export. plan() lists the ranks (a DISTINCT query per file) and packs them into tasks of up to
-ROWS_PER_TASK kernels; summarize() reads a task's rows only (WHERE on its processes and GPUs, and
-runtime calls and copies from the first step's start on: the rows before the steps' window feed no
-metric), measures each rank alone and returns small summaries: its metrics, its window, its
-all-to-all kernel starts (all the cross-rank wait split needs, analysis.skew) and its GPU's memory.
+ROWS_PER_TASK kernels. read_ranks() is the one reader of per-rank data: it reads a task's rows only
+(WHERE on its processes and GPUs, and runtime calls and copies from the first step's start on: the
+rows before the steps' window feed no metric) and splits them by rank. summarize() measures each
+rank alone (measure_rank) and returns small summaries: its metrics, its window, its all-to-all
+kernel starts (all the cross-rank wait split needs, analysis.skew) and its GPU's memory.
 map_ranks() runs the tasks over `workers` processes; only summaries come back, so memory is bounded
-by the tasks in flight, not by the trace set.
+by the tasks in flight, not by the trace set. analyze() and the per-rank summary files
+(analysis.summary) both measure through map_ranks; rank_frames() hands the report every row.
 
 Rows before the window: a kernel ends after its launch call begins, so the window, which begins
 with the first kernel launched in the steps, begins at or after the first step's start; should it
@@ -21,15 +23,25 @@ import gc
 import multiprocessing as mp
 import os
 import re
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
 
 from moetune.analysis import keys as rank_scan
-from moetune.analysis.load import (KERNEL_TABLE, PID_MASK, _copies, _gpus, _memory, _nvtx, both, connect,
-                           kernels_and_runtime, tables_of)
+from moetune.analysis.columnar import used_here
+from moetune.analysis.files import trace_files
+from moetune.analysis.gpu_metrics import for_device, read_sm_active, sm_active_share
+from moetune.analysis.kernels import A2A_CLASSES, classify
+from moetune.analysis.load import (KERNEL_TABLE, PID_MASK, both, connect, kernels_and_runtime, read_copies,
+                                   read_gpus, read_memory, read_nvtx, tables_of)
+from moetune.analysis.metrics import class_mask, rank_metrics, rows_where
+from moetune.analysis.skew import a2a_starts
+from moetune.analysis.window import Window, find_window, step_ranges
 
 ALL_TIDS = ~PID_MASK  # a process's thread ids: globalPid | 0..0xFFFFFF
 RANK_IN_NAME = re.compile(r"trace_(\d+)\.")  # the job script's name for a profiled rank's report
@@ -50,7 +62,7 @@ class Task:
 class RankSummary:
     rank: int
     metrics: dict
-    window: object  # analysis.window.Window
+    window: Window
     a2a: dict | None = None  # analysis.skew.a2a_starts; None: no kernels or an empty window
     gpu_memory_gb: float | None = None
     rows_read: dict = field(default_factory=dict)
@@ -196,88 +208,118 @@ def _bound_heap(done: bool) -> None:
         _LIBC.mallopt(M_ARENA_MAX, 2)
 
 
-def summarize(task: Task) -> list[RankSummary]:
-    """The summaries of a task's ranks, read from its file together and measured one by one."""
-    _bound_heap(done=False)
-    try:
-        return _summarize(task)
-    finally:
-        _bound_heap(done=True)
+@dataclass
+class RankRows:
+    """One rank's rows of a trace, as read_ranks() reads them. Runtime calls and copies start at
+    `lo` (the first step's start; None: every row); whole() has them all."""
+    rank: int
+    key: tuple | None  # (globalPid, deviceId); None: a file without kernels, read whole
+    kernels: pd.DataFrame  # with `cls`, the kernel class (a categorical of kernels.CLASSES)
+    copies: pd.DataFrame
+    runtime: pd.DataFrame
+    nvtx: pd.DataFrame
+    memory: pd.DataFrame
+    sm_active: pd.DataFrame  # the rank's GPU's SM-activity samples (gpu_metrics)
+    gpus: pd.DataFrame  # the file's GPUs
+    lo: int | None = None
+    read_again: Callable[[RankRows], RankRows] | None = None  # every row of this rank, while the file is open
+
+    def whole(self) -> RankRows:
+        return self if self.lo is None else self.read_again(self)
+
+    @property
+    def gpu_memory_gb(self) -> float | None:
+        g = self.gpus
+        return float(g["totalMemory"].max()) / 2**30 if not g.empty and "totalMemory" in g else None
 
 
-def _summarize(task: Task) -> list[RankSummary]:
-    from moetune.analysis.gpu_metrics import read_sm_active
-    from moetune.analysis.kernels import classify
-    from moetune.analysis.window import step_ranges
-
+def read_ranks(task: Task, whole: bool = False) -> Iterator[RankRows]:
+    """The rows of a task's ranks, read from its file together and split by rank: the one reader of
+    per-rank data (analyze, the per-rank summaries and the report's timelines all read through it).
+    `whole`: every row, not only those from the first step on."""
     keys = [key for _, key, _ in task.ranks]
     with connect(task.path) as (con, local):
         tables = tables_of(con, task.path)
         on_gpu, on_tid = _conditions(keys)
-        nvtx = _nvtx(con, tables, on_tid)
+        nvtx = read_nvtx(con, tables, on_tid)
         nvtx_at = _index(nvtx, ("globalPid",))
         firsts = [step_ranges(_rows(nvtx, nvtx_at, key and key[:1])) for key in keys]
         # rows before the first step feed no metric (module doc); kernels are read whole: the
         # all-to-all kernels pair across ranks over the whole capture
         lo = (min(int(s["start"].iloc[0]) for s in firsts)
-              if None not in keys and all(not s.empty for s in firsts) else None)
+              if not whole and None not in keys and all(not s.empty for s in firsts) else None)
 
         def read(on_gpu, on_tid, lo):
             after = lambda col: f'"{col}" >= {lo}' if lo is not None else ""
             k, rt = kernels_and_runtime(con, local, tables, on_gpu, both(on_tid, after("start")))
             k = k.assign(cls=classify(k["name"])) if not k.empty else k.assign(cls=[])
-            return k, rt, _copies(con, tables, both(on_gpu, after("end")))
+            return k, rt, read_copies(con, tables, both(on_gpu, after("end")))
+
+        def read_again(r: RankRows) -> RankRows:
+            one_gpu, one_tid = _conditions([r.key])
+            k1, rt1, c1 = read(one_gpu, one_tid, None)
+            return RankRows(r.rank, r.key, k1, c1, rt1, r.nvtx, r.memory, r.sm_active, r.gpus)
 
         k, rt, copies = read(on_gpu, on_tid, lo)
-        memory = _memory(con, tables, on_gpu)
+        memory = read_memory(con, tables, on_gpu)
         gpu_keys = None if None in keys else keys
         pid_keys = None if None in keys else sorted({key[:1] for key in keys})
         at = {"k": _index(k, ("globalPid", "deviceId"), gpu_keys), "rt": _index(rt, ("globalPid",), pid_keys),
               "copies": _index(copies, ("globalPid", "deviceId"), gpu_keys),
               "memory": _index(memory, ("globalPid", "deviceId"), gpu_keys)}
         sm = read_sm_active(con, tables)
-        gpus = _gpus(con, tables)
-        mem_gb = float(gpus["totalMemory"].max()) / 2**30 if not gpus.empty and "totalMemory" in gpus else None
-        out = []
+        gpus = read_gpus(con, tables)
         for rank, key, _n in task.ranks:
             pid = key and key[:1]
-            frames = (_rows(k, at["k"], key), _rows(copies, at["copies"], key), _rows(rt, at["rt"], pid),
-                      _rows(nvtx, nvtx_at, pid), _rows(memory, at["memory"], key))
-            s = _measure(rank, key, *frames, sm, lo)
-            if s is None:  # its window begins before the rows read: read this rank whole
-                one_gpu, one_tid = _conditions([key])
-                k1, rt1, c1 = read(one_gpu, one_tid, None)
-                s = _measure(rank, key, k1, c1, rt1, frames[3], frames[4], sm, None)
-            s.gpu_memory_gb = mem_gb
-            out.append(s)
-        return out
+            yield RankRows(rank, key, _rows(k, at["k"], key), _rows(copies, at["copies"], key),
+                           _rows(rt, at["rt"], pid), _rows(nvtx, nvtx_at, pid), _rows(memory, at["memory"], key),
+                           for_device(sm, key[1]) if key else sm, gpus, lo, read_again)
 
 
-def _measure(rank, key, k, copies, rt, nvtx, memory, sm, lo) -> RankSummary | None:
-    """One rank's summary; None when its window begins before `lo` (the first row read)."""
-    from moetune.analysis.gpu_metrics import for_device, sm_active_share
-    from moetune.analysis.kernels import A2A_CLASSES
-    from moetune.analysis.metrics import class_mask, rank_metrics, rows_where
-    from moetune.analysis.skew import a2a_starts
-    from moetune.analysis.window import find_window
-    w = find_window(k, rt, nvtx)
-    if lo is not None and not k.empty and w.start < lo:
+def measure_rank(rows: RankRows) -> RankSummary | None:
+    """One rank's summary; None when its window begins before the first row read (`rows.lo`)."""
+    k = rows.kernels
+    w = find_window(k, rows.runtime, rows.nvtx)
+    if rows.lo is not None and not k.empty and w.start < rows.lo:
         return None
-    m = rank_metrics(k, copies, rt, memory, w)
-    sampled = sm_active_share(for_device(sm, key[1]) if key else sm, w.start, w.end)
+    m = rank_metrics(k, rows.copies, rows.runtime, rows.memory, w)
+    sampled = sm_active_share(rows.sm_active, w.start, w.end)
     if sampled is not None:  # measured by the GPU, beside the timeline's sm_util_estimate
         m["sm_active_share"] = sampled
     a2a = None
     if not k.empty and w.ns > 0:
         a2a = a2a_starts(rows_where(k[["start", "end", "name"]], class_mask(k["cls"])(A2A_CLASSES)))
-    return RankSummary(rank, m, w, a2a, rows_read={"kernels": len(k), "runtime": len(rt)})
+    return RankSummary(rows.rank, m, w, a2a, rows.gpu_memory_gb,
+                       rows_read={"kernels": len(k), "runtime": len(rows.runtime)})
+
+
+def summarize(task: Task) -> list[RankSummary]:
+    """The summaries of a task's ranks, read from its file together and measured one by one; a rank
+    whose window begins before the rows read (clocks out of step) is read again whole."""
+    _bound_heap(done=False)
+    try:
+        out = []
+        for rows in read_ranks(task):
+            s = measure_rank(rows)
+            out.append(s if s is not None else measure_rank(rows.whole()))
+        return out
+    finally:
+        _bound_heap(done=True)
+
+
+def rank_frames(paths):
+    """Yield (rank, kernels, copies, runtime, nvtx, memory, gpus) for every rank of these trace files
+    (or folders of them), every row read; the kernels' `cls` as plain objects."""
+    for task in plan(trace_files(paths)):
+        for r in read_ranks(task, whole=True):
+            yield (r.rank, r.kernels.assign(cls=r.kernels["cls"].astype(object)), r.copies, r.runtime,
+                   r.nvtx, r.memory, r.gpus)
 
 
 def _context():
     """Fork (fast, and a script needs no `if __name__ == "__main__"` guard) unless this process has
     read through connectorx, which is not safe across a fork (columnar.used_here); then a fork
     server started clean, with the analysis imported."""
-    from moetune.analysis.columnar import used_here
     methods = mp.get_all_start_methods()
     if "fork" in methods and not used_here():
         return mp.get_context("fork")
@@ -294,8 +336,6 @@ def map_ranks(files, workers: int | None = None):
     """RankSummary of every rank of these files, in rank order; tasks run in `workers` processes
     (None: one per core; 1: in this process). Should the pool break (a worker killed), the tasks
     not yet done run in this process."""
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
     workers = default_workers() if workers is None else max(1, int(workers))
     tasks = plan(files, workers)
     done = 0

@@ -48,7 +48,7 @@ import pandas as pd
 from moetune.analysis import intervals as iv
 from moetune.analysis.errors import TraceError
 from moetune.analysis.kernels import classify
-from moetune.analysis.load import GRAPHS_WHOLE, _load, connect, graphs_traced_whole, tables_of
+from moetune.analysis.load import GRAPHS_WHOLE, connect, graphs_traced_whole, read_trace, tables_of
 from moetune.analysis.metrics import comm_exposure
 from moetune.analysis.nsys import has_recipes, version
 
@@ -182,7 +182,7 @@ def compare(trace: str | Path, folder: str | Path) -> dict:
     leaves out of both sides."""
     recipes = read_recipes(folder)
     with connect(trace) as (con, local):
-        t = _load(con, Path(trace), local)  # the loader open_trace() uses, on this one connection
+        t = read_trace(con, Path(trace), local)  # the loader open_trace() uses, on this one connection
         tables = tables_of(con, Path(trace))
         whole_graphs = graphs_traced_whole(con, tables)
         overheads = profiling_overheads(con, tables)

@@ -20,6 +20,13 @@ import numpy as np
 import pandas as pd
 
 from moetune.analysis.errors import TraceError
+from moetune.analysis.load import graphs_traced_whole_in
+from moetune.analysis.logs import parse_log
+from moetune.analysis.metrics import combine
+from moetune.analysis.ranks import RankSummary, map_ranks, rank_labels
+from moetune.analysis.skew import a2a_wait_ns
+from moetune.analysis.verdict import graph_warnings, result
+from moetune.analysis.window import Window
 
 SUMMARY_VERSION = 2
 SUFFIX = ".metrics.json"  # trace_R.sqlite -> trace_R.metrics.json, beside the report
@@ -32,35 +39,29 @@ def summary_path(trace: str | Path) -> Path:
 
 
 def rank_summary(path: str | Path) -> dict:
-    """Everything analyze() takes from one trace file, small enough to ship back as JSON."""
-    from moetune import analysis
-    from moetune.analysis.gpu_metrics import sm_active_share
-    from moetune.analysis.kernels import A2A_CLASSES
-    from moetune.analysis.load import graphs_traced_whole_in
-    from moetune.analysis.metrics import rank_metrics
-    from moetune.analysis.window import find_window
-    ranks = []
-    gpu_memory_gb = None
-    for _, k, copies, rt, nvtx, mem, gpus, sm in analysis._ranks([path]):
-        w = find_window(k, rt, nvtx)
-        entry = {"metrics": rank_metrics(k, copies, rt, mem, w),
-                 "window": {"start": int(w.start), "end": int(w.end), "steps": int(w.steps),
-                            "step_times_ns": [int(x) for x in w.step_times_ns], "source": w.source},
-                 "a2a": None}
-        if not k.empty and w.ns > 0:
-            a = k[k["cls"].isin(A2A_CLASSES)]
-            # a few distinct names, many kernels: each name once, and its index per kernel
-            codes, names = pd.factorize(a["name"].astype(str), sort=True)
-            entry["a2a"] = {"names": [str(n) for n in names], "name": codes.tolist(),
-                            "start": a["start"].astype("int64").tolist(), "end": a["end"].astype("int64").tolist()}
-        sampled = sm_active_share(sm, w.start, w.end)
-        if sampled is not None:
-            entry["metrics"]["sm_active_share"] = sampled
-        if gpu_memory_gb is None and not gpus.empty and "totalMemory" in gpus:
-            gpu_memory_gb = float(gpus["totalMemory"].max()) / 2**30
-        ranks.append(entry)
-    return {"version": SUMMARY_VERSION, "source": str(path), "ranks": ranks, "gpu_memory_gb": gpu_memory_gb,
+    """Everything analyze() takes from one trace file, small enough to ship back as JSON: its ranks
+    measured as analyze() measures them (analysis.ranks, in this process)."""
+    ranks = list(map_ranks([path], workers=1))
+    return {"version": SUMMARY_VERSION, "source": str(path), "ranks": [summary_entry(s) for s in ranks],
+            "gpu_memory_gb": next((s.gpu_memory_gb for s in ranks if s.gpu_memory_gb is not None), None),
             "graphs_traced_whole": graphs_traced_whole_in(path)}
+
+
+def summary_entry(s: RankSummary) -> dict:
+    """A rank's summary as JSON: its metrics, its window, and its all-to-all kernels (a few distinct
+    names, many kernels: each name once, and its index per kernel)."""
+    w = s.window
+    entry = {"metrics": s.metrics,
+             "window": {"start": int(w.start), "end": int(w.end), "steps": int(w.steps),
+                        "step_times_ns": [int(x) for x in w.step_times_ns], "source": w.source},
+             "a2a": None}
+    if s.a2a is not None:
+        names = sorted(s.a2a)
+        column = lambda j: np.concatenate([s.a2a[n][j] for n in names] or [[]]).astype(np.int64).tolist()
+        counts = [len(s.a2a[n][0]) for n in names]
+        entry["a2a"] = {"names": names, "name": np.repeat(np.arange(len(names)), counts).tolist(),
+                        "start": column(0), "end": column(1)}
+    return entry
 
 
 def compact(a2a: dict) -> dict:
@@ -80,12 +81,6 @@ def load_summary(path: str | Path) -> dict:
 
 def combine_summaries(summaries: list[dict], log=None, gpu_memory_gb: float | None = None) -> dict:
     """analyze()'s result from the files' summaries (in the files' order) and the log."""
-    from moetune import analysis
-    from moetune.analysis.logs import parse_log
-    from moetune.analysis.metrics import combine
-    from moetune.analysis.skew import a2a_wait_ns
-    from moetune.analysis.ranks import rank_labels
-    from moetune.analysis.window import Window
     if not summaries and not log:
         raise TraceError("nothing to analyze: give trace files and/or --log")
     parsed_log = parse_log(log) if log else None
@@ -113,6 +108,5 @@ def combine_summaries(summaries: list[dict], log=None, gpu_memory_gb: float | No
     combined = combine(per_rank, a2a_wait_ns(a2a_kernels, windows)) if per_rank else {}
     # a summary written before graphs_traced_whole was kept says nothing of its graphs: no warning
     whole = [Path(s["source"]).name for s in summaries if s.get("graphs_traced_whole")]
-    return analysis.result(combined, per_rank, parsed_log, gpu_memory_gb,
-                           [s["source"] for s in summaries] + ([str(log)] if log else []),
-                           analysis.graph_warnings(whole))
+    return result(combined, per_rank, parsed_log, gpu_memory_gb,
+                  [s["source"] for s in summaries] + ([str(log)] if log else []), graph_warnings(whole))

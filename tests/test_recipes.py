@@ -14,6 +14,7 @@ import pytest
 from moetune import analysis
 from moetune.analysis import recipes
 from moetune.analysis.load import GRAPHS_WHOLE, open_trace
+from moetune.analysis.ranks import rank_frames
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu" / "recipes"
 RECORDED = ("plain", "one_rank_nccl")
@@ -44,7 +45,7 @@ def test_busy_share_agrees_with_gpu_time_util(name):
 def test_the_naming_rule_is_needed_and_applied():
     """By design moetune names a kernel with its namespace and the recipe does not: the comparison
     matches them on the short name, and without that rule the names would not meet."""
-    ours = {str(n) for _, k, *_ in analysis.rank_frames([str(DATA / "plain" / "run.sqlite.xz")])
+    ours = {str(n) for _, k, *_ in rank_frames([str(DATA / "plain" / "run.sqlite.xz")])
             for n in k["name"].unique()}
     theirs = set(recipes.read_recipes(DATA / "plain")["kernel_ms"])
     assert "at::native::reduce_kernel" in ours and "reduce_kernel" in theirs

@@ -1,4 +1,5 @@
-"""Pieces the subcommands' argument parsers share."""
+"""Pieces the subcommands' argument parsers share, and the arguments of `moetune fit` and `moetune
+preflight`, which main.py's parser defines without loading those commands."""
 from __future__ import annotations
 
 import argparse
@@ -18,3 +19,27 @@ def exit_code(fn: Callable[[list[str]], int], argv: list[str]) -> int:
 def add_gpu_args(p: argparse.ArgumentParser, gpus_help: str) -> None:
     p.add_argument("--gpus", type=int, help=gpus_help)
     p.add_argument("--gpu-type", choices=GPU_TYPES)
+
+
+LAYOUT_OPTIONS = {"tp": "tensor parallel", "pp": "pipeline parallel", "ep": "expert parallel",
+                  "etp": "expert tensor parallel", "micro_batch": "micro batch size"}
+
+
+def add_fit_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="experiment name (experiments/NAME.yaml) or a YAML path")
+    for key, what in LAYOUT_OPTIONS.items():
+        p.add_argument("--" + key.replace("_", "-"), type=int, help=f"{what} (default: the baseline's)")
+    p.add_argument("--executor", default="auto", choices=("auto", "slurm", "local"),
+                   help="auto: Slurm when sbatch is on PATH, else submitit's local executor")
+    p.add_argument("--runs", default="runs", help="folder for trial files (default runs/)")
+
+
+def add_preflight_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="experiment name (experiments/NAME.yaml) or a YAML path")
+    p.add_argument("--executor", default="auto", choices=("auto", "slurm", "local"),
+                   help="auto: Slurm when sbatch is on PATH, else submitit's local executor")
+    p.add_argument("--runs", default="runs", help="runs folder, shared with the compute nodes "
+                                                  "(default runs/); the job's files go under _preflight/")
+    p.add_argument("--format", default="text", choices=("text", "json"))
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for the job (default: as long as it queues)")

@@ -1,28 +1,19 @@
 """`moetune fit MODEL [--tp N --pp N --ep N --etp N --micro-batch N] [--executor E]`: one layout's
 memory-bounding ranks measured on one GPU each (spec/fit.py), as the fit stage of a trial of the
-study MODEL-fit; prints each rank's peak and step time and whether the layout fits."""
+study MODEL-fit; prints each rank's peak and step time and whether the layout fits. Its arguments
+are in cli/common.py (add_fit_arguments), so that `moetune --help` does not load this module."""
 from __future__ import annotations
 
 from pathlib import Path
 
-LAYOUT_OPTIONS = {"tp": "tensor parallel", "pp": "pipeline parallel", "ep": "expert parallel",
-                  "etp": "expert tensor parallel", "micro_batch": "micro batch size"}
-
-
-def add_arguments(p) -> None:
-    p.add_argument("model", help="experiment name (experiments/NAME.yaml) or a YAML path")
-    for key, what in LAYOUT_OPTIONS.items():
-        p.add_argument("--" + key.replace("_", "-"), type=int, help=f"{what} (default: the baseline's)")
-    p.add_argument("--executor", default="auto", choices=("auto", "slurm", "local"),
-                   help="auto: Slurm when sbatch is on PATH, else submitit's local executor")
-    p.add_argument("--runs", default="runs", help="folder for trial files (default runs/)")
+from moetune.pipeline.cli.common import LAYOUT_OPTIONS
+from moetune.pipeline.spec.experiment import load_experiment
+from moetune.pipeline.spec.section import as_dict
+from moetune.pipeline.trial import stages
 
 
 def run(store, args) -> tuple[dict, int]:
     """(fit.json's content, trial id) of the layout's fit, measured now."""
-    from moetune.pipeline.spec.experiment import load_experiment  # not for `moetune --help`
-    from moetune.pipeline.spec.section import as_dict
-    from moetune.pipeline.trial import stages
     exp = load_experiment(args.model)
     changes = {k: getattr(args, k) for k in LAYOUT_OPTIONS if getattr(args, k) is not None}
     config = exp.baseline.replace(**changes)

@@ -4,10 +4,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 
+from moetune.analysis import cli as analysis_cli
 from moetune.pipeline import settings
+from moetune.pipeline.cli.common import LAYOUT_OPTIONS, add_fit_arguments, add_preflight_arguments
 from moetune.pipeline.errors import MoetuneError
+
+# Each command's module is imported inside the function that runs it: they load pandas, SQLAlchemy,
+# pydantic and submitit (seconds), and `moetune --help` or a usage error needs none of them.
 
 # the stage names `moetune stage` takes, in their order (trial/stages.py FIT and STAGE_ORDER; a
 # test keeps them equal, since importing the stages here would load the whole pipeline for `--help`)
@@ -19,33 +25,31 @@ class UserError(MoetuneError):
 
 
 def _store(args, read_only: bool = False):
-    from moetune.pipeline.store import Store
+    from moetune.pipeline.store import Store  # SQLAlchemy: only for the commands that open the store
     return Store(getattr(args, "db", None), read_only=read_only)
 
 
 def cmd_plan(args, rest):
-    from moetune.pipeline.cli import plan as plan_cli
+    from moetune.pipeline.cli import plan as plan_cli  # not for `moetune --help` (above)
     return plan_cli.main(rest, db=args.db)
 
 
 def cmd_render(args, rest):
-    from moetune.pipeline.cli import render as render_cli
+    from moetune.pipeline.cli import render as render_cli  # not for `moetune --help` (above)
     return render_cli.main(rest)
 
 
 def cmd_check(args, rest):
-    from moetune.pipeline.cli import check as check_cli
+    from moetune.pipeline.cli import check as check_cli  # not for `moetune --help` (above)
     return check_cli.main(rest)
 
 
 def cmd_analyze(args, rest):
-    from moetune.analysis import cli
-    return cli.main(rest)
+    return analysis_cli.main(rest)
 
 
 def writable_folder(path, what: str) -> None:
     """Make the folder a command will write to and prove it takes a file, before any work is done."""
-    import tempfile
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
@@ -57,28 +61,27 @@ def writable_folder(path, what: str) -> None:
 
 def refused_layout(model: str, **changes) -> None:
     """The constraint table on the layout a tune or fit would submit first: one line, no job."""
-    from moetune.pipeline.spec.constraints import check
-    from moetune.pipeline.spec.experiment import load_experiment
-    exp = load_experiment(model)
+    from moetune.pipeline.spec import constraints, experiment  # pydantic: not for `moetune --help`
+    exp = experiment.load_experiment(model)
     config = exp.baseline.replace(**changes) if changes else exp.baseline
-    refused = check(config, exp.model, exp.cluster)
+    refused = constraints.check(config, exp.model, exp.cluster)
     if refused:
         raise UserError(f"{exp.path}: the layout TP{config.tp} PP{config.pp} EP{config.ep} is refused "
                         "before any job: " + "; ".join(f"{v.code}: {v.message}" for v in refused))
 
 
 def cmd_fit(args, _rest):
-    from moetune.pipeline.cli import fit
-    refused_layout(args.model, **{k: getattr(args, k) for k in fit.LAYOUT_OPTIONS if getattr(args, k) is not None})
+    from moetune.pipeline.cli import fit  # not for `moetune --help` (above)
+    refused_layout(args.model, **{k: getattr(args, k) for k in LAYOUT_OPTIONS if getattr(args, k) is not None})
     writable_folder(args.runs, "runs")
     fitted, tid = fit.run(_store(args), args)
-    layout = ", ".join(f"{k}={getattr(args, k)}" for k in fit.LAYOUT_OPTIONS if getattr(args, k) is not None)
+    layout = ", ".join(f"{k}={getattr(args, k)}" for k in LAYOUT_OPTIONS if getattr(args, k) is not None)
     print(fit.render(fitted, f"{args.model} ({layout or 'baseline layout'}), trial {tid}"))
     return 0 if fitted["fits"] else 1
 
 
 def cmd_tune(args, _rest):
-    from moetune.pipeline.tune import loop as tuner
+    from moetune.pipeline.tune import loop as tuner  # not for `moetune --help` (above)
     refused_layout(args.model)
     writable_folder(args.runs, "runs")
     writable_folder(args.out, "reports")
@@ -99,7 +102,7 @@ def cmd_tune(args, _rest):
 
 
 def cmd_demo(args, _rest):
-    from moetune.pipeline.job.replay import load_bank
+    from moetune.pipeline.job.replay import load_bank  # not for `moetune --help`
     args.executor = "replay"
     args.model = args.model or "moe_proxy"
     args.bank = args.bank or settings.bank()
@@ -108,7 +111,7 @@ def cmd_demo(args, _rest):
 
 
 def _write_reports(args, study, store=None):
-    from moetune.pipeline.report import study as report
+    from moetune.pipeline.report import study as report  # not for `moetune --help` (above)
     return report.write_reports(store or _store(args), study, Path(args.out))
 
 
@@ -125,24 +128,18 @@ def cmd_report(args, _rest):
 
 
 def cmd_status(args, _rest):
-    from moetune.pipeline.report import status
-    from moetune.pipeline.store import NoStore
-    try:
-        store = _store(args, read_only=True)
-    except NoStore as e:
-        print(f"no studies: {e}")
-        return 0
-    print(status.render(store, args.study))
+    from moetune.pipeline.report import status  # not for `moetune --help` (above)
+    print(status.show(getattr(args, "db", None), args.study))
     return 0
 
 
 def cmd_preflight(args, _rest):
-    from moetune.pipeline.cli import preflight
+    from moetune.pipeline.cli import preflight  # not for `moetune --help` (above)
     return preflight.main(_store(args), args)
 
 
 def cmd_stage(args, _rest):
-    from moetune.pipeline.trial import stages
+    from moetune.pipeline.trial import stages  # not for `moetune --help` (above)
     extra = {"local": True} if args.local else {}
     store = _store(args)
     before = store.last_stage(args.trial, args.stage)
@@ -210,14 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("fit", cmd_fit, "measure a layout's memory-bounding ranks on one GPU each (Megatron's "
              "fake process group) and say whether it fits; exit 1 when it does not")
-    from moetune.pipeline.cli.fit import add_arguments
-    add_arguments(sp)
+    add_fit_arguments(sp)
 
     sp = add("preflight", cmd_preflight, "probe what the trials will meet on the cluster (Megatron, "
              "TE, DeepEP, nsys, GPUs, CPUs, NUMA, the runs folder) in one job of their image; exit 1 "
              "when something blocks them")
-    from moetune.pipeline.cli.preflight import add_arguments as preflight_arguments
-    preflight_arguments(sp)
+    add_preflight_arguments(sp)
 
     sp = add("stage", cmd_stage, "re-run one stage of one trial by hand")
     sp.add_argument("stage", choices=STAGE_NAMES)

@@ -11,7 +11,7 @@ STEP_CHANGES changes of either; a change the step cannot hold is not proposed (`
 """
 from __future__ import annotations
 
-from moetune.pipeline.decide.rules import _MISSING, Rule, _lookup, context, holds
+from moetune.pipeline.decide.rules import Rule, context, holds, known
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.spec import fit
 from moetune.pipeline.spec.config import TrainingConfig
@@ -33,8 +33,7 @@ class StepError(MoetuneError):
 def _could_hold(cond, ctx: dict) -> bool:
     """A precondition as known before the trial: one on a measured figure (memory used, absent
     until the trial ran) might hold, so it is taken to."""
-    value = _lookup(ctx, cond[0])
-    return value is _MISSING or value is None or holds(cond, ctx)
+    return not known(ctx, cond[0]) or holds(cond, ctx)
 
 
 def step_layouts(config: TrainingConfig, model, cluster, tuning=None, rules: list[Rule] = (),

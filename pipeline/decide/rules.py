@@ -199,6 +199,12 @@ def _lookup(ctx: dict, path: str):
     return cur
 
 
+def known(ctx: dict, path: str) -> bool:
+    """Whether the context holds a value at the dotted `path` (absent or None: not known)."""
+    value = _lookup(ctx, path)
+    return value is not _MISSING and value is not None
+
+
 def holds(cond, ctx: dict) -> bool:
     path, op, operand = cond
     fn, absent_ok = OPS[op]

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -27,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+from importlib import metadata
 
 MARKER = "MOETUNE_PREFLIGHT "
 CHECK_TIMEOUT_S = 600  # importing Megatron on a cold file system takes a while
@@ -58,7 +61,6 @@ def _run(cmd: list[str], timeout: float = 60, **kw) -> tuple[int | None, str, st
 
 # -- what a child process imports ---------------------------------------------------------------
 def _import(name: str):
-    import importlib
     return importlib.import_module(name)
 
 
@@ -102,7 +104,6 @@ def imports() -> dict:
 
 
 def _found(module: str) -> bool:
-    import importlib.util
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -140,7 +141,6 @@ def megatron(workload_dir: str) -> dict:
 
 
 def packages() -> dict:
-    from importlib import metadata
     found = {}
     for name in DISTRIBUTIONS:
         try:

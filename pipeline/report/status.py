@@ -1,9 +1,11 @@
 """`moetune status`: studies, their trials and every decision with its evidence, as text.
 
     render(store, study_name=None) -> str
+    show(db, study_name=None) -> str      # the store named by `db` (None: the default), or why none
 """
 from __future__ import annotations
 
+from moetune.pipeline.store import NoStore, Store
 from moetune.pipeline.tune.summary import summary
 
 
@@ -58,6 +60,7 @@ def render_study(store, name: str) -> str:
 
 def one_gpu_lines(store, study) -> list[str]:
     """In a one-GPU study, the rank that stood for each trial's layout, and why."""
+    # imported here: report.study loads pandas and the trial stages, which other studies' status needs not
     from moetune.pipeline.report.study import one_gpu_ranks
     if not ((study.experiment or {}).get("tuning") or {}).get("one_gpu"):
         return []
@@ -73,3 +76,12 @@ def render(store, study_name: str | None = None) -> str:
     if not studies:
         return f"no studies in {store.url}; run `moetune tune MODEL` or `make demo`"
     return "\n\n".join(render_study(store, s.name) for s in studies)
+
+
+def show(db: str | None, study_name: str | None = None) -> str:
+    """`moetune status`: render() of the store at `db`; without a store, a line saying so."""
+    try:
+        store = Store(db, read_only=True)
+    except NoStore as e:
+        return f"no studies: {e}"
+    return render(store, study_name)

@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from moetune import analysis
+import numpy as np
+import pandas as pd
+
 from moetune.analysis.metrics import in_window
+from moetune.analysis.ranks import rank_frames
 from moetune.analysis.window import find_window
 from moetune.pipeline.decide import rules as rules_mod
 from moetune.pipeline.errors import MoetuneError
@@ -110,7 +113,6 @@ def top_kernels(folder: Path | None, n: int = 10) -> list[tuple[str, str, float,
     rows = _window_kernels(folder)
     if not rows:
         return []
-    import pandas as pd
     k = pd.concat([r[1] for r in rows])
     if k.empty:
         return []
@@ -135,7 +137,7 @@ def _window_kernels(folder: Path | None) -> list:
         return _WINDOW_CACHE[key]
     out = []
     try:
-        for rank, k, _c, rt, nvtx, _m, _g in analysis.rank_frames([str(p) for p in traces]):
+        for rank, k, _c, rt, nvtx, _m, _g in rank_frames([str(p) for p in traces]):
             w = find_window(k, rt, nvtx)
             if w.ns > 0 and not k.empty:
                 out.append((rank, in_window(k, w), w))
@@ -148,7 +150,6 @@ def _window_kernels(folder: Path | None) -> list:
 # -- SVG plots ---------------------------------------------------------------------------------
 def svg_timeline(folder: Path | None, width: int = 900) -> str:
     """Per-rank strip of the window: each column's colour is the class that ran longest in it."""
-    import numpy as np
     rows = _window_kernels(folder)
     if not rows:
         return ""

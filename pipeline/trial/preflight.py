@@ -12,6 +12,7 @@ import dataclasses
 import json
 import secrets
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from moetune.pipeline.job import render
@@ -144,7 +145,6 @@ def run(cluster, *, executor: str = "auto", runs_root="runs", store=None, poll_s
 
 
 def _age_s(stamp: str) -> float:
-    from datetime import datetime, timezone
     try:
         return (datetime.now(timezone.utc) - datetime.fromisoformat(stamp)).total_seconds()
     except ValueError:

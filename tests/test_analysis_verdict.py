@@ -1,0 +1,36 @@
+"""analysis.verdict: the result every analysis ends in. The log's figures fill what the trace leaves
+empty and never replace a trace's own; a log alone is judged from its steady steps and says a trace
+is needed instead of reporting an empty window; a trace whose CUDA graphs were traced whole carries
+the warning naming it."""
+from pathlib import Path
+
+from moetune.analysis.logs import parse_log
+from moetune.analysis.verdict import NO_TRACE, graph_warnings, log_only, result
+
+GPU = Path(__file__).resolve().parent / "data" / "gpu"
+
+
+def test_the_log_fills_only_what_the_trace_leaves_empty():
+    log = parse_log(GPU / "megatron_moe_proxy_ep2.log.xz")
+    assert log["step_time_ms"] is not None and log["tflops_per_gpu"] is not None
+    r = result({"step_time_ms": 1.0}, {}, log, None, ["t.sqlite"])
+    c = r["metrics"]["combined"]
+    assert c["step_time_ms"] == 1.0  # the trace's own figure stays
+    assert c["tflops_per_gpu"] == log["tflops_per_gpu"]  # the trace has none: the log's
+    assert c["peak_memory_gb"] == log["max_allocated_gb"]
+    assert r["sources"] == ["t.sqlite"] and r["warnings"] == []
+
+
+def test_a_log_alone_is_judged_from_its_steady_steps_and_asks_for_a_trace():
+    log = parse_log(GPU / "big_gemm.log")
+    r = log_only(log, None, "big_gemm.log")
+    assert r["log_only"] and r["wall"] == "unknown"
+    assert r["evidence"][0]["reason"] == NO_TRACE
+    assert all(e.get("rule") != "no_window" for e in r["evidence"])
+    assert r["metrics"]["combined"]["steady_steps"] > 0
+
+
+def test_graphs_traced_whole_name_their_files():
+    (line,) = graph_warnings(["trace_0.sqlite", "trace_1.sqlite"])
+    assert line.startswith("trace_0.sqlite, trace_1.sqlite: ") and "gpu_idle_share is overstated" in line
+    assert graph_warnings([]) == []
