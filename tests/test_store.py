@@ -146,3 +146,16 @@ def test_messages_hide_the_password_as_written_and_decoded():
     assert masked("postgresql+psycopg://bob@db/m") == "postgresql+psycopg://bob@db/m"
     url = "postgresql+psycopg://bob:s3cr%40t@db/m"
     assert hide_password("auth failed for s3cr@t (s3cr%40t)", url) == "auth failed for *** (***)"
+
+
+def test_frozen_v1_database_reads_read_only_with_its_job_ids(tmp_path):
+    """A read-only open of the frozen v1 store (tests/data/store_v1.sql) leaves it at version 1 and
+    reads each trial's job id (Trial.job_id) from the column that store names slurm_job_id."""
+    path = tmp_path / "v1.db"
+    con = sqlite3.connect(path)
+    con.executescript((Path(__file__).parent / "data" / "store_v1.sql").read_text())
+    con.close()
+    store = Store(str(path), read_only=True)
+    assert store.schema_version() == 1
+    t1, _ = store.trials(store.study("qwen3_30b_a3b-h100").id)
+    assert t1.job_id == "4242"
