@@ -1,7 +1,8 @@
 """Which wall holds the run back: memory, communication, host_overhead or compute.
 
-`THRESHOLDS` is the whole policy, as data. Each row: the wall, the metric, the comparison, the
-threshold, and the guidance it comes from. A row fires when its metric crosses its threshold; its
+`THRESHOLDS` is the policy as data, with the limits of the one input it derives from two metrics
+(`LAUNCH_BOUND`) beside it. Each row: the wall, the metric, the comparison, the threshold, and
+the guidance it comes from. A row fires when its metric crosses its threshold; its
 strength is how far past (value / threshold). The strongest firing wall wins; ties go by
 `WALL_ORDER` (fit first). No row fires: `compute` if the GPU is busy, else `unknown`.
 
@@ -19,7 +20,11 @@ from __future__ import annotations
 
 WORKFLOW = "moe-optimization-workflow.md (Profile The Dominant Bottleneck)"
 
+# the walls, in the order ties go (fit first); the rule table's walls (pipeline/decide/rules.py)
 WALL_ORDER = ("memory", "communication", "host_overhead", "compute")
+
+# a launch-bound trace: median kernel under this many microseconds with the GPU idle over this share
+LAUNCH_BOUND = {"median_kernel_us": 20, "gpu_idle_share": 0.10}
 
 # (rule, wall, metric, op, threshold, source)
 THRESHOLDS: tuple[tuple[str, str | None, str, str, float, str], ...] = (
@@ -28,6 +33,9 @@ THRESHOLDS: tuple[tuple[str, str | None, str, str, float, str], ...] = (
      "the job went over the node's memory (Slurm's cgroup, the kernel's OOM killer), not the GPU's"),
     ("memory_near_capacity", "memory", "memory_used_share", ">=", 0.92,
      WORKFLOW + ": run fits only barely"),
+    # all exposed communication (all-to-all and the other collectives, less the waiting), as the
+    # guidance words it; the row's id stays as the trial bank's and every stored analysis's evidence
+    # names it, and the all-to-all alone is the overlap rules' own condition (rules.yaml)
     ("exposed_a2a", "communication", "exposed_comm_share_net", ">=", 0.15,
      WORKFLOW + ": Nsight shows large all-to-all or collective blocks"),
     ("gpu_idle", "host_overhead", "gpu_idle_share", ">=", 0.25,
@@ -53,24 +61,32 @@ def _ops(v: float, op: str, t: float) -> bool:
     return v >= t if op == ">=" else v <= t
 
 
-def derived(metrics: dict, log: dict | None, gpu_memory_gb: float | None) -> dict:
-    """Inputs of the table that are not plain metrics."""
+def memory_used_share(metrics: dict, log: dict | None, gpu_memory_gb: float | None) -> float | None:
+    """The run's peak memory (the trace's, else the log's max allocated) as a share of the GPU's;
+    None where either is unknown."""
+    peak = metrics.get("peak_memory_gb") or (log or {}).get("max_allocated_gb")
+    return peak / gpu_memory_gb if peak and gpu_memory_gb else None
+
+
+def table_inputs(metrics: dict, log: dict | None, gpu_memory_gb: float | None) -> dict:
+    """The metrics, with the inputs of THRESHOLDS that are not plain metrics added."""
     d = dict(metrics)
     failure = (log or {}).get("failure")
     d["log_oom"] = 1.0 if failure == "oom" else 0.0
     d["log_host_oom"] = 1.0 if failure == "host_oom" else 0.0
-    peak = metrics.get("peak_memory_gb") or (log or {}).get("max_allocated_gb")
-    if peak and gpu_memory_gb:
-        d["memory_used_share"] = peak / gpu_memory_gb
+    share = memory_used_share(metrics, log, gpu_memory_gb)
+    if share is not None:
+        d["memory_used_share"] = share
     med, idle = metrics.get("median_kernel_us"), metrics.get("gpu_idle_share")
     if med is not None and idle is not None:
-        d["launch_bound"] = 1.0 if (med < 20 and idle > 0.10) else 0.0
+        d["launch_bound"] = 1.0 if (med < LAUNCH_BOUND["median_kernel_us"]
+                                    and idle > LAUNCH_BOUND["gpu_idle_share"]) else 0.0
     return d
 
 
 def classify(metrics: dict, log: dict | None = None, gpu_memory_gb: float | None = None) -> dict:
     """{wall, confidence, evidence}. Evidence lists every row that fired, strongest first."""
-    d = derived(metrics, log, gpu_memory_gb)
+    d = table_inputs(metrics, log, gpu_memory_gb)
     fired = []
     for rule, wall, metric, op, thr, src in THRESHOLDS:
         v = d.get(metric)

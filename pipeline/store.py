@@ -75,7 +75,9 @@ class Trial(Base):
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id"), nullable=True)
     fix: Mapped[str | None] = mapped_column(String(100), nullable=True)
     state: Mapped[str] = mapped_column(String(32), default="pending")
-    slurm_job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # the scheduler's id of the trial's job: a Slurm job id, or a local job's process id; stored
+    # in the column the first schema named slurm_job_id, so older stores read as they are
+    job_id: Mapped[str | None] = mapped_column("slurm_job_id", String(64), nullable=True)
     folder: Mapped[str | None] = mapped_column(Text, nullable=True)
     submitted_at: Mapped[str | None] = mapped_column(String(32), nullable=True)
     started_at: Mapped[str | None] = mapped_column(String(32), nullable=True)
@@ -115,7 +117,7 @@ class Decision(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"))
     trial_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id"), nullable=True)
-    kind: Mapped[str] = mapped_column(String(32))  # apply | keep | revert | skip | not_applied | stop
+    kind: Mapped[str] = mapped_column(String(32))  # one of tune/state.py DECISION_KINDS
     rule: Mapped[str | None] = mapped_column(String(100), nullable=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     evidence: Mapped[dict] = mapped_column(JSON, default=dict)

@@ -61,7 +61,7 @@ def run_trial(make_trial, cluster, study, edit=None):
 
 def failed_with(store, tid, pattern: str) -> str:
     tr = store.trial(tid)
-    assert jobs.slurm_state(tr.slurm_job_id).state == "FAILED"
+    assert jobs.slurm_state(tr.job_id).state == "FAILED"
     assert tr.state != "completed"
     log = (Path(tr.folder) / "log.txt").read_text(errors="replace")
     assert re.search(pattern, log), log[-3000:]
@@ -76,7 +76,7 @@ def test_container_trial_completes_with_traces_in_the_trial_folder(image, make_t
     stages.run_stages(store, tid, through="analyze", poll_s=1, timeout_s=300)
     tr = store.trial(tid)
     folder = Path(tr.folder)
-    assert jobs.slurm_state(tr.slurm_job_id).state == "COMPLETED" and tr.state == "completed"
+    assert jobs.slurm_state(tr.job_id).state == "COMPLETED" and tr.state == "completed"
     seen = {r: json.loads((folder / f"rank_{r}.json").read_text()) for r in (0, 1)}
     for r, s in seen.items():
         assert (s["rank"], s["world_size"]) == (r, 2) and s["profiled"]

@@ -20,7 +20,7 @@ def test_te_graphs_env_is_rendered():
     env = config_env(TE_GRAPHS.to_dict())
     assert env["NCCL_GRAPH_REGISTER"] == "0" and "expandable_segments:True" in env["PYTORCH_CUDA_ALLOC_CONF"]
     assert "NCCL_GRAPH_REGISTER" not in config_env(OK.to_dict())
-    assert mv.job_env(TE_GRAPHS.to_args(MODEL) + run_args()) == env
+    assert mv.config_env_of_argv(TE_GRAPHS.to_args(MODEL) + run_args()) == env
 
 
 def test_te_graphs_pass_with_the_job_env_and_fail_without_it():

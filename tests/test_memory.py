@@ -46,7 +46,7 @@ def test_plan_least_model_parallel_first(capsys):
     e = load_experiment("mixtral_8x7b")
     layouts = plan(e, gpus=64, limit=50)
     assert layouts
-    mp = [l.model_parallel for l in layouts]
+    mp = [l.tp_pp for l in layouts]
     assert mp == sorted(mp)
     assert all(l.memory_gb < 0.9 * 80 for l in layouts)
     shapes = [(l.config.tp, l.config.pp, l.config.ep) for l in layouts]

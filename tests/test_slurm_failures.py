@@ -38,7 +38,7 @@ def wait_running(job_id: str, timeout_s: float = 60) -> None:
 def submitted(store, tid) -> str:
     stages.run_stage(store, tid, "render")
     stages.run_stage(store, tid, "submit")
-    return store.trial(tid).slurm_job_id
+    return store.trial(tid).job_id
 
 
 def jobs_named(name: str, wait_s: float = 30) -> list[str]:
@@ -127,7 +127,7 @@ def test_tuner_answers_host_oom_with_no_gpu_memory_fix(slurm, timeout_trial, tmp
     s = tuner.tune(path, store, executor="slurm", runs_root=tmp_path / "runs", progress=False)
     study = store.study(s["study"])
     base, = store.trials(study.id)
-    assert base.state == "host_oom" and jobs.slurm_state(base.slurm_job_id).state == "OUT_OF_MEMORY"
+    assert base.state == "host_oom" and jobs.slurm_state(base.job_id).state == "OUT_OF_MEMORY"
     decisions = store.decisions(study.id)
     revert = next(d for d in decisions if d.kind == "revert")
     assert revert.trial_id == base.id and "host memory" in revert.reason and "cluster.mem" in revert.reason
@@ -198,7 +198,7 @@ def test_tuner_killed_between_submit_and_collect_resumes(slurm, timeout_trial, m
     assert tid in out and store.trial(tid).state == "completed"
     assert stages.unfinished(store, study_id) == []
     name = json.loads((Path(store.trial(tid).folder) / "job.json").read_text())["name"]
-    assert jobs_named(name) == [store.trial(tid).slurm_job_id]  # one job, never a second
+    assert jobs_named(name) == [store.trial(tid).job_id]  # one job, never a second
 
 
 def test_killed_right_after_sbatch_reattaches_not_resubmits(slurm, timeout_trial, make_trial):
@@ -207,7 +207,7 @@ def test_killed_right_after_sbatch_reattaches_not_resubmits(slurm, timeout_trial
     t = stages.TrialContext(store, tid)
     ref = jobs.submit(stages.load_spec(t), "slurm")  # the job exists; its id never reached the store
     stages.run_stage(store, tid, "submit")
-    assert store.trial(tid).slurm_job_id == ref.job_id
+    assert store.trial(tid).job_id == ref.job_id
     stages.run_stage(store, tid, "collect", poll_s=1, timeout_s=120)
     assert jobs_named(ref.name) == [ref.job_id]
 
@@ -273,7 +273,7 @@ def test_node_down_while_a_job_runs_is_node_fail_then_resumes(slurm, make_trial)
     store.update_trial(tid, config={**store.trial(tid).config, "train_iters": 10})
     stages.run_stage(store, tid, "render")
     stages.run_stage(store, tid, "submit", force=True)
-    assert store.trial(tid).slurm_job_id != job
+    assert store.trial(tid).job_id != job
     stages.run_stage(store, tid, "collect", poll_s=1, timeout_s=120)
     assert store.trial(tid).state == "completed"
     assert (Path(store.trial(tid).folder) / "previous" / job / "state.json").exists()

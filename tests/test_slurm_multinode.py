@@ -45,20 +45,20 @@ def test_two_node_study_through_slurm_under_nsys_on_each_node(slurm, nsys_bin, m
 def check_two_node_trial(slurm, store, tid):
     tr = store.trial(tid)
     folder = Path(tr.folder)
-    st = jobs.slurm_state(tr.slurm_job_id)
+    st = jobs.slurm_state(tr.job_id)
     assert st.state == "COMPLETED" and tr.state == "completed"
     nodes = hostnames(st.node)
     assert len(nodes) == 2 and set(nodes) <= set(slurm["nodes"])
-    assert step_nodes(tr.slurm_job_id) == nodes  # the training step ran on both nodes
+    assert step_nodes(tr.job_id) == nodes  # the training step ran on both nodes
 
     seen = {r: json.loads((folder / f"rank_{r}.json").read_text()) for r in range(4)}
-    port = str(20000 + int(tr.slurm_job_id) % 20000)
+    port = str(20000 + int(tr.job_id) % 20000)
     for r, s in seen.items():
         node = nodes[r // 2]  # block distribution: ranks 0, 1 on the first node, 2, 3 on the second
         assert (s["rank"], s["local_rank"], s["world_size"]) == (r, r % 2, 4)
         assert s["slurm_node"] == node and s["hostname"] == node
         assert (s["master_addr"], s["master_port"]) == (nodes[0], port)  # the first node's name
-        assert s["slurm_job_id"] == tr.slurm_job_id
+        assert s["slurm_job_id"] == tr.job_id
         assert s["profiled"] == (r in (0, 2))  # under nsys: one rank on each node
         # every rank met the other three at that address
         assert [(m["rank"], m["slurm_node"]) for m in s["met"]] == [(q, nodes[q // 2]) for q in range(4)]

@@ -136,8 +136,8 @@ def test_node_dies_during_a_two_node_trial_and_the_study_goes_on(slurm, tmp_path
     # the tuner submitted the same trial again (the node's fault, not the rule's): it ran to its
     # end on the two nodes left, was judged on that measurement, and the study went on
     failed = store.trial(failed.id)
-    assert failed.slurm_job_id != first_job and failed.state == "completed"
-    ran_on = jobs.slurm_state(failed.slurm_job_id).node
+    assert failed.job_id != first_job and failed.state == "completed"
+    ran_on = jobs.slurm_state(failed.job_id).node
     assert killer.node not in subprocess.run(["scontrol", "show", "hostnames", ran_on],
                                              capture_output=True, text=True).stdout.split()
     kinds = [(d.kind, d.trial_id) for d in store.decisions(study.id)]

@@ -76,21 +76,21 @@ def test_trials_are_post_processed_by_dependent_jobs_and_the_tuner_reads_no_sqli
     for tr in trials:
         folder = Path(tr.folder)
         post = json.loads((folder / "postprocess.json").read_text())
-        assert post["for_job"] == tr.slurm_job_id and post["ranks"] == [0, 1]
+        assert post["for_job"] == tr.job_id and post["ranks"] == [0, 1]
         state, submit_line = sacct(post["job_id"], "State,SubmitLine")[:2]
         assert state == "COMPLETED", [p.read_text() for p in folder.glob("postprocess_*.out")]
-        assert f"--dependency=afterany:{tr.slurm_job_id}" in submit_line and "--array=0-1" in submit_line
+        assert f"--dependency=afterany:{tr.job_id}" in submit_line and "--array=0-1" in submit_line
         # one array element per profiled rank, each run after the trial's job had ended
         rows = subprocess.run(["sacct", "-X", "-n", "-P", "-j", post["job_id"], "-o", "JobID,State,Start"],
                               capture_output=True, text=True, check=True).stdout.split()
         elements = [r.split("|") for r in rows]
         assert sorted(e[0] for e in elements) == [f"{post['job_id']}_0", f"{post['job_id']}_1"]
-        assert all(e[1] == "COMPLETED" and e[2] >= sacct(tr.slurm_job_id, "End")[0] for e in elements)
+        assert all(e[1] == "COMPLETED" and e[2] >= sacct(tr.job_id, "End")[0] for e in elements)
         result = json.loads((folder / "analysis.json").read_text())
         assert [Path(p).name for p in result["summaries"]] == ["trace_0.metrics.json", "trace_1.metrics.json"]
         for r in (0, 1):
             summary = json.loads((folder / f"trace_{r}.metrics.json").read_text())
-            assert summary["for_job"] == tr.slurm_job_id and summary["ranks"][0]["metrics"]["steps"] > 0
+            assert summary["for_job"] == tr.job_id and summary["ranks"][0]["metrics"]["steps"] > 0
         # the combined summaries are the whole analysis of the exported SQLite, read here now
         here = analysis.analyze([str(folder / "trace_0.sqlite"), str(folder / "trace_1.sqlite")],
                                 log=str(folder / "log.txt"))

@@ -38,8 +38,8 @@ def test_three_trial_study_through_slurm_under_nsys(slurm, nsys_bin, make_trial)
         assert [r.stage for r in store.stage_runs(tid)] == list(stages.STAGE_ORDER)
         assert all(r.status == "ok" for r in store.stage_runs(tid))
         folder = Path(tr.folder)
-        assert jobs.slurm_state(tr.slurm_job_id).state == "COMPLETED"  # Slurm's own word
-        job_ids.add(tr.slurm_job_id)
+        assert jobs.slurm_state(tr.job_id).state == "COMPLETED"  # Slurm's own word
+        job_ids.add(tr.job_id)
         assert (folder / "trace_0.nsys-rep").exists() and not (folder / "trace_1.nsys-rep").exists()
         with sqlite3.connect(folder / "trace_0.sqlite") as db:
             texts = [r[0] for r in db.execute("SELECT text FROM NVTX_EVENTS WHERE text LIKE 'iteration %'")]

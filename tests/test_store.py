@@ -57,7 +57,7 @@ def _exercise(store: Store) -> None:
     assert (t1.number, t2.number) == (1, 2)
     with pytest.raises(DuplicateTrial):
         store.add_trial(study.id, {"ep": 2}, "h1")
-    store.update_trial(t1.id, state="completed", step_time_ms=812.5, slurm_job_id="42")
+    store.update_trial(t1.id, state="completed", step_time_ms=812.5, job_id="42")
     assert store.trial(t1.id).step_time_ms == 812.5
     assert store.trial_by_hash(study.id, "h2").id == t2.id
     store.record_stage(t1.id, "render", "abc", ["job.sh"])
@@ -127,7 +127,7 @@ def test_frozen_v1_database_stays_readable(tmp_path):
     study = store.study("qwen3_30b_a3b-h100")
     assert study.experiment == {"tuning": {"budget_trials": 8}}
     t1, t2 = store.trials(study.id)
-    assert (t1.state, t1.slurm_job_id, t1.step_time_ms, t1.wall) == ("completed", "4242", 1234.5, "communication")
+    assert (t1.state, t1.job_id, t1.step_time_ms, t1.wall) == ("completed", "4242", 1234.5, "communication")
     assert (t2.parent_id, t2.fix, t2.config) == (t1.id, "lower_ep_within_nvlink", {"tp": 1, "ep": 8})
     assert store.metrics(t1.id) == {"exposed_a2a_share": 0.31, "gpu_idle_share": 0.12}
     assert store.last_stage(t1.id, "analyze").outputs == ["analysis.json"]
@@ -146,3 +146,16 @@ def test_messages_hide_the_password_as_written_and_decoded():
     assert masked("postgresql+psycopg://bob@db/m") == "postgresql+psycopg://bob@db/m"
     url = "postgresql+psycopg://bob:s3cr%40t@db/m"
     assert hide_password("auth failed for s3cr@t (s3cr%40t)", url) == "auth failed for *** (***)"
+
+
+def test_frozen_v1_database_reads_read_only_with_its_job_ids(tmp_path):
+    """A read-only open of the frozen v1 store (tests/data/store_v1.sql) leaves it at version 1 and
+    reads each trial's job id (Trial.job_id) from the column that store names slurm_job_id."""
+    path = tmp_path / "v1.db"
+    con = sqlite3.connect(path)
+    con.executescript((Path(__file__).parent / "data" / "store_v1.sql").read_text())
+    con.close()
+    store = Store(str(path), read_only=True)
+    assert store.schema_version() == 1
+    t1, _ = store.trials(store.study("qwen3_30b_a3b-h100").id)
+    assert t1.job_id == "4242"

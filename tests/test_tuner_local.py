@@ -56,7 +56,7 @@ def test_tuner_on_real_slurm(slurm, tmp_path):
                    runs_root=tmp_path / "runs", progress=False)
     study = store.study(s["study"])
     trials = store.trials(study.id)
-    assert trials[0].state == "completed" and trials[0].slurm_job_id.isdigit()
+    assert trials[0].state == "completed" and trials[0].job_id.isdigit()
     assert s["trials"] == 2 and "budget" in s["stop_reason"]
     assert 20 < s["baseline_judged_step_time_ms"] < 200
 

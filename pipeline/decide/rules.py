@@ -20,6 +20,7 @@ from typing import Any, Callable
 import yaml
 
 from moetune.analysis.metrics import less_waiting
+from moetune.analysis.walls import WALL_ORDER, memory_used_share
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline import settings
 from moetune.pipeline.spec import gpus as gpu_table
@@ -27,7 +28,6 @@ from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.constraints import check as constraint_check
 from moetune.pipeline.spec.section import as_dict, gpu_count
 
-WALLS = ("memory", "communication", "host_overhead", "compute")
 VERIFY_KINDS = ("flex_dispatch", "cuda_graphs", "fp8", "recompute", "overlap", "grouped_gemm", "none")
 
 class RuleError(MoetuneError):
@@ -124,8 +124,8 @@ def load_rules(path: str | Path | None = None) -> list[Rule]:
         if rid in seen:
             raise RuleError(f"{where}: duplicate id")
         seen.add(rid)
-        if raw["wall"] not in WALLS:
-            raise RuleError(f"{where}: wall {raw['wall']!r} is not one of {WALLS}")
+        if raw["wall"] not in WALL_ORDER:
+            raise RuleError(f"{where}: wall {raw['wall']!r} is not one of {WALL_ORDER}")
         if not isinstance(raw.get("one_gpu", True), bool):
             raise RuleError(f"{where}: one_gpu {raw['one_gpu']!r} must be true or false")
         if raw.get("verify", "none") not in VERIFY_KINDS:
@@ -158,8 +158,9 @@ def load_fit_order(path: str | Path | None = None, rules: list[Rule] | None = No
 
 
 # -- the context conditions read ------------------------------------------------------------
-def derived(config: TrainingConfig, model: dict, cluster: dict, analysis: dict) -> dict:
-    """Quantities the table's preconditions use that no single field holds."""
+def layout_facts(config: TrainingConfig, model: dict, cluster: dict, analysis: dict) -> dict:
+    """The table's `derived.*` values: facts of the layout on this cluster (and the run's memory
+    share) that no single field holds, for the rules' preconditions."""
     gpus = gpu_count(cluster)
     per_node = int(cluster.get("gpus_per_node") or gpus)
     nvl = int(cluster.get("nvlink_domain") or per_node)
@@ -170,7 +171,6 @@ def derived(config: TrainingConfig, model: dict, cluster: dict, analysis: dict) 
     gpu_type = str(cluster.get("gpu_type") or "")
     mem_gb = analysis.get("gpu_memory_gb") or gpu_table.memory_gb(gpu_type)
     m = (analysis.get("metrics") or {}).get("combined") or {}
-    peak = m.get("peak_memory_gb") or ((analysis.get("log") or {}).get("max_allocated_gb"))
     expert_dp = gpus // max(config.pp * config.ep * etp, 1)
     return {
         "gpus": gpus,
@@ -179,7 +179,7 @@ def derived(config: TrainingConfig, model: dict, cluster: dict, analysis: dict) 
         "ep_in_nvlink": config.ep * etp <= nvl,
         "ep_cross_node": config.ep * etp > per_node,
         "vpp_ok": config.pp == 1 or config.vpp is not None,
-        "memory_used_share": (peak / mem_gb) if peak and mem_gb else None,
+        "memory_used_share": memory_used_share(m, analysis.get("log"), mem_gb),
         "micro_batch_doubled_fits": config.global_batch % (2 * config.micro_batch * max(dp, 1)) == 0,
         "ep_doubled_divides_experts": experts > 0 and experts % (2 * config.ep) == 0,
         "ep_doubled_fits_dp": expert_dp % 2 == 0,
@@ -222,7 +222,7 @@ def holds(cond, ctx: dict) -> bool:
 def context(analysis: dict, config: TrainingConfig, model, cluster, tuning=None) -> dict:
     model_d, cluster_d = as_dict(model), as_dict(cluster)
     metrics = dict(((analysis.get("metrics") or {}).get("combined")) or {})
-    d = derived(config, model_d, cluster_d, analysis)
+    d = layout_facts(config, model_d, cluster_d, analysis)
     metrics.setdefault("memory_used_share", d["memory_used_share"])
     if "exposed_a2a_share" in metrics and "exposed_a2a_share_net" not in metrics:
         # analyses made before the metric existed
@@ -238,13 +238,13 @@ def walls_in_order(analysis: dict) -> list[str]:
     """The named wall, then the other walls whose evidence fired (strongest first), then the
     remaining walls except memory (their rules' own metric conditions still gate them)."""
     order = []
-    if analysis.get("wall") in WALLS:
+    if analysis.get("wall") in WALL_ORDER:
         order.append(analysis["wall"])
     for ev in sorted(analysis.get("evidence") or [], key=lambda e: -float(e.get("strength") or 0)):
         w = ev.get("wall")
-        if w in WALLS and w not in order:
+        if w in WALL_ORDER and w not in order:
             order.append(w)
-    return order + [w for w in WALLS if w not in order and w != "memory"]
+    return order + [w for w in WALL_ORDER if w not in order and w != "memory"]
 
 
 def matching(analysis: dict, config: TrainingConfig, model, cluster, tuning=None,

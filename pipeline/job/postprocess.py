@@ -32,9 +32,10 @@ from moetune.analysis.summary import rank_summary, summary_path
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job.render import NSYS_VERSION_SUFFIX, shell_word, time_minutes
 from moetune.pipeline.job.scheduler import ACTIVE
+from moetune.pipeline.spec.experiment import Postprocess
+from moetune.pipeline.spec.section import as_dict, get as attr
 
 STATE_FILE = "postprocess.json"  # the job's id and the trial job it is for
-DEFAULTS = {"time_limit": "00:30:00", "mem": "4G", "cpus_per_task": 1}  # per rank (array element)
 
 
 class PostprocessError(MoetuneError):
@@ -43,21 +44,13 @@ class PostprocessError(MoetuneError):
 
 RECIPES_SUFFIX = ".recipes.json"  # beside each report: analysis.recipes.check_report
 
-def _get(cluster, key, default=None):
-    value = cluster.get(key) if isinstance(cluster, dict) else getattr(cluster, key, None)
-    return default if value is None else value
-
-
 def settings(cluster) -> dict:
-    """The job's resources: cluster.postprocess keys, else the cluster's partition/account."""
-    pp = _get(cluster, "postprocess", {}) or {}
-    if not isinstance(pp, dict):
-        pp = pp.model_dump() if hasattr(pp, "model_dump") else dict(pp)
-    out = {k: pp.get(k) or v for k, v in DEFAULTS.items()}
-    out["partition"] = pp.get("partition") or _get(cluster, "partition")
-    out["account"] = pp.get("account") or _get(cluster, "account")
-    out["where"] = pp.get("where") or "job"
-    return out
+    """The job's resources (per rank, one array element): the cluster section's `postprocess`
+    keys validated by its schema (spec/experiment.py Postprocess, which holds the defaults), the
+    partition and account else the cluster's own."""
+    pp = Postprocess.model_validate(as_dict(attr(cluster, "postprocess")))
+    return {**pp.model_dump(), "partition": pp.partition or attr(cluster, "partition"),
+            "account": pp.account or attr(cluster, "account")}
 
 
 def sbatch_argv(folder: str | Path, ranks: list[int], cluster, after: str, name: str,

@@ -131,9 +131,9 @@ def time_minutes(value: Any) -> int:
     return max(1, -(-secs // 60))
 
 
-def job_env(config: Mapping[str, Any], cluster: Cluster) -> dict[str, str]:
-    """What the config needs on this cluster (spec/environment.py) and the cluster's own variables,
-    which win."""
+def exported_env(config: Mapping[str, Any], cluster: Cluster) -> dict[str, str]:
+    """The variables the job script exports: what the config needs on this cluster
+    (spec/environment.py) and the cluster's own, which win."""
     env = config_env(config, cluster)
     for k, v in cluster.env.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)):
@@ -201,7 +201,7 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
         launcher=launcher, nodes=nodes, ntasks_per_node=tasks, gpus_per_node=node_gpus,
         cpus_per_task=cpus, mem=c.mem, time_min=time_minutes(c.time_limit),
         partition=c.partition, account=c.account, command=tuple(command),
-        env=tuple(sorted(job_env(config, c).items())), nsys=nsys,
+        env=tuple(sorted(exported_env(config, c).items())), nsys=nsys,
         exclusive=c.exclusive and launcher == "srun", gres=c.gres, wckey=c.wckey, cpu_bind=c.cpu_bind,
         container_image=c.container_image, container_bundle=c.container_bundle,
         container_mounts=tuple(c.container_mounts),

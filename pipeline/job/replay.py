@@ -3,8 +3,8 @@
 `replay_job(config, folder, bank_dir)` runs where a training job would (a submitit job): it finds
 the trial bank entry whose TrainingConfig hash equals the trial's and writes that entry's log
 (`log.txt`) and trace (`trace_0.sqlite`) into the trial folder, as the training would have.
-A config the bank does not hold fails the job with "not in the trial bank"; the tuner records
-that trial as skipped.
+A config the bank does not hold (`not_in_bank`) is not submitted: the trial's outcome is
+`skipped`, and the tuner records it so.
 """
 from __future__ import annotations
 
@@ -90,14 +90,24 @@ def _copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
+def not_in_bank(config: TrainingConfig, bank_dir: str | Path | None = None) -> str | None:
+    """Why the bank cannot replay this config (the trial is skipped, nothing submitted); None
+    where it can."""
+    bank_dir = bank_dir or settings.bank()
+    if find(config, bank_dir) is not None:
+        return None
+    return (f"config {config.config_hash()} is not in the trial bank ({bank_dir}); "
+            "the demo can only replay recorded trials")
+
+
 def replay_job(config: dict, folder: str, bank_dir: str | None = None) -> dict:
     """The job body: write the matching entry's log and trace into `folder`."""
     bank_dir = bank_dir or str(settings.bank())
     cfg = TrainingConfig.from_dict(config)
+    missing = not_in_bank(cfg, bank_dir)
+    if missing:
+        raise ReplayError(missing)
     entry = find(cfg, bank_dir)
-    if entry is None:
-        raise ReplayError(f"config {cfg.config_hash()} is not in the trial bank ({bank_dir}); "
-                          "the demo can only replay recorded trials")
     out, bank = Path(folder), Path(bank_dir)
     out.mkdir(parents=True, exist_ok=True)
     if entry.get("log"):

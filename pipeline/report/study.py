@@ -65,7 +65,7 @@ class TrialView:
     trial: object
     analysis: dict | None
     apply: object | None  # the decision that chose its fix
-    verdict: object | None  # keep / revert / skip / not_applied
+    verdict: object | None  # the decision that closed it: a tune/state.py JUDGED kind
     command: str | None
     folder: Path | None
     judged_ms: float | None = None  # the step time the tuner judged by (log median or trace)

@@ -104,13 +104,14 @@ class TrainingConfig:
         return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
 
     @property
-    def model_parallel(self) -> int:
-        """GPUs one model replica of the dense part spans."""
+    def model_size(self) -> int:
+        """GPUs one model replica of the dense part spans: TP x PP x CP (Megatron's parallel_state
+        calls it model_size; the data-parallel size is the world over it)."""
         return self.tp * self.pp * self.cp
 
     def data_parallel(self, world: int) -> int:
         """Replicas of the dense part on `world` GPUs (0 where the layout needs more)."""
-        return world // self.model_parallel
+        return world // self.model_size
 
     # -- Megatron command line ---------------------------------------------------------------
     def to_args(self, model: ModelArch | None = None, has_apex: bool = True) -> list[str]:

@@ -22,6 +22,7 @@ from moetune.pipeline.spec.model import ModelArch
 
 GB = 2**30
 FIXED_GB = 3.0  # CUDA context, NCCL buffers, allocator slack: not in the model's figure
+PLAN_HEADROOM_SHARE = 0.1  # of the GPU's memory a planned estimate leaves free (a fit's is spec/fit.py headroom_gb)
 
 
 @dataclass(frozen=True)
@@ -328,8 +329,8 @@ class Layout:
     args: list[str]
     memory_gb: float  # the estimate with FIXED_GB: what the GPU must hold
     breakdown: dict
-    model_parallel: int
-    fits: bool = True  # memory_gb within the headroom of the GPU's memory, constraints passed
+    tp_pp: int  # TP x PP, what `plan` orders layouts by (least first)
+    fits: bool = True  # memory_gb within the GPU's memory less PLAN_HEADROOM_SHARE, constraints passed
     capacity_gb: float | None = None
     refused: list[str] = field(default_factory=list)  # constraint codes that refuse it
     measured_gb: float | None = None  # a fit's or a run's measured peak of this layout (the store's)
@@ -343,7 +344,7 @@ class Layout:
         return {"args": self.args, "estimate_gb": round(self.estimate_gb, 2),
                 "memory_gb": round(self.memory_gb, 2), "fits": self.fits, "capacity_gb": self.capacity_gb,
                 "refused": self.refused, "breakdown": self.breakdown,
-                "model_parallel": self.model_parallel, "config": self.config.to_dict(),
+                "tp_pp": self.tp_pp, "config": self.config.to_dict(),
                 **({"measured_gb": round(self.measured_gb, 2)} if self.measured_gb is not None else {})}
 
 
@@ -370,7 +371,7 @@ def fits_measured(peak_gb: float | None, capacity_gb: float) -> bool:
 
 
 def baseline_layout(exp, gpus: int | None = None, gpu_type: str | None = None,
-                    headroom: float = 0.9, measured: Measured | None = None) -> Layout:
+                    headroom_share: float = PLAN_HEADROOM_SHARE, measured: Measured | None = None) -> Layout:
     """The experiment's own baseline as a layout, fitting or not (`fits` says which; `refused`
     names the constraints it breaks): the first trial a study submits, so the user sees whether
     it fits before it goes to the cluster (moe-optimization-workflow.md, Phase 1: fit first)."""
@@ -381,18 +382,18 @@ def baseline_layout(exp, gpus: int | None = None, gpu_type: str | None = None,
     est = estimate(exp.model, cfg, world)
     refused = [v.code for v in check(cfg, exp.model, cluster)]
     peak = measured(cfg) if measured else None
-    fits = est.total_gb <= headroom * capacity or fits_measured(peak, capacity)
+    fits = est.total_gb <= (1 - headroom_share) * capacity or fits_measured(peak, capacity)
     return Layout(cfg, cfg.to_args(exp.model) + run_args(), est.total_gb, est.to_dict(), cfg.tp * cfg.pp,
                   fits=not refused and fits, capacity_gb=capacity, refused=refused, measured_gb=peak)
 
 
 def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int = 20,
-         headroom: float = 0.9, measured: Measured | None = None) -> list[Layout]:
+         headroom_share: float = PLAN_HEADROOM_SHARE, measured: Measured | None = None) -> list[Layout]:
     """Feasible layouts for the experiment's model, least model parallelism first (TP×PP, then
     expert parallelism within NVLink before across it, then the smaller EP), selective recompute
     only where a layout does not fit without it (moe-optimization-workflow.md, Phase 1). A layout
     is feasible when it passes the constraint table and its estimate, fixed overhead included,
-    is below `headroom` of the GPU's memory, or when its measured peak fits as a fit's does
+    leaves `headroom_share` of the GPU's memory free, or when its measured peak fits as a fit's does
     (`measured`: qwen3_235b's TP2 PP2 EP128 on an H100 is estimated within 2 % of the 68.9 GB it
     measured, but the estimate's margin is wider than a measurement's)."""
     cluster, world, capacity = plan_cluster(exp, gpus, gpu_type)
@@ -411,11 +412,11 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
                         continue
                     est = estimate(m, cfg, world)
                     peak = measured(cfg) if measured else None
-                    if est.total_gb > headroom * capacity and not fits_measured(peak, capacity):
+                    if est.total_gb > (1 - headroom_share) * capacity and not fits_measured(peak, capacity):
                         continue
                     out.append(Layout(cfg, cfg.to_args(m) + run_args(), est.total_gb, est.to_dict(), tp * pp,
                                       capacity_gb=capacity, measured_gb=peak))
                     break  # selective recompute only where the layout does not fit without it
-    out.sort(key=lambda l: (l.model_parallel, l.config.pp, l.config.ep > cluster.nvlink_domain,
+    out.sort(key=lambda l: (l.tp_pp, l.config.pp, l.config.ep > cluster.nvlink_domain,
                             bool(l.config.recompute_modules), l.config.ep, l.memory_gb))
     return out[:limit]

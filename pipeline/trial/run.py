@@ -20,7 +20,9 @@ import submitit
 
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job import scheduler as jobs
+from moetune.pipeline.job import replay
 from moetune.pipeline.job.replay import replay_job
+from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.store import now
 from moetune.pipeline.trial import stages
 
@@ -30,7 +32,7 @@ WATCHDOG = re.compile(r"Watchdog caught collective operation timeout|ProcessGrou
 
 @dataclass
 class TrialOutcome:
-    state: str  # completed | oom | host_oom | failed | hung | skipped | timeout | cancelled | node_fail | stage_error
+    state: str  # completed | oom | host_oom | failed | hung | skipped | timeout | cancelled | node_fail | stage_error | no_fit
     analysis: dict | None = None
     error: str | None = None
     last_lines: list[str] = field(default_factory=list)
@@ -75,7 +77,7 @@ def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path, force: 
     out = t.path("job.json")
     out.write_text(json.dumps({"job_id": str(job.job_id), "kind": "local", "folder": str(folder),
                                "name": t.job_name(), "submitted_at": now()}, indent=1) + "\n")
-    store.update_trial(trial_id, slurm_job_id=str(job.job_id), state="submitted", submitted_at=now())
+    store.update_trial(trial_id, job_id=str(job.job_id), state="submitted", submitted_at=now())
     store.record_stage(trial_id, "submit", key, [str(out)], started_at=started)
 
 
@@ -168,8 +170,9 @@ def job_error(ref) -> str | None:
     return None
 
 
-def record_decide(store, trial, runs_root: Path, executor: str) -> None:
-    """Run the decide stage (decision.json) for a judged trial that has an analysis."""
+def write_decision_file(store, trial, runs_root: Path, executor: str) -> None:
+    """decision.json beside a judged trial's analysis: the decide stage, which decides nothing,
+    only copies the decisions the tuner (tune/loop.py) already wrote to the store, the one record."""
     fresh = store.trial(trial.id)
     if not fresh.folder or not (Path(fresh.folder) / "analysis.json").exists():
         return
@@ -212,6 +215,10 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
     _stage("render", stages.run_stage, store, trial.id, "render", **opts)
     t = stages.TrialContext(store, trial.id, runs_root, kind)
     log = t.path("log.txt")
+    if executor == "replay":
+        missing = replay.not_in_bank(TrainingConfig.from_dict(trial.config), bank_dir)
+        if missing:  # nothing to replay: no job is submitted
+            return TrialOutcome("skipped", error=missing)
     for attempt in (0, 1):
         if executor == "replay":
             _stage("submit", submit_replay, store, trial.id, runs_root, bank_dir, force=attempt > 0 or resubmit)
@@ -242,8 +249,6 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
                                   "(the node or the scheduler, not the config)")
     if state.get("outcome") != "completed":
         msg = job_error(ref) or f"job {state.get('state')}"
-        if "not in the trial bank" in msg:
-            return TrialOutcome("skipped", error=msg)
         if not log.exists():
             return TrialOutcome(state.get("outcome") or "failed", error=msg, last_lines=last())
     _stage("export", stages.run_stage, store, trial.id, "export", **opts)

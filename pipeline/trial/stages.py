@@ -341,7 +341,7 @@ def do_submit(t: TrialContext, force: bool = False) -> list[Path]:
     if ref is None:
         ref = jobs.submit(spec, kind)
     out.write_text(json.dumps({**ref.to_dict(), "submitted_at": now()}, indent=1, sort_keys=True) + "\n")
-    t.store.update_trial(t.id, slurm_job_id=ref.job_id, state="submitted", submitted_at=now())
+    t.store.update_trial(t.id, job_id=ref.job_id, state="submitted", submitted_at=now())
     return [out]
 
 

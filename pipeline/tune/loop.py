@@ -4,19 +4,8 @@ The loop keeps no state of its own: every step reads the study from the store (`
 writes one decision back, so a tuner killed at any point and started again continues where it
 was, runs no config twice (one trial per config hash) and ends with the same best config.
 
-Decisions (store.decisions, each with its evidence):
-  keep         the trial becomes the incumbent (the baseline, or a change that beat the noise;
-               judged by pipeline.judge: median of the log's steady steps and a rank test)
-  apply        a rule was chosen for a new trial
-  revert       the change was slower, within noise, out of memory, failed or hung
-  not_applied  the trace does not show the fix; the rule is blocked on this cluster + image
-  stage_error  a stage of the trial raised (fit, render, submit, collect, export, analyze): it
-               measured nothing; the reason names the stage, and the study goes on
-  skip         a rule the checker refused, whose config already ran, that crashed earlier in the
-               study, whose config the trial bank lacks (replay: not proposed), or that the one-GPU
-               step cannot hold
-  stop         why the study ended (also: a preflight problem that blocks trials, before the first)
-  preflight    what the preflight found (its notes); resume: a study a preflight stopped goes on
+Each decision's kind is one of tune/state.py DECISION_KINDS; a pending trial is run and judged
+by `Tuner.run_and_judge`, its outcome deciding through OUTCOME_RULINGS.
 """
 from __future__ import annotations
 
@@ -24,7 +13,9 @@ import hashlib
 import json
 import shutil
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
@@ -47,7 +38,7 @@ from moetune.pipeline.trial import preflight
 from moetune.pipeline.trial import run as runner
 from moetune.pipeline.trial import stages
 from moetune.pipeline.tune.lock import study_lock
-from moetune.pipeline.tune.state import StudyState, image_of, study_state
+from moetune.pipeline.tune.state import DECISION_KINDS, StudyState, image_of, study_state
 from moetune.pipeline.tune.summary import summary
 
 RETRY_CAP = 2  # re-submits of one trial after node failures; then it is judged as it ended
@@ -160,6 +151,9 @@ class Tuner:
             print(f"[moetune] {msg}", file=sys.stderr, flush=True)
 
     def decide(self, kind, reason, trial=None, rule=None, **evidence):
+        """One decision into the store, the study's record (DECISION_KINDS)."""
+        if kind not in DECISION_KINDS:
+            raise TunerError(f"decision kind {kind!r} is not one of {', '.join(DECISION_KINDS)}")
         self.store.add_decision(self.study.id, kind, reason, trial_id=trial.id if trial else None,
                                 rule=rule, evidence=evidence)
 
@@ -195,7 +189,7 @@ class Tuner:
             if st.stopped:
                 break
             if st.pending is not None:
-                self.judge(st.pending)
+                self.run_and_judge(st.pending)
                 continue
             if st.incumbent is None:
                 if st.trials and st.unfit is not None and self.propose_fit(st):
@@ -318,33 +312,49 @@ class Tuner:
         return (f"the trial bank holds no recorded run of its config {config.config_hash()}; the demo "
                 "proposes only what it can replay")
 
-    def judge(self, trial) -> None:
-        self._judge(trial)
-        runner.record_decide(self.store, trial, self.runs_root, self.executor)
+    # -- a pending trial: run it, record its figures, decide ------------------------------
+    def run_and_judge(self, trial) -> None:
+        """The pending trial from its first stage to its decision: run (node failures retried),
+        its figures into the store, the decision its outcome takes (OUTCOME_RULINGS), and
+        decision.json beside its files."""
+        out = self.run_with_retries(trial)
+        self.record_figures(trial, out)
+        parent = self.store.trial(trial.parent_id) if trial.parent_id else None
+        ruling = rule_outcome(self, trial, out, parent)
+        self.decide(ruling.kind, ruling.reason, trial, trial.fix,
+                    **_outcome_evidence(out, parent), **ruling.evidence)
+        if ruling.line:
+            self.say(f"trial {trial.number}: {ruling.line}")
+        runner.write_decision_file(self.store, trial, self.runs_root, self.executor)
 
     def _run_trial(self, trial, resubmit: bool = False):
         return runner.run_trial(self.store, trial, executor=self.executor, runs_root=self.runs_root,
                                 bank_dir=self.bank_dir, hang_timeout_s=self.hang_timeout_s,
                                 fit_first=self.fit_first, resubmit=resubmit)
 
-    def _judge(self, trial) -> None:
+    def run_with_retries(self, trial):
+        """The trial's outcome, its job submitted again (up to RETRY_CAP times) while it ends by a
+        node failure or preemption, which says nothing about the config (job/scheduler.py OUTCOMES
+        retry=True): the same trial runs again, on the nodes left. Each retry is a decision."""
         out = self._run_trial(trial)
         for attempt in range(1, RETRY_CAP + 1):
             if not out.retry:
                 break
-            # a node failure or preemption says nothing about the config (job/scheduler.py
-            # OUTCOMES retry=True): the same trial runs again, on the nodes left
             self.decide("retry", f"{out.state}: {out.error}; submitted again ({attempt} of "
                         f"{RETRY_CAP})", trial, trial.fix, state=out.state, attempt=attempt,
                         job_id=out.job_id, last_lines=out.last_lines)
             self.say(f"trial {trial.number}: {out.state}, submitted again")
             out = self._run_trial(trial, resubmit=True)
+        return out
+
+    def record_figures(self, trial, out) -> None:
+        """The trial's row (state, wall, step time, ...) and its scalar metrics in the store."""
         m = _combined(out.analysis)
-        values = {"state": out.state, "wall": (out.analysis or {}).get("wall"),
-                  "step_time_ms": m.get("step_time_ms"), "step_time_std_ms": m.get("step_time_std_ms"),
-                  "tflops_per_gpu": m.get("tflops_per_gpu") or ((out.analysis or {}).get("log") or {}).get("tflops_per_gpu"),
-                  "peak_memory_gb": m.get("peak_memory_gb"), "ended_at": now()}
-        self.store.update_trial(trial.id, **values)
+        self.store.update_trial(
+            trial.id, state=out.state, wall=(out.analysis or {}).get("wall"),
+            step_time_ms=m.get("step_time_ms"), step_time_std_ms=m.get("step_time_std_ms"),
+            tflops_per_gpu=m.get("tflops_per_gpu") or ((out.analysis or {}).get("log") or {}).get("tflops_per_gpu"),
+            peak_memory_gb=m.get("peak_memory_gb"), ended_at=now())
         scalars = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         scalars["gpu_hours"] = _gpu_hours(out.analysis, self.gpus)
         judged_ms = judged_step(out.analysis).get("step_time_ms")
@@ -353,64 +363,115 @@ class Tuner:
         if out.fit:
             scalars.update(fit.fit_metrics(out.fit))
         self.store.set_metrics(trial.id, scalars)
-        parent = self.store.trial(trial.parent_id) if trial.parent_id else None
-        ev = {"parent": parent.config_hash if parent else None, "state": out.state}
-        if out.fit:  # the measurement that let the trial onto the cluster, or kept it off
-            ev["fit"] = {k: out.fit.get(k) for k in ("fits", "reason", "peak_gb", "headroom_gb", "capacity_gb",
-                                                       "failure")}
-        rid = trial.fix
-        if out.state == "stage_error":  # measured nothing: the study goes on without it
-            self.decide("stage_error", out.error or f"{out.stage} failed", trial, rid, stage=out.stage,
-                        last_lines=out.last_lines, **ev)
-            self.say(f"trial {trial.number}: {out.error}; passed over")
-            return
-        if out.state == "no_fit":  # never reached the cluster; a memory fix is fitted next
-            self.decide("unfit", out.error or "does not fit", trial, rid, **ev)
-            self.say(f"trial {trial.number}: {out.error}")
-            return
-        if parent is None:  # the baseline
-            if out.state == "completed":
-                self.decide("keep", "baseline", trial, None, step_time_ms=m.get("step_time_ms"),
-                            **ev)
-                self.say(f"trial {trial.number}: baseline {_ms(m.get('step_time_ms'))}/step, "
-                         f"wall {values['wall']}")
-            else:
-                self.decide("revert", f"baseline {out.state}: {out.error}", trial, None,
-                            last_lines=out.last_lines, **ev)
-            return
-        if out.state == "skipped":
-            self.decide("skip", out.error or "skipped", trial, rid, **ev)
-            self.say(f"trial {trial.number}: skipped ({out.error})")
-            return
-        if parent.state == "no_fit" and out.state == "completed":  # nothing ran before it to beat
-            self.decide("keep", f"the first layout that fits: {rid} on top of trial {parent.number}",
-                        trial, rid, step_time_ms=m.get("step_time_ms"), **ev)
-            self.say(f"trial {trial.number}: {rid} fits, {_ms(m.get('step_time_ms'))}/step")
-            return
-        if out.state != "completed":
-            log = (out.analysis or {}).get("log") or {}
-            self.decide("revert", f"{out.state}: {out.error}", trial, rid, last_lines=out.last_lines,
-                        failure=log.get("failure"), failure_line=log.get("failure_line"), **ev)
-            self.say(f"trial {trial.number}: {out.state}, reverted")
-            return
-        rule = self.rule_by_id.get(rid)
-        parent_an = _load_analysis(self.store, self.runs_root, self.study_name, parent)
-        verdict = applied.verify(rule.verify if rule else "none", out.analysis, parent_an)
-        ev.update(verify=verdict.status, verify_reason=verdict.reason, verify_evidence=verdict.evidence)
-        if not verdict.applied:
-            self.decide("not_applied", verdict.reason, trial, rid,
-                        cluster=attr(self.exp.cluster, "name", "cluster"),
-                        image=image_of(self.exp.cluster), **ev)
-            self.say(f"trial {trial.number}: {rid} not applied ({verdict.reason})")
-            return
-        c = compare(parent_an, out.analysis, self.rel_noise, self.alpha)
-        ev.update(c.evidence())
-        if c.keep:
-            self.decide("keep", c.why(), trial, rid, **ev)
-            self.say(f"trial {trial.number}: {rid} kept, {c.parent_ms:.1f} -> {c.new_ms:.1f} ms/step")
-        else:
-            self.decide("revert", c.why(), trial, rid, **ev)
-            self.say(f"trial {trial.number}: {rid} reverted, {c.why()}")
+
+
+# -- what a trial's outcome decides ---------------------------------------------------------
+@dataclass(frozen=True)
+class Ruling:
+    """A judged trial's decision: its kind (tune/state.py DECISION_KINDS), its reason, evidence
+    beyond what every judged trial records, and the progress line (None: nothing said)."""
+    kind: str
+    reason: str
+    evidence: dict = field(default_factory=dict)
+    line: str | None = None
+
+
+def _outcome_evidence(out, parent) -> dict:
+    """What every judged trial's decision records: its parent, its state, and the fit that let it
+    onto the cluster or kept it off."""
+    ev = {"parent": parent.config_hash if parent else None, "state": out.state}
+    if out.fit:
+        ev["fit"] = {k: out.fit.get(k) for k in ("fits", "reason", "peak_gb", "headroom_gb",
+                                                 "capacity_gb", "failure")}
+    return ev
+
+
+def parent_kind(parent) -> str:
+    """The column OUTCOME_RULINGS matches a trial's parent on: `baseline` (the trial has none),
+    `unfit` (its fit kept the parent off the cluster: nothing ran before it to beat), else `ran`."""
+    if parent is None:
+        return "baseline"
+    return "unfit" if parent.state == "no_fit" else "ran"
+
+
+def _stage_error(tuner, trial, out, parent) -> Ruling:  # measured nothing: the study goes on
+    return Ruling("stage_error", out.error or f"{out.stage} failed",
+                  {"stage": out.stage, "last_lines": out.last_lines}, f"{out.error}; passed over")
+
+
+def _unfit(tuner, trial, out, parent) -> Ruling:  # never reached the cluster: a memory fix is fitted next
+    return Ruling("unfit", out.error or "does not fit", line=f"{out.error}")
+
+
+def _keep_baseline(tuner, trial, out, parent) -> Ruling:
+    ms = _combined(out.analysis).get("step_time_ms")
+    return Ruling("keep", "baseline", {"step_time_ms": ms},
+                  f"baseline {_ms(ms)}/step, wall {(out.analysis or {}).get('wall')}")
+
+
+def _revert_baseline(tuner, trial, out, parent) -> Ruling:
+    return Ruling("revert", f"baseline {out.state}: {out.error}", {"last_lines": out.last_lines})
+
+
+def _skip(tuner, trial, out, parent) -> Ruling:
+    return Ruling("skip", out.error or "skipped", line=f"skipped ({out.error})")
+
+
+def _keep_first_fit(tuner, trial, out, parent) -> Ruling:
+    ms = _combined(out.analysis).get("step_time_ms")
+    return Ruling("keep", f"the first layout that fits: {trial.fix} on top of trial {parent.number}",
+                  {"step_time_ms": ms}, f"{trial.fix} fits, {_ms(ms)}/step")
+
+
+def _revert_failed(tuner, trial, out, parent) -> Ruling:
+    log = (out.analysis or {}).get("log") or {}
+    return Ruling("revert", f"{out.state}: {out.error}",
+                  {"last_lines": out.last_lines, "failure": log.get("failure"),
+                   "failure_line": log.get("failure_line")}, f"{out.state}, reverted")
+
+
+def _compare_with_parent(tuner, trial, out, parent) -> Ruling:
+    """A completed change on a measured parent: not applied where its trace does not show the
+    fix (decide/applied.py), else kept only if faster beyond the noise (decide/judge.py)."""
+    rid = trial.fix
+    rule = tuner.rule_by_id.get(rid)
+    parent_an = _load_analysis(tuner.store, tuner.runs_root, tuner.study_name, parent)
+    verdict = applied.verify(rule.verify if rule else "none", out.analysis, parent_an)
+    ev = {"verify": verdict.status, "verify_reason": verdict.reason, "verify_evidence": verdict.evidence}
+    if not verdict.applied:
+        return Ruling("not_applied", verdict.reason,
+                      {"cluster": attr(tuner.exp.cluster, "name", "cluster"),
+                       "image": image_of(tuner.exp.cluster), **ev},
+                      f"{rid} not applied ({verdict.reason})")
+    c = compare(parent_an, out.analysis, tuner.rel_noise, tuner.alpha)
+    if c.keep:
+        return Ruling("keep", c.why(), {**ev, **c.evidence()},
+                      f"{rid} kept, {c.parent_ms:.1f} -> {c.new_ms:.1f} ms/step")
+    return Ruling("revert", c.why(), {**ev, **c.evidence()}, f"{rid} reverted, {c.why()}")
+
+
+ANY = "*"
+# What a trial's outcome decides, as data: (the trial's state, parent_kind, the ruling), the first
+# row that matches deciding. A baseline that did not complete is reverted whatever its state; a
+# change that did not complete is reverted unless it measured nothing (stage_error), never reached
+# the cluster (no_fit) or was skipped.
+OUTCOME_RULINGS: tuple[tuple[str, str, Callable[..., Ruling]], ...] = (
+    ("stage_error", ANY, _stage_error),
+    ("no_fit", ANY, _unfit),
+    ("completed", "baseline", _keep_baseline),
+    (ANY, "baseline", _revert_baseline),
+    ("skipped", ANY, _skip),
+    ("completed", "unfit", _keep_first_fit),
+    ("completed", "ran", _compare_with_parent),
+    (ANY, ANY, _revert_failed),
+)
+
+
+def rule_outcome(tuner, trial, out, parent) -> Ruling:
+    """The decision a trial's outcome takes: the first row of OUTCOME_RULINGS that matches."""
+    kind = parent_kind(parent)
+    return next(ruling(tuner, trial, out, parent) for state, of, ruling in OUTCOME_RULINGS
+                if state in (out.state, ANY) and of in (kind, ANY))
 
 
 def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs",

@@ -7,7 +7,31 @@ from dataclasses import dataclass, field
 
 from moetune.pipeline.spec.section import get as attr
 
+# Every kind of decision a study records (store.decisions, each with its evidence), the one list.
+DECISION_KINDS: dict[str, str] = {
+    "preflight": "what the preflight found (its notes)",
+    "resume": "a study a preflight stopped goes on: the preflight passes now",
+    "apply": "a rule was chosen for a new trial",
+    "retry": "the trial's job ended by a node failure or preemption, not the config: submitted again",
+    "keep": "the trial becomes the incumbent (the baseline, the first layout that fits, or a change "
+            "that beat the noise: decide/judge.py)",
+    "revert": "the change was slower, within noise, out of memory, failed or hung",
+    "not_applied": "the trace does not show the fix; the rule is blocked on this cluster + image",
+    "unfit": "the trial's fit on one GPU kept it off the cluster; a memory fix is fitted next",
+    "stage_error": "a stage of the trial raised: it measured nothing, and the study goes on",
+    "skip": "a rule passed over (refused by the checker, its config already ran, it crashed earlier, "
+            "the trial bank lacks it, the one-GPU step cannot hold it), or a trial not replayed",
+    "stop": "why the study ended (also: a preflight problem that blocks trials, before the first)",
+}
+# the kinds that close a trial: a trial without one is the one to run and judge
 JUDGED = ("keep", "revert", "not_applied", "skip", "unfit", "stage_error")
+# trial states whose job never ran on the cluster (a fit alone is one GPU's minutes)
+NOT_RUN = ("skipped", "pending", "no_fit")
+
+
+def ran(trial) -> bool:
+    """The trial's job ran on the cluster: what the trial budget and "trials run" count."""
+    return trial.state not in NOT_RUN
 
 
 def image_of(cluster) -> str:
@@ -29,7 +53,7 @@ class StudyState:
     tried: dict = field(default_factory=dict)  # parent config hash -> {rule ids}
     blocked: set = field(default_factory=set)  # rules not applied on this cluster + image
     crashed: dict = field(default_factory=dict)  # rule -> trial number whose job crashed (CRASH_MARKS)
-    runs: int = 0  # trials whose job ran on the cluster (a fit alone is one GPU's minutes)
+    runs: int = 0  # trials whose job ran on the cluster (`ran`)
     gpu_hours: float = 0.0
     since_keep: int = 0
     stopped: object | None = None
@@ -105,7 +129,7 @@ def study_state(store, study, cluster) -> StudyState:
     for t in st.trials:
         if t.id not in judged:
             st.pending = t
-        if t.state not in ("skipped", "pending", "no_fit"):
+        if ran(t):
             st.runs += 1
             st.gpu_hours += store.metrics(t.id).get("gpu_hours", 0.0)
     name, image = attr(cluster, "name", "cluster"), image_of(cluster)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from moetune.pipeline.paths import trial_folder
+from moetune.pipeline.tune.state import ran
 
 
 def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
@@ -18,7 +19,8 @@ def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
     base = trials[0] if trials else None
     stop = next((d.reason for d in reversed(decisions) if d.kind == "stop"), None)
     out = {"study": study_name, "state": study.state,
-           "trials": sum(1 for t in trials if t.state not in ("skipped", "pending")),
+           "trials": sum(1 for t in trials if ran(t)),  # what the trial budget counts
+           "unfit": sum(1 for t in trials if t.state == "no_fit"),
            "trials_total": len(trials),
            "skipped": sum(1 for t in trials if t.state == "skipped"),
            "baseline_step_time_ms": base.step_time_ms if base else None,
