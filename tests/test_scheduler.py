@@ -1,4 +1,4 @@
-"""submitit's local executor and the GPUs a local trial sees (CUDA_VISIBLE_DEVICES).
+"""job/scheduler.py: submitit's local executor and the GPUs a local trial sees (CUDA_VISIBLE_DEVICES).
 
 Found on the GPU machine: without `gpus_per_node`, submitit sets the job's CUDA_VISIBLE_DEVICES to
 nothing, and Megatron stopped with "Megatron requires CUDA". These jobs run for real through

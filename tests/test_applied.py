@@ -1,5 +1,7 @@
-"""Did the fix take effect? Checked on traces (hand-built SQLite in the nsys schema, read by the
-real analysis), and the tuner marks a fix its trace does not show as not_applied."""
+"""decide/applied.py: did the fix take effect? applied.verify on traces (hand-built SQLite in the
+nsys schema, read by the real analysis) calls a fix applied only where its kernels show, not_applied
+where they do not, unverified without trace metrics. (That the tuner then records not_applied and
+bars the rule on that cluster is proved by tests/test_loop.py, which runs the tuner.)"""
 import sys
 from pathlib import Path
 
