@@ -7,21 +7,6 @@ from moetune.analysis.skew import a2a_wait_ns
 from moetune.analysis.window import Window
 
 
-@pytest.mark.parametrize("short, demangled, expected", [
-    ("dispatch", "void deep_ep::intranode::dispatch<(int)2, (int)768>(int4 *, float *)",
-     "deep_ep::intranode::dispatch"),
-    ("vectorized_elementwise_kernel",
-     "void at::native::vectorized_elementwise_kernel<4, at::native::sigmoid_kernel_cuda>(int)",
-     "at::native::vectorized_elementwise_kernel"),  # template arguments do not leak into the name
-    ("ncclDevKernel_SendRecv", "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
-     "ncclDevKernel_SendRecv"),
-    ("kernel", "void (anonymous namespace)::kernel<float>(float *)", "kernel"),
-    ("nvjet_sm90_tst_128x256", "", "nvjet_sm90_tst_128x256"),
-])
-def test_qualified_name(short, demangled, expected):
-    assert qualified_name(short, demangled) == expected
-
-
 @pytest.mark.parametrize("short, demangled, cls", [
     ("dispatch", "void deep_ep::intranode::dispatch<(int)2, (int)768, (int)8192>(int4 *)", "deepep"),
     ("cached_notify_combine", "void deep_ep::intranode::cached_notify_combine<(int)2>(void **)", "deepep"),

@@ -17,7 +17,6 @@ from moetune.pipeline.trial import stages
 from tests.conftest import REPO, kill_tuner_after_submit, stand_in_cluster
 
 
-
 def local_trial(make_trial, **kw):
     return make_trial(cluster=stand_in_cluster(nsys="off"), executor="local", **kw)
 
@@ -84,28 +83,6 @@ def test_changed_config_rerenders(make_trial):
     stages.run_stage(store, tid, "render")
     assert len(store.stage_runs(tid, "render")) == 2
     assert "--micro-batch-size" in job_sh.read_text() and job_sh.read_text() != text
-
-
-def test_second_tuner_on_a_study_is_refused(tmp_path):
-    with lock.study_lock(tmp_path, "qwen"):
-        with pytest.raises(lock.LockError, match=r"study 'qwen' is already being tuned by pid \d+"):
-            lock.study_lock(tmp_path, "qwen").acquire()
-    lock.study_lock(tmp_path, "qwen").acquire().release()  # free again
-
-
-def test_lock_of_a_killed_tuner_is_free(tmp_path):
-    code = ("import sys, time; from moetune.pipeline.tune import lock; "
-            "lock.study_lock(sys.argv[1], 'qwen').acquire(); print('held', flush=True); time.sleep(60)")
-    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
-                         text=True, cwd=REPO)
-    assert p.stdout.readline().strip() == "held"
-    with pytest.raises(lock.LockError):
-        lock.study_lock(tmp_path, "qwen").acquire()
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    lock.study_lock(tmp_path, "qwen").acquire().release()
-
-
 
 
 def test_local_job_outlives_a_killed_tuner_and_is_collected(make_trial):

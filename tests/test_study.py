@@ -57,14 +57,6 @@ def test_html_has_its_plots(study):
     assert "<script" not in text and "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
-def test_status_lists_trials_and_decisions(study):
-    store, s, _, _ = study
-    text = status.render(store)
-    assert f"study {s['study']}" in text
-    assert "keep" in text and "apply" in text and "stop" in text
-    assert text.count("\n    ") >= len(store.decisions(store.study(s["study"]).id))
-
-
 def evil_study(tmp_path):
     """A study whose trace, log, config, command line and names hold markup."""
     folder = tmp_path / "runs" / "t1"
