@@ -1,9 +1,14 @@
 """cli/check.py, `moetune check`: a Megatron command line checked against moetune's constraint table
 (ok, or one line per refusal with its guidance document), usage errors as exit 2, a mistyped flag
 named with the flag meant, and what Megatron's own parser refuses reported in one line."""
+import pytest
+
+from moetune.pipeline.spec import megatron_validate as mv
 
 
 def test_check_cli(capsys):
+    """`moetune check` says ok to a valid command line and names the broken rule with its guidance
+    document (exit 1) for EP overlap without EP."""
     from moetune.pipeline.cli.main import main
     assert main(["check", "--gpus", "8", "--", "--num-layers", "8", "--num-attention-heads", "16",
                  "--num-experts", "16", "--expert-model-parallel-size", "8", "--micro-batch-size", "1",
@@ -18,6 +23,8 @@ def test_check_cli(capsys):
 
 
 def test_check_cli_usage_errors_and_no_separator(capsys):
+    """A bad --gpus and an empty Megatron command line are usage errors (exit 2); without `--`,
+    moetune's own options are still read as its own."""
     from moetune.pipeline.cli.check import main
     assert main(["--gpus", "x", "--", "--num-experts", "16"]) == 2
     assert "invalid int value: 'x'" in capsys.readouterr().err
@@ -40,7 +47,10 @@ def test_check_cli_names_an_argument_megatron_lacks(capsys):
         "not a Megatron argument: --stand-in-busy"]
 
 
+@pytest.mark.megatron
+@pytest.mark.skipif(not mv.available(), reason="no .venv-megatron (scripts/megatron-venv)")
 def test_check_cli_reports_what_megatrons_parser_refuses(capsys):
+    """A value Megatron's own parser refuses (a misspelt dispatcher) is its one line, prefixed."""
     from moetune.pipeline.cli.check import main
     assert main(["--gpus", "8", "--", "--num-layers", "8", "--num-attention-heads", "16",
                  "--num-experts", "16", "--moe-token-dispatcher-type", "alltoal"]) == 1

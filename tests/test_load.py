@@ -20,4 +20,20 @@ from tests.nsys_fixture import foreign_sqlite
     ("nvjet_sm90_tst_128x256", "", "nvjet_sm90_tst_128x256"),
 ])
 def test_qualified_name(short, demangled, expected):
+    """The demangled name's namespace path without return type, template arguments or parameters;
+    the short name where nothing is demangled."""
     assert qualified_name(short, demangled) == expected
+
+
+def test_a_file_that_is_no_nsys_export_is_one_line(tmp_path):
+    """A SQLite file of another program, a text file and an empty file each fail in one line that
+    names the file."""
+    foreign = foreign_sqlite(tmp_path / "foreign.sqlite")
+    text = tmp_path / "notes.sqlite"
+    text.write_text("not a database\n")
+    empty = tmp_path / "empty.sqlite"
+    empty.write_bytes(b"")
+    for path in (foreign, text, empty):
+        with pytest.raises(TraceError) as e:
+            open_trace(path)
+        assert path.name in str(e.value) and len(str(e.value).splitlines()) == 1
