@@ -20,7 +20,8 @@ def test_text_view_has_wall_evidence_figures_and_kernel_classes(tmp_path):
     r = analyzed(tmp_path)
     text = render_text(r)
     assert text.splitlines()[0] == f"wall: {r['wall']} (confidence {r['confidence']:.2f})"
-    assert "  limit peak_memory_share" in text or "limit " in text
+    assert "  because sm_util_estimate = 1 (threshold 0.7; rule busy_compute)" in text
+    assert "  limit memory_used_share = 0.95 (threshold 0.92; rule memory_near_capacity): memory:" in text
     c = r["metrics"]["combined"]
     for key in HEADLINE:
         assert (f"  {key:<22} " in text) is (key in c)
