@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 
 from moetune import analysis
-from moetune.analysis import intervals as iv
 from moetune.analysis.kernels import CLASSES, classify_name
 from tests.nsys_fixture import PID, TraceBuilder
 

@@ -1,4 +1,6 @@
-"""Kernel names qualified by namespace, and the all-to-all wait split kernel by kernel."""
+"""analysis/skew.py: the all-to-all wait split kernel by kernel (start skew of matching kernels, clipped
+to the window; none for one rank; the same from summaries kept on disk), and EP libraries' kernels
+classed by their namespace-qualified names."""
 import pandas as pd
 import pytest
 

@@ -1,10 +1,10 @@
-"""Stages on submitit's local executor (no Slurm, no nsys): records, skipping, force, re-creation,
-the CLI's `moetune stage`, and the study lock."""
+"""trial/stages.py on submitit's local executor (no Slurm, no nsys): records, skipping, force,
+re-creation, the CLI's `moetune stage`, and a local job that outlives a killed tuner. (The study
+lock: tests/test_lock.py.)"""
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from moetune.pipeline.tune import lock
 from moetune.pipeline.trial import stages
 from tests.conftest import REPO, kill_tuner_after_submit, stand_in_cluster
 

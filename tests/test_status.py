@@ -1,5 +1,6 @@
 """report/status.py, `moetune status`: every study of a store as text, with each trial's judged and
 profiled step time and each decision with its evidence, on the recorded device study's store."""
+import re
 import shutil
 from pathlib import Path
 
@@ -43,3 +44,11 @@ def test_one_study_by_name(tmp_path):
     store.create_study("other", model="m")
     assert status.render(store, "moe_proxy") == status.render_study(store, "moe_proxy")
     assert "study other" in status.render(store) and "study other" not in status.render(store, "moe_proxy")
+
+
+def test_status_prints_sensible_precision(tmp_path):
+    """Step times and noise to 0.1 ms and p to three digits, though the store keeps more digits
+    (the recorded baseline's profiled step is 802.3773 ms)."""
+    out = status.render(recorded_store(tmp_path))
+    assert " 802.4 " in out and "802.3773" not in out
+    assert not re.search(r"_ms=\d+\.\d{2,}", out) and not re.search(r"p_faster=\d\.\d{4,}", out)

@@ -1,4 +1,4 @@
-"""Reports: Markdown and the self-contained HTML page of a study run on the CPU stand-in bank;
+"""report/study.py, the study's reports: Markdown and the self-contained HTML page of a study run on the CPU stand-in bank;
 every string from a trace, log or config is escaped; the page renders in headless Chromium."""
 import json
 import re
@@ -11,7 +11,6 @@ import pytest
 
 from moetune import analysis
 from moetune.pipeline.report import study as report
-from moetune.pipeline.report import status
 from moetune.pipeline.tune import loop as tuner
 from moetune.pipeline.store import Store
 
@@ -239,14 +238,6 @@ def test_demo_profile_ranks_advice_fits_the_trial(demo):
     assert "not split into transfer and waiting (one rank's trace was read though " \
            "cluster.profile_ranks names [0, 1]" in trial3
     assert "set cluster.profile_ranks to two ranks or more" not in text
-
-
-def test_demo_status_prints_sensible_precision(demo):
-    """`moetune status` on the demo's store: step times and noise to 0.1 ms, p to three digits."""
-    store, *_ = demo
-    out = status.render(store)
-    assert "step_time_ms=868.6" in out and "868.617" not in out
-    assert not re.search(r"_ms=\d+\.\d{2,}", out)
 
 
 @pytest.fixture(scope="module")
