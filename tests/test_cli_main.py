@@ -1,4 +1,4 @@
-"""What an engineer can fix is one line on stderr and exit code 2, from the real `moetune` command:
+"""cli/main.py, the `moetune` command: what an engineer can fix is one line on stderr and exit code 2, from the real `moetune` command:
 a malformed rule table, a database that does not answer, a Megatron venv that cannot run, a
 malformed experiment. A bug still shows its traceback."""
 from __future__ import annotations

@@ -21,6 +21,8 @@ SENDRECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
 
 
 def test_connectorx_is_the_reader_here():
+    """connectorx (a dependency) is the reader in use here, so the comparison with sqlite3 below
+    compares two readers."""
     assert reader() == "connectorx"  # a pyproject dependency: the comparison below compares two readers
 
 
@@ -52,6 +54,8 @@ def three_steps(b, pid, dev, a2a_start):
 
 
 def test_a_trace_cut_inside_its_kernel_table_is_one_line_error_from_any_reader(tmp_path, monkeypatch):
+    """A report cut off inside its kernel table fails in one line naming the file, from either
+    reader and with one or two workers."""
     b = TraceBuilder()
     for i in range(20_000):
         b.kernel(GEMM, i * 10, i * 10 + 5, launch_us=(i * 10 - 3, i * 10 - 1))
@@ -69,6 +73,7 @@ def test_a_trace_cut_inside_its_kernel_table_is_one_line_error_from_any_reader(t
 
 
 def test_foreign_sqlite_in_a_worker_is_one_line_error(tmp_path):
+    """A SQLite file of another program, read in a worker process, fails in one line naming it."""
     p = foreign_sqlite(tmp_path / "foreign.sqlite")
     good = three_steps(TraceBuilder(), PID, 0, 500).write(tmp_path / "g.sqlite")
     with pytest.raises(TraceError, match="foreign.sqlite: not an Nsight Systems export"):

@@ -1,4 +1,4 @@
-"""Job scripts from sbatch_templates/: what each template holds, the nsys line, quoting, and bad
+"""job/render.py, job scripts from sbatch_templates/: what each template holds, the nsys line, quoting, and bad
 values refused in one line. Scripts are checked by bash itself (`bash -n`, and run locally)."""
 from __future__ import annotations
 

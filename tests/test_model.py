@@ -8,6 +8,8 @@ MODEL = ModelArch("t", 4, 1024, 16, 4, 4096, 1024, 8, 2, 32000, 2048, first_dens
 
 
 def test_model_arch_flags():
+    """A model with one leading dense layer renders Megatron's --moe-layer-freq pattern, and parsing
+    the argv back gives its layers, experts and dense layers."""
     argv = MODEL.to_args()
     assert argv[argv.index("--moe-layer-freq") + 1] == "([0]*1+[1]*3)"
     back = ModelArch.from_args(argv)

@@ -1,4 +1,4 @@
-"""`moetune plan --format json` gives estimate_gb (and measured_gb where the store holds a measured
+"""cli/plan.py, `moetune plan`: `--format json` gives estimate_gb (and measured_gb where the store holds a measured
 run of the layout); `--baseline` lists the experiment's baseline even where it does not fit."""
 import json
 
