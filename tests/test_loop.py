@@ -87,6 +87,8 @@ def test_on_the_recorded_bank_reaches_its_best_with_a_third_of_its_runs(tmp_path
 
 
 def test_every_trial_judged_once_and_no_config_twice(finished):
+    """No config is run twice, every trial gets exactly one judging decision, and the study ends
+    with one stop."""
     store, s, _ = finished
     study = store.study(s["study"])
     trials = store.trials(study.id)
@@ -99,6 +101,7 @@ def test_every_trial_judged_once_and_no_config_twice(finished):
 
 
 def test_every_stage_recorded(finished):
+    """The baseline trial's stage records are the six stages in their order."""
     store, s, _ = finished
     study = store.study(s["study"])
     first = store.trials(study.id)[0]
@@ -118,6 +121,7 @@ def test_config_not_in_bank_is_not_proposed(finished):
 
 
 def test_rerun_of_finished_study_runs_nothing(standin, finished):
+    """Tuning a finished study again returns the same summary and runs nothing."""
     store, s, tmp = finished
     again = tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp / "runs",
                        bank_dir=standin[0], progress=False)
@@ -125,6 +129,8 @@ def test_rerun_of_finished_study_runs_nothing(standin, finished):
 
 
 def test_slower_change_is_reverted_as_a_result(tmp_path):
+    """A change the bank makes 1.5x slower is run, judged slower and reverted, with both step times
+    in its evidence, and is not the best."""
     bank_dir = tmp_path / "bank"
     standin_bank.build(bank_dir, slower={"mbs4": 1.5})
     store = Store(str(tmp_path / "db.sqlite"))
@@ -139,6 +145,8 @@ def test_slower_change_is_reverted_as_a_result(tmp_path):
 
 
 def test_hung_trial_is_cancelled_recorded_and_reverted(tmp_path):
+    """A trial that hangs (an NCCL watchdog timeout in its log) is cancelled, recorded as hung with
+    the log's last lines, and reverted."""
     bank_dir = tmp_path / "bank"
     standin_bank.build(bank_dir, hang={"mbs4"})
     store = Store(str(tmp_path / "db.sqlite"))
@@ -153,6 +161,9 @@ def test_hung_trial_is_cancelled_recorded_and_reverted(tmp_path):
 
 
 def test_fix_without_effect_is_not_applied_and_blocked_on_the_cluster(tmp_path):
+    """The tuner runs a fix whose trace does not show it, records not_applied, keeps it out of the
+    best config, and a second study on the same cluster and image skips that rule instead of running
+    it."""
     bank_dir = tmp_path / "bank"
     standin_bank.build(bank_dir, no_effect={"ep_overlap_mbs4", "ep_overlap"})
     store = Store(str(tmp_path / "db.sqlite"))
@@ -171,6 +182,7 @@ def test_fix_without_effect_is_not_applied_and_blocked_on_the_cluster(tmp_path):
 
 
 def test_budget_stops_the_study(standin, tmp_path):
+    """A trial budget of 2 stops the study after 2 trials, saying so."""
     store = Store(str(tmp_path / "db.sqlite"))
     s = tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp_path / "runs",
                    bank_dir=standin[0], progress=False, max_trials=2)
@@ -178,6 +190,7 @@ def test_budget_stops_the_study(standin, tmp_path):
 
 
 def test_missing_bank_is_one_clear_error(tmp_path):
+    """A replay study with no trial bank fails at once with the bank's one-line error."""
     from moetune.pipeline.job.replay import ReplayError
     with pytest.raises(ReplayError, match="no trial bank"):
         tuner.tune(EXPERIMENT, Store(str(tmp_path / "db.sqlite")), executor="replay",
@@ -185,6 +198,7 @@ def test_missing_bank_is_one_clear_error(tmp_path):
 
 
 def test_second_tuner_on_the_same_study_is_refused(standin, tmp_path):
+    """While another tuner holds the study's lock, tune() refuses to start."""
     from moetune.pipeline.tune.lock import LockError, study_lock
     with study_lock(tmp_path / "runs", "moe_proxy-replay"):
         with pytest.raises(LockError, match="already being tuned"):

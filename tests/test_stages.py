@@ -21,6 +21,8 @@ def local_trial(make_trial, **kw):
 
 
 def test_all_stages_locally_then_skip_and_force(make_trial):
+    """Every stage runs once through a real local job and records ok; run again the stages are
+    skipped, forced they run again."""
     store, tid = local_trial(make_trial)
     out = stages.run_stages(store, tid, through="decide", poll_s=0.3, timeout_s=120)
     assert [r.stage for r in store.stage_runs(tid)] == list(stages.STAGE_ORDER)
@@ -46,6 +48,8 @@ def test_all_stages_locally_then_skip_and_force(make_trial):
 
 
 def test_analyze_recreated_identically_by_the_cli(make_trial, tmp_path):
+    """`moetune stage analyze` writes back the same analysis.json byte for byte, says what it wrote,
+    and --force runs it again."""
     store, tid = local_trial(make_trial)
     stages.run_stages(store, tid, through="analyze", poll_s=0.3, timeout_s=120)
     out = Path(store.trial(tid).folder) / "analysis.json"
@@ -66,6 +70,8 @@ def test_analyze_recreated_identically_by_the_cli(make_trial, tmp_path):
 
 
 def test_a_stage_before_its_inputs_is_one_clear_line(make_trial):
+    """A stage run before its input exists names the missing file and the stage to run; an unknown
+    stage is named."""
     store, tid = local_trial(make_trial)
     with pytest.raises(stages.StageError, match=r"job\.json is missing; run `moetune stage submit"):
         stages.run_stage(store, tid, "collect")
@@ -74,6 +80,7 @@ def test_a_stage_before_its_inputs_is_one_clear_line(make_trial):
 
 
 def test_changed_config_rerenders(make_trial):
+    """A trial whose config changed gets its job script rendered again with the new flag."""
     store, tid = local_trial(make_trial)
     first = stages.run_stage(store, tid, "render")
     job_sh = Path(first[0]).parent / "job.sh"
@@ -85,6 +92,8 @@ def test_changed_config_rerenders(make_trial):
 
 
 def test_local_job_outlives_a_killed_tuner_and_is_collected(make_trial):
+    """A local job survives the tuner's SIGKILL after submit; resume finds the unfinished trial and
+    collects the job's full log."""
     store, tid = make_trial(cluster=stand_in_cluster(nsys="off", stand_in={"ms_per_iter": 100,
                                                                           "busy": 0.1}),
                             executor="local", train_iters=30)
@@ -97,6 +106,8 @@ def test_local_job_outlives_a_killed_tuner_and_is_collected(make_trial):
 
 
 def test_the_cli_offers_the_stages_in_their_order():
+    """`moetune stage` offers the fit and then every stage in its order, and no name the framework
+    lacks."""
     from moetune.pipeline.cli.main import STAGE_NAMES
     assert STAGE_NAMES == (stages.FIT,) + stages.STAGE_ORDER
     assert set(STAGE_NAMES) == set(stages.STAGES)
