@@ -33,6 +33,8 @@ def study(tmp_path_factory):
 
 
 def test_markdown_has_every_part(study):
+    """The Markdown report of a stand-in study has every section, the judged best with its trial,
+    the best config's command line, and one bottleneck section per trial."""
     store, s, md, _ = study
     text = md.read_text()
     for part in ("## Headline", "## Trials", "Best config: changes from the baseline", "## Bottleneck reports",
@@ -48,6 +50,8 @@ def test_markdown_has_every_part(study):
 
 
 def test_html_has_its_plots(study):
+    """The HTML page has a timeline per trial, the breakdown and step-time plots, one point per
+    trial, and no script or outside link."""
     store, s, _, html = study
     text = html.read_text()
     assert text.count('<svg class="timeline"') == s["trials"]
@@ -80,6 +84,8 @@ def evil_study(tmp_path):
 
 
 def test_every_string_is_escaped(tmp_path):
+    """Markup in a trace's kernel name, a log, a config, a command line and the study's names
+    reaches the HTML escaped, every time."""
     store, name = evil_study(tmp_path)
     md, html = report.write_reports(store, name, tmp_path / "out")
     text = html.read_text()
@@ -103,6 +109,8 @@ def chromium(args, tmp_path):
 @pytest.mark.chromium
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
 def test_html_renders_in_chromium(study, tmp_path):
+    """Headless Chromium renders the page with its title, a timeline, legend and evidence rows per
+    trial, and a screenshot that is not blank."""
     _, s, _, html = study
     dom = chromium(["--dump-dom", html.resolve().as_uri()], tmp_path).stdout
     assert "<h1>moetune study" in dom
@@ -139,6 +147,7 @@ def test_demo_screenshots(demo, tmp_path):
 @pytest.mark.chromium
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
 def test_script_in_a_kernel_name_renders_as_text(tmp_path):
+    """A script in a kernel name does not run in Chromium (the title stays) and shows as text."""
     store, name = evil_study(tmp_path)
     _, html = report.write_reports(store, name, tmp_path / "out")
     dom = chromium(["--dump-dom", html.resolve().as_uri()], tmp_path).stdout
