@@ -1,5 +1,10 @@
-"""Megatron logs: compressed logs as the trial bank and tests/data keep them, tokens/s from the
-argument dump, and the real Megatron log recorded on the GPU machine."""
+"""analysis/logs.py, the Megatron log parser: iteration times, TFLOP/s and memory lines; the
+failures it names (NCCL, time limit, cancel, native crash, GPU vs host memory); compressed logs as
+the trial bank and tests/data keep them; tokens/s from the argument dump; the real Megatron log
+recorded on the GPU machine; and the fit lease's real fit logs (one H200, megatron-core 0.19.2
+`--fake-process-group`, TE 2.20.2, benchmarks/fit_lease/) parsed to the figures of the device's own
+summary (benchmarks/device/fit.py, its own regexes, results.jsonl)."""
+import json
 import lzma
 from pathlib import Path
 
@@ -9,6 +14,7 @@ from moetune.analysis import TraceError
 from moetune.analysis.logs import parse_log
 
 GPU_DATA = Path(__file__).parent / "data" / "gpu"
+FIT = Path(__file__).resolve().parent.parent / "benchmarks" / "fit_lease"
 ARGS = ("------------------------ arguments ------------------------\n"
         "  global_batch_size ............................... 8\n"
         "  seq_length ...................................... 4096\n")
@@ -100,3 +106,67 @@ def test_host_oom_names_slurms_first_line(tmp_path):
     log.write_text(ARGS + _iter_line(1, 900.0) + SLURM_CGROUP_OOM)
     r = parse_log(log)
     assert r["failure_line"] == "srun: error: n2: task 0: Out Of Memory" and r["iterations"] == 1
+
+
+def test_parse_megatron_log(tmp_path):
+    log = tmp_path / "log.txt"
+    lines = [f" [2026-11-22 10:00:0{i}] iteration        {i}/      10 | consumed samples:   {8*i} | "
+             f"elapsed time per iteration (ms): {ms} | throughput per GPU (TFLOP/s/GPU): {tf} | "
+             f"learning rate: 1.0E-04 | global batch size:     8 | lm loss: 1.0E+01 |"
+             for i, ms, tf in ((1, 2000.0, 10.0), (2, 700.0, 30.0), (3, 600.0, 35.0), (4, 620.0, 34.0))]
+    lines.append("[Rank 0] (after 4 iterations) memory (MB) | allocated: 1000.0 | max allocated: 3072.0 | reserved: 4000.0")
+    log.write_text("\n".join(lines) + "\n")
+    p = parse_log(log)
+    assert p["iterations"] == 4
+    assert p["step_time_ms"] == pytest.approx(610.0)
+    assert p["step_time_std_ms"] == pytest.approx(14.142, abs=1e-2)
+    assert p["tflops_per_gpu"] == pytest.approx(34.5)
+    assert p["max_allocated_gb"] == pytest.approx(3.0)
+    assert p["failure"] is None
+
+
+@pytest.mark.parametrize("text, failure", [
+    ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error", "nccl_error"),
+    ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5)", "nccl_timeout"),
+    ("slurmstepd: error: *** JOB 12 ON node1 CANCELLED AT 2026-11-22T10:00:00 DUE TO TIME LIMIT ***", "time_limit"),
+    ("slurmstepd: error: *** JOB 12 ON node1 CANCELLED AT 2026-11-22T10:00:00 ***", "cancelled"),
+])
+def test_log_failures(tmp_path, text, failure):
+    log = tmp_path / "log.txt"
+    log.write_text(text + "\n")
+    assert parse_log(log)["failure"] == failure
+
+
+RESULTS = {r["name"]: r for r in map(json.loads, (FIT / "results.jsonl").read_text().splitlines())}
+
+
+def test_every_layout_has_its_log():
+    logs = {p.name.removesuffix(".log.xz") for p in (FIT / "logs").glob("*.log.xz")}
+    assert logs == set(RESULTS) and len(logs) == 15
+
+
+@pytest.mark.parametrize("name", sorted(RESULTS))
+def test_fit_log_parses_like_the_device_summary(name):
+    row = RESULTS[name]
+    got = parse_log(FIT / "logs" / f"{name}.log.xz")
+    assert got["failure"] is None
+    assert got["max_allocated_gb"] == pytest.approx(row["max_allocated_mb"] / 1024, abs=1e-3)
+    assert got["max_reserved_gb"] == pytest.approx(row["max_reserved_mb"] / 1024, abs=1e-3)
+    assert got["iteration_ms"] == row["iteration_ms"] and got["iterations"] == 3
+    assert got["max_reserved_gb"] >= got["max_allocated_gb"]
+
+
+def test_qwen3_235b_baseline_rank0_figures():
+    """TP2 PP2 EP32 of 256 GPUs, rank 0: 83.9 GB allocated at its peak, more than an 80 GB H100 holds."""
+    got = parse_log(FIT / "logs" / "qwen3_235b-baseline-r0.log.xz")
+    assert got["max_allocated_gb"] == pytest.approx(85919.27 / 1024, abs=1e-3)
+    assert got["max_reserved_gb"] == pytest.approx(86702.0 / 1024, abs=1e-3)
+    assert got["iteration_ms"] == [13371.1, 10507.2, 8375.9]
+    assert got["step_time_ms"] == pytest.approx(8375.9)  # iterations after the first 2
+
+
+def test_max_reserved_absent_in_older_logs(tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text("[Rank 0] (after 2 iterations) memory (MB) | allocated: 10.0 | max allocated: 2048.0\n")
+    got = parse_log(log)
+    assert got["max_allocated_gb"] == 2.0 and got["max_reserved_gb"] is None

@@ -1,5 +1,6 @@
-"""analysis.summary: the per-rank summaries (what a post-processing job writes beside each report)
-combined on the login node give exactly analyze()'s result, on every recorded trace."""
+"""analysis/summary.py: the per-rank summaries (what a post-processing job writes beside each report)
+combined on the login node give exactly analyze()'s result, on every recorded trace, and on the two
+reports of one two-rank run, whose all-to-all split needs both."""
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from moetune.analysis.summary import combine_summaries, rank_summary, summary_pa
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "tests" / "data" / "gpu"
+RECIPES = GPU / "recipes"
 BANK = ROOT / "benchmarks" / "trial_bank" / "traces"
 ALL = sorted(GPU.glob("*.sqlite.xz")) + sorted((ROOT / "tests/data/cpu").glob("*.sqlite.xz")) + \
     sorted(BANK.glob("*.sqlite.xz"))
@@ -21,6 +23,8 @@ def _json(x):  # what goes through a file: the summary and the analysis are both
 
 @pytest.mark.parametrize("trace", ALL, ids=lambda p: p.name)
 def test_one_file_summary_combines_to_analyze(trace):
+    """Each recorded trace (with its log where one is kept): its summary, through JSON, combines to
+    exactly analyze()'s result."""
     log = trace.with_name(trace.name.split(".")[0] + ".log")
     log = log if log.exists() else (log.with_name(log.name + ".xz") if log.with_name(log.name + ".xz").exists() else None)
     want = analysis.analyze([str(trace)], log=str(log) if log else None)
@@ -29,16 +33,22 @@ def test_one_file_summary_combines_to_analyze(trace):
 
 
 def test_several_files_keep_the_cross_rank_all_to_all_split():
-    """Two files of one run (one rank each) as two summaries: the skew split needs every rank's
-    all-to-all starts, and the combined result is analyze() of both files."""
-    files = [str(GPU / "skew.sqlite.xz"), str(GPU / "a2a_drowned.sqlite.xz")]
+    """Two files of one run (moe_proxy at EP 2 on two H200s, one report per rank, recorded together:
+    tests/data/gpu/recipes/README.md) as two summaries: the skew split needs every rank's all-to-all
+    starts, so each file alone shows no wait, and the combined summaries give analyze() of both
+    files, rank 0 waiting for its late peer."""
+    files = [str(RECIPES / f"moe_proxy_ep2_rank{r}" / "run.sqlite.xz") for r in (0, 1)]
     want = analysis.analyze(files)
     got = combine_summaries([_json(rank_summary(f)) for f in files])
     assert _json(got) == _json(want)
-    assert got["metrics"]["combined"]["ranks"] == want["metrics"]["combined"]["ranks"] >= 2
+    assert got["metrics"]["combined"]["ranks"] == 2
+    assert [analysis.analyze([f])["metrics"]["combined"]["a2a_wait_ms"] for f in files] == [0.0, 0.0]
+    assert got["metrics"]["per_rank"][0]["a2a_wait_ms"] > 100 * got["metrics"]["per_rank"][1]["a2a_wait_ms"] > 0
 
 
 def test_skew_trace_split_is_from_the_summaries():
+    """The skew trace (two ranks in one file): its summary keeps each rank's all-to-all starts, and
+    the wait comes from them."""
     s = _json(rank_summary(GPU / "skew.sqlite.xz"))
     assert len(s["ranks"]) >= 2 and all(r["a2a"]["start"] for r in s["ranks"])
     got = combine_summaries([s])
@@ -46,6 +56,8 @@ def test_skew_trace_split_is_from_the_summaries():
 
 
 def test_summary_path_and_bad_version():
+    """A report's summary sits beside it as trace_R.metrics.json; a summary of another version is
+    refused by name."""
     assert summary_path("/x/trace_3.sqlite").name == "trace_3.metrics.json"
     with pytest.raises(analysis.TraceError, match="summary version"):
         combine_summaries([{"version": 0, "source": "trace_0.metrics.json", "ranks": []}])

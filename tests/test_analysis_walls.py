@@ -1,5 +1,5 @@
-"""Wall classification on hand-built traces whose bottleneck is known by construction,
-log parsing, and bad input."""
+"""analysis/walls.py: wall classification on hand-built traces whose bottleneck is known by
+construction, the threshold table, and bad input reaching the analysis as one-line errors."""
 import json
 import sqlite3
 
@@ -8,7 +8,6 @@ import pytest
 from moetune import analysis
 from moetune.analysis import TraceError
 from moetune.analysis.cli import main as analyze_cli
-from moetune.analysis.logs import parse_log
 from moetune.analysis.walls import LIMITS, THRESHOLDS, classify
 from tests.nsys_fixture import TraceBuilder, foreign_sqlite
 
@@ -73,35 +72,6 @@ def test_memory_near_capacity_is_a_limit_not_a_wall(tmp_path):
     assert r["wall"] == "compute"
     limit = next(e for e in r["evidence"] if e["rule"] == "memory_near_capacity")
     assert limit["wall"] is None and limit["limits"].startswith("memory") and limit["value"] == 0.95
-
-
-def test_parse_megatron_log(tmp_path):
-    log = tmp_path / "log.txt"
-    lines = [f" [2026-11-22 10:00:0{i}] iteration        {i}/      10 | consumed samples:   {8*i} | "
-             f"elapsed time per iteration (ms): {ms} | throughput per GPU (TFLOP/s/GPU): {tf} | "
-             f"learning rate: 1.0E-04 | global batch size:     8 | lm loss: 1.0E+01 |"
-             for i, ms, tf in ((1, 2000.0, 10.0), (2, 700.0, 30.0), (3, 600.0, 35.0), (4, 620.0, 34.0))]
-    lines.append("[Rank 0] (after 4 iterations) memory (MB) | allocated: 1000.0 | max allocated: 3072.0 | reserved: 4000.0")
-    log.write_text("\n".join(lines) + "\n")
-    p = parse_log(log)
-    assert p["iterations"] == 4
-    assert p["step_time_ms"] == pytest.approx(610.0)
-    assert p["step_time_std_ms"] == pytest.approx(14.142, abs=1e-2)
-    assert p["tflops_per_gpu"] == pytest.approx(34.5)
-    assert p["max_allocated_gb"] == pytest.approx(3.0)
-    assert p["failure"] is None
-
-
-@pytest.mark.parametrize("text, failure", [
-    ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error", "nccl_error"),
-    ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5)", "nccl_timeout"),
-    ("slurmstepd: error: *** JOB 12 ON node1 CANCELLED AT 2026-11-22T10:00:00 DUE TO TIME LIMIT ***", "time_limit"),
-    ("slurmstepd: error: *** JOB 12 ON node1 CANCELLED AT 2026-11-22T10:00:00 ***", "cancelled"),
-])
-def test_log_failures(tmp_path, text, failure):
-    log = tmp_path / "log.txt"
-    log.write_text(text + "\n")
-    assert parse_log(log)["failure"] == failure
 
 
 def test_threshold_rows_name_their_source():

@@ -162,43 +162,6 @@ def test_shipped_baselines_pass(name):
     assert check(e.baseline, e.model, e.cluster) == []
 
 
-def test_check_cli(capsys):
-    from moetune.pipeline.cli.main import main
-    assert main(["check", "--gpus", "8", "--", "--num-layers", "8", "--num-attention-heads", "16",
-                 "--num-experts", "16", "--expert-model-parallel-size", "8", "--micro-batch-size", "1",
-                 "--global-batch-size", "64"]) == 0
-    assert capsys.readouterr().out.strip() == "ok"
-    assert main(["check", "--gpus", "8", "--", "--num-layers", "8", "--num-attention-heads", "16",
-                 "--num-experts", "16", "--expert-model-parallel-size", "1", "--micro-batch-size", "1",
-                 "--global-batch-size", "64", "--overlap-moe-expert-parallel-comm",
-                 "--moe-token-dispatcher-type", "alltoall"]) == 1
-    out = capsys.readouterr().out.strip().splitlines()
-    assert out == ["ep_overlap_needs_ep: EP all-to-all overlap needs EP > 1 [moe-comm-overlap.txt]"]
-
-
-def test_check_cli_usage_errors_and_no_separator(capsys):
-    from moetune.pipeline.cli.check import main
-    assert main(["--gpus", "x", "--", "--num-experts", "16"]) == 2
-    assert "invalid int value: 'x'" in capsys.readouterr().err
-    assert main(["--gpus", "8", "--"]) == 2  # no Megatron arguments
-    # without `--`, moetune's options are still its own
-    assert main(["--gpus", "6", "--num-layers", "8", "--num-attention-heads", "16", "--num-experts", "16",
-                 "--expert-model-parallel-size", "4", "--micro-batch-size", "1", "--global-batch-size", "6"]) == 1
-    assert "expert_folding" in capsys.readouterr().out
-
-
-def test_check_cli_names_an_argument_megatron_lacks(capsys):
-    """A mistyped flag is named (with the flag meant), not read as absent: EP is not taken as 1,
-    so the overlap flag is not blamed for it. Megatron's recorded option strings, no venv needed."""
-    from moetune.pipeline.cli.check import main
-    assert main(["--gpus", "16", "--no-megatron-parser", "--", "--num-layers", "8",
-                 "--num-attention-heads", "16", "--num-experts", "16", "--expert-model-paralel-size", "8",
-                 "--overlap-moe-expert-parallel-comm", "--stand-in-busy=0.5"]) == 1
-    assert capsys.readouterr().out.strip().splitlines() == [
-        "not a Megatron argument: --expert-model-paralel-size (did you mean --expert-model-parallel-size?)",
-        "not a Megatron argument: --stand-in-busy"]
-
-
 def test_batch_and_divisibility_messages_carry_the_numbers():
     """The rows whose fix is a number say the numbers: the global batch, micro batch and
     data-parallel size (with the GPUs and model parallelism it comes from, and a global batch that

@@ -1,7 +1,8 @@
 """Fit first (spec/fit.py, the fit stage, the tuner): which ranks bound a layout's memory, the fit job
 run for real with the CPU stand-in (no GPU here: the real path runs Megatron's fake process group on
 the GPU machine, benchmarks/device/fit.sh), and a layout that does not fit never reaching the
-cluster."""
+cluster; and the verdicts of real fit logs recorded on an H100 (a graphed layout's graph pools
+counted, a refusal named)."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from moetune.analysis.logs import parse_log
 from moetune.pipeline.decide import rules
 from moetune.pipeline.spec import fit
 from moetune.pipeline.spec.config import TrainingConfig
@@ -28,6 +30,7 @@ def test_bounding_ranks_are_the_first_and_last_pipeline_stage():
     assert fit.bounding_ranks(TrainingConfig(tp=2, pp=16, ep=64), 1024) == (0, 960)
 
 
+NEAR_CAPACITY = Path(__file__).parent / "data" / "gpu" / "near_capacity"  # the H100 run's fit logs
 SHIPPED = ("deepseek_v3", "mixtral_8x7b", "mixtral_8x22b", "qwen3_30b_a3b", "qwen3_235b", "qwen3_30b_a3b_ep8")
 
 
@@ -288,3 +291,25 @@ def test_the_fit_stage_through_the_real_slurm(slurm, make_trial):
     assert "#SBATCH --nodes=1" in sbatch and "#SBATCH --ntasks-per-node=1" in sbatch
     assert "[Rank 2]" in (folder / "log_rank_2.txt").read_text()
     assert [r.stage for r in store.stage_runs(tid)] == ["fit"]
+
+
+def test_a_graphed_fit_counts_the_graph_pools():
+    """qwen3_30b_a3b's one-GPU layout with TE graphs, fitted for 5 iterations: the capture after
+    iteration 3 takes GBs that Megatron's max allocated never shows; its end-of-run report holds
+    them as reserved memory, and the verdict reads the larger."""
+    p = parse_log(NEAR_CAPACITY / "fit_graphed.log.xz")
+    assert p["iterations"] == fit.CUDA_GRAPH_WARMUP_STEPS + 2 and p["failure"] is None
+    assert p["max_allocated_gb"] == pytest.approx(65.578, abs=1e-3)
+    assert p["max_reserved_gb"] == pytest.approx(74.184, abs=1e-3)  # after iteration 5: graph pools
+    v = fit.verdict({0: p}, 80.0)
+    assert v.peak_gb == pytest.approx(74.184, abs=1e-3) and not v.fits and v.failure is None
+
+
+def test_a_fit_megatron_refused_names_the_refusal():
+    """A fit log that ends in Megatron's own assertion is a python_error whose verdict names the
+    refusal (recorded on the H100 beside the near-capacity run)."""
+    p = parse_log(NEAR_CAPACITY / "fit_python_error.log.xz")
+    assert p["failure"] == "python_error" and p["iterations"] == 0
+    assert p["failure_line"] == "AssertionError: attention dropout is not supported with graphed attention recomputation."
+    v = fit.verdict({0: p}, 80.0)
+    assert not v.fits and v.failure == "python_error" and "attention dropout" in v.reason

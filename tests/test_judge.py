@@ -69,33 +69,6 @@ def test_device_tuning_run_under_the_rank_test(parent, new, keep):
     assert c.judged_by == "log median"
 
 
-def test_a_rule_whose_trial_crashed_is_not_tried_again_in_the_study(tmp_path):
-    """The recorded device study: local CUDA graphs crashed trial 6 (stream capture invalidated);
-    the study state remembers it, so no later parent spends a trial on it again."""
-    import shutil
-
-    from moetune.pipeline.store import Store
-    from moetune.pipeline.tune.state import study_state
-    db = tmp_path / "moetune.db"
-    shutil.copyfile(PREV / "moetune.db", db)
-    store = Store(str(db))
-    study = store.study("moe_proxy")
-    st = study_state(store, study, {"name": "device-h200x2"})
-    assert st.crashed == {"cuda_graphs_local": 6}
-    assert "manual_gc" not in st.crashed  # reverted within noise: not a crash
-
-
-def test_a_layout_megatron_refuses_is_not_a_crash():
-    from moetune.pipeline.tune.state import crashed
-    refused = ["[rank0]: AssertionError: eval_global_batch_size (16) must be divisible by "
-               "eval_micro_batch_size (16) * data_parallel_size (2)"]
-    assert not crashed({"state": "failed", "last_lines": refused})
-    capture = ["[rank0]: torch.AcceleratorError: CUDA error: operation failed due to a previous "
-               "error during capture"]
-    assert crashed({"state": "failed", "last_lines": capture})
-    assert not crashed({"state": "oom", "last_lines": capture})
-
-
 def test_noise_threshold_uses_the_runs_spread():
     quiet = {"step_time_ms": 100.0, "step_time_std_ms": 0.1, "steps": 4}
     noisy = {"step_time_ms": 100.0, "step_time_std_ms": 10.0, "steps": 4}

@@ -1,5 +1,10 @@
 """Megatron's own argument validation (megatron-core 0.19.2, on the CPU in .venv-megatron) agrees
-with moetune's renderings and constraint table."""
+with moetune's renderings and constraint table, both ways: the table's own cases (built to break
+moetune's rules) are refused by Megatron where it refuses, and configs drawn from the whole config
+space without looking at moetune's rules are never accepted by moetune where Megatron refuses them
+(moetune may be stricter: it also refuses what runs slowly or what the cluster lacks)."""
+import random
+
 import pytest
 
 from moetune.pipeline.spec import megatron_validate as mv
@@ -34,7 +39,8 @@ def test_production_models_accepted_by_megatron():
 
 def test_what_megatron_refuses_moetune_refuses():
     """Every forbidden case of the constraint table through Megatron: where Megatron refuses,
-    moetune's checker must refuse too (a disagreement fails, naming the case)."""
+    moetune's checker must refuse too (a disagreement fails, naming the case). These cases are built
+    from moetune's own rules; the drawn configs below check the other direction."""
     gpus = H100["nodes"] * H100["gpus_per_node"]
     cases = [(code, OK.replace(**changes), {**H100, **cl}) for changes, cl, code in CASES]
     argvs = [cfg.to_args(MODEL, has_apex=cl.get("has_apex", True)) + run_args() for _, cfg, cl in cases]
@@ -46,6 +52,63 @@ def test_what_megatron_refuses_moetune_refuses():
                      if r and not check(cfg, MODEL, cl)]
     assert disagreements == []
     assert mv.validate([OK.to_args(MODEL) + run_args()], gpus) == [None]
+
+
+# The config space the draws below come from: each field's values as a user may set them, chosen
+# without reference to moetune's rules.
+SPACE = dict(tp=[1, 2, 4], pp=[1, 2, 4], ep=[1, 2, 4, 8, 16], etp=[None, 1, 2], cp=[1, 2],
+             sequence_parallel=[False, True], vpp=[None, 2], micro_batch=[1, 2, 4], global_batch=[32, 64, 96],
+             dispatcher=["alltoall", "allgather", "flex"], overlap_ep_a2a=[False, True],
+             shared_expert_overlap=[False, True], distributed_optimizer=[False, True],
+             overlap_param_gather=[False, True], recompute_granularity=[None, "selective", "full"],
+             recompute_modules=[(), ("core_attn",), ("moe",), ("moe_act",)], recompute_num_layers=[None, 1],
+             grouped_gemm=[False, True], delay_wgrad=[False, True],
+             transformer_impl=["transformer_engine", "local"],
+             cuda_graph_impl=["none", "local", "transformer_engine"], capacity_factor=[None, 1.0],
+             pad_to_capacity=[False, True])
+
+
+def drawn_configs(n: int, seed: int = 26) -> list:
+    """`n` configs a few fields away from OK (1 to 3 fields, each set to a value of SPACE): near a
+    valid layout, so Megatron both accepts and refuses a fair share of them."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        keys = rng.sample(sorted(SPACE), rng.choice([1, 2, 3]))
+        out.append(OK.replace(**{k: rng.choice(SPACE[k]) for k in keys}))
+    return out
+
+
+def test_what_moetune_accepts_megatron_accepts_on_configs_not_built_from_its_rules():
+    """The other direction: 60 drawn configs go through Megatron first. Every one Megatron refuses
+    moetune refuses too (none that moetune accepts fails Megatron's validation); the draw holds
+    enough of both kinds to mean something. (In the draw made when this test was written, 0 of 60
+    were refused by Megatron alone and a handful by moetune alone: stricter rules, e.g. selective
+    recompute without modules, the local spec under sequence parallelism.)"""
+    configs = drawn_configs(60)
+    gpus = H100["nodes"] * H100["gpus_per_node"]
+    results = mv.validate([c.to_args(MODEL) + run_args() for c in configs], gpus)
+    ours = [check(c, MODEL, H100) for c in configs]
+    accepted_by_both = sum(not r and not o for r, o in zip(results, ours))
+    refused_by_megatron = sum(bool(r) for r in results)
+    assert accepted_by_both >= 20 and refused_by_megatron >= 10, (accepted_by_both, refused_by_megatron)
+    only_megatron = [(c.to_dict(), r) for c, r, o in zip(configs, results, ours) if r and not o]
+    assert only_megatron == []
+
+
+@pytest.mark.xfail(strict=True, reason="moetune's table reads selective recompute without modules as "
+                   "recomputing nothing; Megatron takes its default modules (core_attn) and refuses it "
+                   "under graphed attention. Found by a draw over the whole config space.")
+def test_selective_recompute_with_megatrons_default_modules_under_graphed_attention():
+    """Selective recompute with no modules named recomputes Megatron's default, core_attn, which
+    Megatron refuses under local CUDA graphs of attention (attention dropout): moetune must refuse
+    it too. A known gap of the constraint table: this test fails until the table covers it (and
+    then xfail's strictness fails it, to be unmarked)."""
+    cfg = OK.replace(recompute_granularity="selective", recompute_modules=(), cuda_graph_impl="local",
+                     capacity_factor=1.0)
+    (refusal,) = mv.validate([cfg.to_args(MODEL) + run_args()], H100["nodes"] * H100["gpus_per_node"])
+    assert refusal and "graphed attention recomputation" in refusal
+    assert check(cfg, MODEL, H100), "Megatron refuses it; moetune's table accepts it"
 
 
 def test_every_rendered_flag_is_megatrons():
@@ -113,15 +176,6 @@ def test_the_device_te_configs_are_accepted_by_megatron():
 def test_recorded_flags_are_megatrons_parser():
     """spec/megatron_flags.txt (what `moetune check` reads without the venv) is Megatron's parser."""
     assert mv.recorded_flags() == mv.known_flags()
-
-
-def test_check_cli_reports_what_megatrons_parser_refuses(capsys):
-    from moetune.pipeline.cli.check import main
-    assert main(["--gpus", "8", "--", "--num-layers", "8", "--num-attention-heads", "16",
-                 "--num-experts", "16", "--moe-token-dispatcher-type", "alltoal"]) == 1
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith("Megatron's parser refuses it:")
-    assert "--moe-token-dispatcher-type: invalid choice: 'alltoal'" in out[0]
 
 
 # megatron-core releases the job's entry runs on; scripts/megatron-venv installs each beside the venv's 0.19

@@ -1,13 +1,21 @@
-"""The memory estimate: published parameter counts, what each knob saves, the plan's order, and
-agreement with Megatron's own theoretical figure on weights and optimizer states."""
+"""spec/memory.py, the memory estimate: published parameter counts, what each knob saves, the
+plan's order, agreement with Megatron's own theoretical figure on weights and optimizer states, and
+the estimate against measured peaks: moe_proxy's trial bank runs (a family the activation scale was
+not fitted on), and the fit lease's ten production layouts (rank 0 on one H200, megatron-core 0.19.2
+`--fake-process-group`, TE 2.20.2; benchmarks/fit_lease/, docs/memory.md) both in sample and each
+held out of the scale's fit."""
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from moetune.pipeline.spec import megatron_validate as mv
-from moetune.pipeline.spec.config import run_args
+from moetune.analysis.logs import parse_log, read_log_text
+from moetune.pipeline.spec import memory
+from moetune.pipeline.spec.config import TrainingConfig, run_args
 from moetune.pipeline.spec.experiment import load_experiment
-from moetune.pipeline.spec.memory import count_params, estimate, mtp_params, plan
+from moetune.pipeline.spec.memory import ACTIVATION_SCALE, count_params, estimate, family, mtp_params, plan
 
 PUBLISHED_B = {"qwen3_235b": 235, "qwen3_30b_a3b": 30.5, "mixtral_8x7b": 46.7, "mixtral_8x22b": 141,
                "deepseek_v3": 671 + 14}  # DeepSeek-V3: 671 B main model + 14 B MTP module
@@ -73,7 +81,7 @@ def test_model_state_within_10_percent_of_megatron():
     # deepseek_v3's baseline is left out on purpose since the fit-lease calibration: its first stage
     # holds 3 dense layers (--decoder-first-pipeline-num-layers 3), which Megatron's figure prices
     # as an even share of MoE layers plus MTP (20.0 GB); the measured model state on that rank is
-    # 8.1 GB and ours 8.1 GB (tests/test_memory_fit.py)
+    # 8.1 GB and ours 8.1 GB (the fit lease tests below)
     names = [n for n in PUBLISHED_B if n != "deepseek_v3"]
     exps = [load_experiment(n) for n in names]
     theirs = mv.theoretical_memory([e.baseline.to_args(e.model) + run_args() for e in exps],
@@ -154,3 +162,69 @@ def test_plan_cli_errors(capsys):
     assert main(["mixtral_8x7b", "--gpus", "16", "--limit", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("mixtral_8x7b on 16x H100") and len(lines) == 4
+
+
+FIT = Path(__file__).resolve().parent.parent / "benchmarks" / "fit_lease"
+LAYOUTS = [l for l in json.loads((FIT / "layouts.json").read_text()) if l["rank"] == 0]
+STATE = re.compile(r"\(after 2 iterations\) memory \(MB\) \| allocated: ([\d.]+)")
+
+
+def _measured(name):
+    log = FIT / "logs" / f"{name}.log.xz"
+    state_mb = float(STATE.search(read_log_text(log)).group(1))  # after the step: weights, grads, optimizer
+    return parse_log(log)["max_allocated_gb"], state_mb / 1024
+
+
+def test_ten_layouts_five_models():
+    """The fit lease holds rank 0 of ten layouts of the five production models."""
+    assert len(LAYOUTS) == 10 and len({l["model"] for l in LAYOUTS}) == 5
+
+
+@pytest.mark.parametrize("lay", LAYOUTS, ids=lambda l: l["name"])
+def test_fit_lease_estimate_within_10_percent_of_measured_peak(lay):
+    """In sample: with the activation scale fitted on these same ten layouts, the estimate of each
+    is within 10 % of its measured peak, and the model state alone within 10 % of the measured one."""
+    exp = load_experiment(lay["model"])
+    est = estimate(exp.model, TrainingConfig.from_dict(lay["config"]), lay["world_size"])
+    peak, state = _measured(lay["name"])
+    assert est.model_state_gb + est.activations_gb == pytest.approx(peak, rel=0.10)
+    assert est.model_state_gb == pytest.approx(state, rel=0.10)  # the model state alone, too
+
+
+def test_measured_terms_are_per_family_not_per_layout():
+    """One activation scale per model family measured (three), each a fraction near one."""
+    models = {l["model"] for l in LAYOUTS}
+    assert set(ACTIVATION_SCALE) == {family(load_experiment(m).model) for m in models}
+    assert len(ACTIVATION_SCALE) == 3 and all(0.7 < v <= 1.0 for v in ACTIVATION_SCALE.values())
+
+
+def _terms(lay):
+    """(everything but the scaled activations, the activations the scale multiplies), in GiB:
+    the estimate taken with the family's scale at 0 and at 1."""
+    exp = load_experiment(lay["model"])
+    cfg, fam = TrainingConfig.from_dict(lay["config"]), family(exp.model)
+    out = []
+    for scale in (0.0, 1.0):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(memory, "ACTIVATION_SCALE", {fam: scale})
+            e = estimate(exp.model, cfg, lay["world_size"])
+        out.append(e.model_state_gb + e.activations_gb)
+    return fam, out[0], out[1] - out[0]
+
+
+def test_estimate_on_layouts_held_out_of_the_activation_fit():
+    """Out of sample: each of the ten layouts is held out in turn, its family's activation scale
+    refitted on the family's other layouts (the mean of their measured-over-computed ratios, which
+    gives back the table's 0.84 and 0.96 for qwen3 and mixtral), and the held-out layout estimated
+    with it. The qwen3 and mixtral families (three layouts left to fit on) stay within 3 % of the
+    measured peak, inside the 10 % the in-sample test claims. DeepSeek-V3 has two layouts, so its
+    scale is fitted on one: held out, its baseline is 11.1 % over (the plan -2.9 %). The honest
+    out-of-sample bound is therefore 12 %, not 10 %, and it is set there."""
+    rows = {lay["name"]: (*_terms(lay), _measured(lay["name"])[0]) for lay in LAYOUTS}
+    errors = {}
+    for name, (fam, fixed, act, peak) in rows.items():
+        ratios = [(p - f) / a for n, (fm, f, a, p) in rows.items() if fm == fam and n != name]
+        errors[name] = (fixed + sum(ratios) / len(ratios) * act) / peak - 1
+    assert max(map(abs, errors.values())) <= 0.12, errors
+    assert errors["deepseek_v3-baseline-r0"] == pytest.approx(0.111, abs=0.005)
+    assert all(abs(e) <= 0.03 for n, e in errors.items() if not n.startswith("deepseek")), errors

@@ -1,17 +1,14 @@
 """A completed run busy on compute with its allocator near the GPU's capacity, recorded on one H100
 (tests/data/gpu/near_capacity, made by benchmarks/near_capacity.py): it is not memory-walled, the
-near-capacity row stands in its evidence as a limit, and it bars the fixes that grow memory. And the
-same run's fit logs: a graphed layout's fit counts the graph pools, and a config Megatron refuses
-is named by its refusal."""
+near-capacity row stands in its evidence as a limit, and it bars the fixes that grow memory. (The
+same run's fit logs are read in tests/test_fit.py.)"""
 import json
 from pathlib import Path
 
 import pytest
 
 from moetune import analysis
-from moetune.analysis.logs import parse_log
 from moetune.pipeline.decide import rules
-from moetune.pipeline.spec import fit
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.experiment import load_experiment
 
@@ -52,21 +49,3 @@ def test_near_capacity_bars_the_fixes_that_grow_memory(recorded):
     assert "compute_larger_micro_batch" in roomy
 
 
-def test_a_graphed_fit_counts_the_graph_pools():
-    """qwen3_30b_a3b's one-GPU layout with TE graphs, fitted for 5 iterations: the capture after
-    iteration 3 takes GBs that Megatron's max allocated never shows; its end-of-run report holds
-    them as reserved memory, and the verdict reads the larger."""
-    p = parse_log(DATA / "fit_graphed.log.xz")
-    assert p["iterations"] == fit.CUDA_GRAPH_WARMUP_STEPS + 2 and p["failure"] is None
-    assert p["max_allocated_gb"] == pytest.approx(65.578, abs=1e-3)
-    assert p["max_reserved_gb"] == pytest.approx(74.184, abs=1e-3)  # after iteration 5: graph pools
-    v = fit.verdict({0: p}, 80.0)
-    assert v.peak_gb == pytest.approx(74.184, abs=1e-3) and not v.fits and v.failure is None
-
-
-def test_a_fit_megatron_refused_names_the_refusal():
-    p = parse_log(DATA / "fit_python_error.log.xz")
-    assert p["failure"] == "python_error" and p["iterations"] == 0
-    assert p["failure_line"] == "AssertionError: attention dropout is not supported with graphed attention recomputation."
-    v = fit.verdict({0: p}, 80.0)
-    assert not v.fits and v.failure == "python_error" and "attention dropout" in v.reason

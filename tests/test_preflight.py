@@ -1,6 +1,6 @@
 """The preflight (trial/preflight.py, job/preflight_probe.py, spec/preflight.py): a one-node job of
 the trials' own template through the real Slurm of this machine reads back what a trial will meet
-(CPUs, NUMA nodes, Debian's nsys 2022.4 without `nsys recipe`, Megatron, the runs folder), and
+(CPUs, NUMA nodes, the nsys and whether it has `nsys recipe`, Megatron, the runs folder), and
 what blocks trials stops the tuner before its first one with one line naming the fix."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from moetune.analysis.nsys import has_recipes, version
 from moetune.pipeline.decide import rules as rules_mod
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.paths import WORKLOADS
@@ -37,7 +38,8 @@ def _checks(out) -> dict:
 @pytest.mark.nsys
 def test_preflight_through_slurm_records_cpus_numa_nsys_and_the_runs_folder(slurm, nsys_bin, tmp_path):
     """The probe runs as a Slurm job on a node of this cluster and reports this machine's CPUs and
-    NUMA nodes, Debian's nsys 2022.4 (without `nsys recipe`: a note, not a block) and the token
+    NUMA nodes, the installed nsys (its version, and whether it has `nsys recipe`: where not, as
+    Debian's 2022.4, a note, not a block) and the token
     the login side wrote, read back by the same path; the record is stored per cluster and image."""
     store = Store(str(tmp_path / "db.sqlite"))
     cluster = stand_in_cluster(nsys=nsys_bin, python=sys.executable)
@@ -49,13 +51,14 @@ def test_preflight_through_slurm_records_cpus_numa_nsys_and_the_runs_folder(slur
     assert rec["cpus"]["node"] == os.cpu_count()
     assert 1 <= rec["cpus"]["task"] <= os.cpu_count()
     assert len(rec["cpus"]["numa_nodes"]) == len(glob.glob("/sys/devices/system/node/node[0-9]*"))
-    assert rec["nsys"]["version"].startswith("2022.4") and rec["nsys"]["recipe"] is False
+    assert rec["nsys"]["version"] in version(nsys_bin) and rec["nsys"]["recipe"] is has_recipes(nsys_bin)
     assert rec["runs_folder"]["seen"] == rec["runs_folder"]["expected"]
     ib = "/sys/class/infiniband"
     assert rec["infiniband"] == (sorted(os.listdir(ib)) if os.path.isdir(ib) else [])
     found = _checks(out)
     assert not out.blocking, [p.line for p in out.blocking]
-    assert found["nsys_recipe"].blocking is False and "2022.4" in found["nsys_recipe"].message
+    if not has_recipes(nsys_bin):
+        assert found["nsys_recipe"].blocking is False and rec["nsys"]["version"] in found["nsys_recipe"].message
     assert out.capabilities["numa_nodes"] == len(rec["cpus"]["numa_nodes"])
     assert "has_transformer_engine" not in out.capabilities  # the stand-in's venv is no GPU image
     row = store.latest_preflight("test-1node", spec.image_key(cluster))

@@ -1,11 +1,14 @@
 """moetune's figures against NVIDIA's Nsight Systems recipes on the same real reports (one H200 or
 H100, nsys 2025.3.1, tests/data/gpu/recipes/README.md says how they were recorded): kernel time per
 name within 1 %, GPU busy share within 2 points, over the recipe's window, and the share of NCCL
-time under compute within 2 points (two H200s)."""
+time under compute within 2 points (two H200s). check_report runs the recipes where the nsys at hand
+has them (through a stand-in nsys that answers with the recorded outputs, and through the installed
+nsys, whichever branch its version takes) and says why not where it has not."""
 from __future__ import annotations
 
 import dataclasses
 import shutil
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -84,10 +87,57 @@ def test_a_foreign_recipe_output_is_one_line(tmp_path):
     assert "\n" not in str(e.value) and str(tmp_path) in str(e.value)
 
 
+def stand_in_nsys(path: Path, recorded: Path) -> str:
+    """A stand-in nsys (a shell script) that has `nsys recipe`: each recipe's output is NVIDIA's own,
+    copied from the run recorded under `recorded` by nsys 2025.3.1. It lets the branch that runs
+    recipes run where the installed nsys has none (Debian's 2022.4)."""
+    path.write_text(f"""#!/bin/sh
+if [ "$1" = "--version" ]; then echo "NVIDIA Nsight Systems version 2025.3.1.90-stand-in"; exit 0; fi
+if [ "$1" = "recipe" ] && [ "$2" = "--help" ]; then echo "usage: nsys recipe [<args>] <recipe name>"; exit 0; fi
+if [ "$1" = "recipe" ]; then
+  name="$2"; out=""
+  while [ $# -gt 0 ]; do [ "$1" = "--output" ] && out="$2"; shift; done
+  cp -r "{recorded}/$name" "$out" && echo "Generated: $out"; exit $?
+fi
+exit 1
+""")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_check_report_runs_each_recipe_where_nsys_has_them(tmp_path):
+    """The recipes branch of check_report, through a stand-in nsys that has `nsys recipe`: each of
+    RECIPES runs into recipes_<report>/ beside the report, and the comparison of the recorded run
+    with NVIDIA's outputs is carried in the note, with no disagreement."""
+    nsys = stand_in_nsys(tmp_path / "nsys", DATA / "moe_proxy_ep2_rank0")
+    report = tmp_path / "run.nsys-rep"
+    report.write_bytes(b"")  # the stand-in reads no report; its recipes' outputs are recorded
+    note = recipes.check_report(nsys, report, DATA / "moe_proxy_ep2_rank0" / "run.sqlite.xz")
+    assert "skipped" not in note and note["nsys"].endswith("2025.3.1.90-stand-in")
+    assert [(r["recipe"], r["rc"]) for r in note["ran"]] == [(name, 0) for name in recipes.RECIPES]
+    assert sorted(p.name for p in (tmp_path / "recipes_run").iterdir()) == sorted(recipes.RECIPES)
+    assert note["disagreements"] == []
+    assert note == {**note, **recipes.compare(DATA / "moe_proxy_ep2_rank0" / "run.sqlite.xz", tmp_path / "recipes_run")}
+
+
 @pytest.mark.nsys
-def test_nsys_2022_has_no_recipes_and_the_export_says_so(nsys_bin):
-    from moetune.analysis.nsys import has_recipes
-    assert has_recipes(nsys_bin) is False
+def test_check_report_with_the_installed_nsys_follows_what_it_can(nsys_bin, tmp_path):
+    """Whichever nsys is installed: where it has `nsys recipe` (2023.x and later) check_report runs
+    every recipe on a report recorded now; where it has not (Debian's 2022.4), the note says so and
+    names its version, and nothing is run. Either way the note is what the trial report shows."""
+    from moetune.analysis.nsys import has_recipes, version
+    rep = tmp_path / "sleep"
+    r = subprocess.run([nsys_bin, "profile", "-t", "osrt", "-s", "none", "--cpuctxsw", "none", "-o", str(rep),
+                        "-f", "true", "sleep", "0.2"], capture_output=True, text=True, timeout=300)
+    report = tmp_path / "sleep.nsys-rep"
+    assert report.exists(), r.stderr[-500:]
+    note = recipes.check_report(nsys_bin, report, tmp_path / "sleep.sqlite")
+    assert note["nsys"] == version(nsys_bin)
+    if has_recipes(nsys_bin):
+        assert [x["recipe"] for x in note["ran"]] == list(recipes.RECIPES) and "skipped" not in note
+    else:
+        assert note["skipped"].startswith("this nsys has no `nsys recipe`") and "ran" not in note
+        assert not (tmp_path / "recipes_sleep").exists()
 
 
 def test_the_report_shows_the_recipes_beside_moetune():

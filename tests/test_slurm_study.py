@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from moetune.analysis.nsys import has_recipes, version
+from moetune.analysis.recipes import RECIPES
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.trial import stages
 from tests.conftest import REPO, stand_in_cluster
@@ -47,8 +49,12 @@ def test_three_trial_study_through_slurm_under_nsys(slurm, nsys_bin, make_trial)
         analysis = json.loads((folder / "analysis.json").read_text())
         assert analysis["metrics"]["per_rank"]["0"]["steps"] == 8
         assert store.metrics(tid)["step_time_ms"] == pytest.approx(40, rel=0.5)
-        note = json.loads((folder / "trace_0.recipes.json").read_text())  # Debian's nsys: no recipes
-        assert note["skipped"].startswith("this nsys has no `nsys recipe`") and "2022.4" in note["nsys"]
+        note = json.loads((folder / "trace_0.recipes.json").read_text())
+        assert note["nsys"] == version(nsys_bin)  # the job's nsys is the installed one
+        if has_recipes(nsys_bin):  # Nsight Systems 2023.x and later: the recipes ran in the job
+            assert [r["recipe"] for r in note["ran"]] == list(RECIPES) and "skipped" not in note
+        else:  # Debian's 2022.4: the note says why they did not
+            assert note["skipped"].startswith("this nsys has no `nsys recipe`") and "ran" not in note
         assert analysis["recipes"]["trace_0"] == note  # the analysis carries it to the report
         decision = json.loads((folder / "decision.json").read_text())  # no tuner: no decisions
         assert decision["trial"] == tr.number and decision["decisions"] == []

@@ -1,4 +1,4 @@
-"""submitit's local executor and the GPUs a local trial sees (CUDA_VISIBLE_DEVICES).
+"""job/scheduler.py: submitit's local executor and the GPUs a local trial sees (CUDA_VISIBLE_DEVICES).
 
 Found on the GPU machine: without `gpus_per_node`, submitit sets the job's CUDA_VISIBLE_DEVICES to
 nothing, and Megatron stopped with "Megatron requires CUDA". These jobs run for real through
@@ -32,16 +32,20 @@ def _visible_in_job(tmp_path: Path, gpus: int) -> str:
 
 
 def test_local_job_sees_as_many_gpus_as_the_cluster_gives_a_node(tmp_path, monkeypatch):
+    """With no CUDA_VISIBLE_DEVICES set, a local job of 2 GPUs a node sees GPUs 0 and 1."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert _visible_in_job(tmp_path, 2) == "visible=[0,1]"
 
 
 def test_local_job_keeps_to_the_gpus_this_process_was_given(tmp_path, monkeypatch):
+    """A local job takes the first of the GPUs this process was given (3,5,6 gives 3,5), not GPUs 0
+    and 1."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
     assert _visible_in_job(tmp_path, 2) == "visible=[3,5]"
 
 
 def test_cpu_job_sees_no_gpu(tmp_path, monkeypatch):
+    """A job of no GPUs sees none, whatever this process was given."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert _visible_in_job(tmp_path, 0) == "visible=[]"
 
@@ -51,6 +55,8 @@ def test_cpu_job_sees_no_gpu(tmp_path, monkeypatch):
     ("0", 2, "needs 2 GPUs"),
 ])
 def test_gpus_the_local_executor_cannot_give_are_one_clear_line(visible, needed, words):
+    """GPUs this process was given by UUID, or fewer than the job asks for, are one line saying
+    which."""
     with pytest.raises(jobs.JobError, match=words) as e:
         jobs.local_gpus(needed, visible)
     assert "\n" not in str(e.value)

@@ -1,5 +1,7 @@
-"""Did the fix take effect? Checked on traces (hand-built SQLite in the nsys schema, read by the
-real analysis), and the tuner marks a fix its trace does not show as not_applied."""
+"""decide/applied.py: did the fix take effect? applied.verify on traces (hand-built SQLite in the
+nsys schema, read by the real analysis) calls a fix applied only where its kernels show, not_applied
+where they do not, unverified without trace metrics. (That the tuner then records not_applied and
+bars the rule on that cluster is proved by tests/test_loop.py, which runs the tuner.)"""
 import sys
 from pathlib import Path
 
@@ -18,6 +20,8 @@ def analyzed(tmp_path, name, **kw):
 
 
 def test_deepep_config_whose_trace_shows_only_sendrecv_is_not_applied(tmp_path):
+    """A flex/DeepEP config whose trace shows NCCL SendRecv and no DeepEP kernel fell back:
+    not_applied, with the kernel counts as evidence."""
     parent = analyzed(tmp_path, "alltoall")
     fell_back = analyzed(tmp_path, "deepep_fallback")  # flex/deepep asked, NCCL SendRecv ran
     v = applied.verify("flex_dispatch", fell_back, parent)
@@ -26,6 +30,7 @@ def test_deepep_config_whose_trace_shows_only_sendrecv_is_not_applied(tmp_path):
 
 
 def test_deepep_kernels_without_sendrecv_is_applied(tmp_path):
+    """DeepEP's own dispatch kernels in place of NCCL SendRecv: the fix is applied."""
     parent = analyzed(tmp_path, "alltoall")
     deepep = analyzed(tmp_path, "deepep", sendrecv_name="deep_ep::intranode::dispatch<8>")
     v = applied.verify("flex_dispatch", deepep, parent)
@@ -33,6 +38,8 @@ def test_deepep_kernels_without_sendrecv_is_applied(tmp_path):
 
 
 def test_overlap_must_lower_exposed_all_to_all(tmp_path):
+    """The EP overlap is applied only where the exposed all-to-all fell from its parent's; the same
+    exposure is not_applied."""
     parent = analyzed(tmp_path, "plain")
     hidden = dict(STEP, hidden=STEP["a2a"] * 0.7, a2a=STEP["a2a"] * 0.3)
     assert applied.verify("overlap", analyzed(tmp_path, "overlap", step=hidden), parent).applied
@@ -41,6 +48,8 @@ def test_overlap_must_lower_exposed_all_to_all(tmp_path):
 
 
 def test_fp8_and_recompute_need_their_kernels(tmp_path):
+    """FP8 needs its cast kernels and recompute its extra forward GEMMs in the trace; the parent's
+    kernels alone are not_applied."""
     parent = analyzed(tmp_path, "bf16")
     assert applied.verify("fp8", analyzed(tmp_path, "bf16_again"), parent).status == "not_applied"
     fp8 = analyzed(tmp_path, "fp8", extra_kernels=("transformer_engine::fp8_quantize_kernel",))
@@ -51,6 +60,7 @@ def test_fp8_and_recompute_need_their_kernels(tmp_path):
 
 
 def test_cuda_graphs_need_graph_launches():
+    """CUDA graphs are applied only where the trace counts graph launches."""
     with_graphs = {"metrics": {"combined": {"kernel_class_count": {"gemm": 10},
                                             "cuda_graph_launches": 12}}}
     without = {"metrics": {"combined": {"kernel_class_count": {"gemm": 10}, "cuda_graph_launches": 0}}}
@@ -59,6 +69,8 @@ def test_cuda_graphs_need_graph_launches():
 
 
 def test_no_trace_metrics_is_unverified_not_refused():
+    """With only a log (no kernel counts) a fix is unverified and still counted as applied, not
+    refused."""
     log_only = {"metrics": {"combined": {"step_time_ms": 100.0}}}
     v = applied.verify("flex_dispatch", log_only, log_only)
     assert v.status == "unverified" and v.applied

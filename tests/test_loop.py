@@ -1,5 +1,8 @@
-"""The tuning loop on a CPU stand-in trial bank (tests/standin_bank.py): real stages through
-submitit's local executor, real analysis of the stand-in's SQLite traces and logs."""
+"""tune/loop.py, the tuning loop, on a CPU stand-in trial bank (tests/standin_bank.py): real stages
+through submitit's local executor, real analysis of the stand-in's SQLite traces and logs. The
+stand-in bank's step times come from a cost model written for these tests, so "a third of the
+trials" on it shows the loop works, not how well it tunes; beside it, the same claim on the bank
+recorded on GPUs (benchmarks/trial_bank, replayed by job/replay.py)."""
 import json
 import sys
 from pathlib import Path
@@ -7,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from moetune.pipeline.decide import applied
-from moetune.pipeline.trial import run as runner
 from moetune.pipeline.tune import loop as tuner
 from moetune.pipeline.tune.state import JUDGED
 from moetune.pipeline.store import Store
@@ -52,6 +54,8 @@ def finished(standin, tmp_path_factory):
 
 
 def test_reaches_bank_best_with_a_third_of_the_trials(standin, finished):
+    """On the stand-in bank (its cost model written for this test): the study's best is within 3 %
+    of the bank's best of the same workload, in at most a third as many trials as the bank holds."""
     _, bank = standin
     store, s, _ = finished
     n_bank = len(bank.read_text().splitlines())
@@ -60,7 +64,31 @@ def test_reaches_bank_best_with_a_third_of_the_trials(standin, finished):
     assert s["best_step_time_ms"] < s["baseline_step_time_ms"]
 
 
+RECORDED_BANK = Path(__file__).resolve().parents[1] / "benchmarks" / "trial_bank"
+
+
+def test_on_the_recorded_bank_reaches_its_best_with_a_third_of_its_runs(tmp_path):
+    """The recorded bank's figure (moe_proxy on 2x H200, the runs `make demo` replays): of its 23
+    completed runs of the baseline's workload (same GPUs, sequence and global batch), the study
+    reaches the fastest (micro batch 8, within 3 %) in at most a third as many trials; when this
+    test was written, in 3."""
+    from moetune.pipeline.job import replay
+    bank = replay.load_bank(RECORDED_BANK)
+    base = replay.entry_config(bank[0])
+    same = [e["step_time_ms"] for e in bank if e.get("state") == "COMPLETED" and e.get("gpus") == bank[0]["gpus"]
+            and (replay.entry_config(e).seq_length, replay.entry_config(e).global_batch)
+            == (base.seq_length, base.global_batch)]
+    store = Store(str(tmp_path / "db.sqlite"))
+    s = tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp_path / "runs", bank_dir=RECORDED_BANK,
+                   progress=False)
+    assert len(same) >= 20
+    assert s["best_step_time_ms"] <= min(same) * 1.03
+    assert s["trials"] <= len(same) / 3
+
+
 def test_every_trial_judged_once_and_no_config_twice(finished):
+    """No config is run twice, every trial gets exactly one judging decision, and the study ends
+    with one stop."""
     store, s, _ = finished
     study = store.study(s["study"])
     trials = store.trials(study.id)
@@ -73,6 +101,7 @@ def test_every_trial_judged_once_and_no_config_twice(finished):
 
 
 def test_every_stage_recorded(finished):
+    """The baseline trial's stage records are the six stages in their order."""
     store, s, _ = finished
     study = store.study(s["study"])
     first = store.trials(study.id)[0]
@@ -92,6 +121,7 @@ def test_config_not_in_bank_is_not_proposed(finished):
 
 
 def test_rerun_of_finished_study_runs_nothing(standin, finished):
+    """Tuning a finished study again returns the same summary and runs nothing."""
     store, s, tmp = finished
     again = tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp / "runs",
                        bank_dir=standin[0], progress=False)
@@ -99,6 +129,8 @@ def test_rerun_of_finished_study_runs_nothing(standin, finished):
 
 
 def test_slower_change_is_reverted_as_a_result(tmp_path):
+    """A change the bank makes 1.5x slower is run, judged slower and reverted, with both step times
+    in its evidence, and is not the best."""
     bank_dir = tmp_path / "bank"
     standin_bank.build(bank_dir, slower={"mbs4": 1.5})
     store = Store(str(tmp_path / "db.sqlite"))
@@ -113,6 +145,8 @@ def test_slower_change_is_reverted_as_a_result(tmp_path):
 
 
 def test_hung_trial_is_cancelled_recorded_and_reverted(tmp_path):
+    """A trial that hangs (an NCCL watchdog timeout in its log) is cancelled, recorded as hung with
+    the log's last lines, and reverted."""
     bank_dir = tmp_path / "bank"
     standin_bank.build(bank_dir, hang={"mbs4"})
     store = Store(str(tmp_path / "db.sqlite"))
@@ -126,31 +160,10 @@ def test_hung_trial_is_cancelled_recorded_and_reverted(tmp_path):
     assert s["best_config_hash"] != t.config_hash
 
 
-def _silent_job(log_path):
-    import time
-    Path(log_path).write_text(" iteration        1/      10 | elapsed time per iteration (ms): 5.0 |\n")
-    time.sleep(120)
-
-
-def test_watch_cancels_a_job_without_iteration_lines(tmp_path):
-    import time
-    import submitit
-    from moetune.pipeline.job import scheduler as jobs
-    ex = submitit.LocalExecutor(folder=tmp_path / "submitit")
-    log = tmp_path / "log.txt"
-    job = ex.submit(_silent_job, str(log))
-    ref = jobs.JobRef(job_id=str(job.job_id), kind="local", folder=str(tmp_path / "submitit"),
-                      name="silent")
-    status, msg = runner.watch(ref, log, hang_timeout_s=3, poll_s=0.2)
-    assert status == "hung" and "no iteration line" in msg
-    for _ in range(50):
-        if job.done():
-            break
-        time.sleep(0.2)
-    assert job.done()
-
-
 def test_fix_without_effect_is_not_applied_and_blocked_on_the_cluster(tmp_path):
+    """The tuner runs a fix whose trace does not show it, records not_applied, keeps it out of the
+    best config, and a second study on the same cluster and image skips that rule instead of running
+    it."""
     bank_dir = tmp_path / "bank"
     standin_bank.build(bank_dir, no_effect={"ep_overlap_mbs4", "ep_overlap"})
     store = Store(str(tmp_path / "db.sqlite"))
@@ -169,6 +182,7 @@ def test_fix_without_effect_is_not_applied_and_blocked_on_the_cluster(tmp_path):
 
 
 def test_budget_stops_the_study(standin, tmp_path):
+    """A trial budget of 2 stops the study after 2 trials, saying so."""
     store = Store(str(tmp_path / "db.sqlite"))
     s = tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp_path / "runs",
                    bank_dir=standin[0], progress=False, max_trials=2)
@@ -176,14 +190,15 @@ def test_budget_stops_the_study(standin, tmp_path):
 
 
 def test_missing_bank_is_one_clear_error(tmp_path):
+    """A replay study with no trial bank fails at once with the bank's one-line error."""
     from moetune.pipeline.job.replay import ReplayError
     with pytest.raises(ReplayError, match="no trial bank"):
         tuner.tune(EXPERIMENT, Store(str(tmp_path / "db.sqlite")), executor="replay",
                    runs_root=tmp_path / "runs", bank_dir=tmp_path / "nothing", progress=False)
 
 
-
 def test_second_tuner_on_the_same_study_is_refused(standin, tmp_path):
+    """While another tuner holds the study's lock, tune() refuses to start."""
     from moetune.pipeline.tune.lock import LockError, study_lock
     with study_lock(tmp_path / "runs", "moe_proxy-replay"):
         with pytest.raises(LockError, match="already being tuned"):

@@ -1,4 +1,4 @@
-"""What an engineer can fix is one line on stderr and exit code 2, from the real `moetune` command:
+"""cli/main.py, the `moetune` command: what an engineer can fix is one line on stderr and exit code 2, from the real `moetune` command:
 a malformed rule table, a database that does not answer, a Megatron venv that cannot run, a
 malformed experiment. A bug still shows its traceback."""
 from __future__ import annotations
@@ -29,6 +29,8 @@ def one_line(r: subprocess.CompletedProcess, *fragments: str) -> str:
 
 
 def test_malformed_rule_table(tmp_path):
+    """A rule table with a bad value names the file, the rule and the value, in one line with exit
+    2."""
     rules = tmp_path / "rules.yaml"
     rules.write_text("rules:\n  - id: x\n    wall: memory\n    change: {tp: 2}\n    priority: 1\n"
                      "    rationale: r\n    source: s\n    verify: sometimes\n")
@@ -39,16 +41,20 @@ def test_malformed_rule_table(tmp_path):
 
 def test_database_that_does_not_answer(tmp_path):
     # nothing listens on port 1 of this machine: the connection is refused at once
+    """A database that refuses the connection is one line naming its host and MOETUNE_DB, without
+    the password."""
     r = moetune("status", env={"MOETUNE_DB": "postgresql+psycopg://moetune:secret@127.0.0.1:1/moetune"})
     line = one_line(r, "127.0.0.1:1", "cannot reach the database", "MOETUNE_DB")
     assert "secret" not in line  # the password is not printed
 
 
 def test_database_url_that_is_no_url(tmp_path):
+    """A database URL of no known dialect is one line naming it and MOETUNE_DB."""
     one_line(moetune("status", env={"MOETUNE_DB": "nosuchdialect://x/y"}), "nosuchdialect", "MOETUNE_DB")
 
 
 def test_megatron_venv_that_cannot_run(tmp_path):
+    """A Megatron venv whose python fails is one line carrying its error."""
     python = tmp_path / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.write_text("#!/bin/sh\necho 'ImportError: no megatron here' >&2\nexit 1\n")
@@ -58,6 +64,8 @@ def test_megatron_venv_that_cannot_run(tmp_path):
 
 
 def test_malformed_experiment(tmp_path):
+    """A misspelt cluster key in an experiment is one line naming the file, the key and the allowed
+    keys."""
     exp = tmp_path / "bad.yaml"
     exp.write_text((REPO / "experiments" / "moe_proxy.yaml").read_text().replace("cluster:", "cluster:\n  gpus_per_nod: 2", 1))
     r = moetune("--db", str(tmp_path / "db.sqlite"), "tune", str(exp), "--executor", "local",
@@ -66,6 +74,8 @@ def test_malformed_experiment(tmp_path):
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch, capsys):
+    """An error that is a bug (a KeyError in a command) is raised with its traceback, not turned
+    into one line."""
     from moetune.pipeline.cli import main as cli
     monkeypatch.setattr(cli, "cmd_status", lambda args, rest: {}["missing"])
     with pytest.raises(KeyError):
@@ -158,11 +168,13 @@ def test_check_takes_megatrons_dispatcher_default(tmp_path):
 
 @pytest.mark.parametrize("gpus", ["0", "-4"])
 def test_check_refuses_no_gpus(tmp_path, gpus):
+    """`moetune check` with no GPUs (or fewer) says give 1 GPU or more, exit 2."""
     r = moetune("check", "--gpus", gpus, "--", *MEGATRON_ARGV, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr == f"moetune check: --gpus {gpus}: give 1 GPU or more\n", r.stderr
 
 
 def test_check_refuses_fp8_without_fp8_hardware(tmp_path):
+    """FP8 on an A100 is refused by the hardware rule; on an H100 it is not."""
     r = moetune("check", "--no-megatron-parser", "--gpu-type", "A100", "--", *MEGATRON_ARGV,
                 "--transformer-impl", "transformer_engine", "--fp8-format", "hybrid", cwd=tmp_path)
     assert r.returncode == 1 and "fp8_needs_hopper_or_newer" in r.stdout, r.stdout + r.stderr
@@ -185,6 +197,8 @@ def test_unwritable_runs_or_reports_folder_before_the_study(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
 def test_read_only_runs_folder(tmp_path):
+    """A runs folder that cannot be written stops the command before the study, in one line naming
+    it."""
     runs = tmp_path / "runs"
     runs.mkdir()
     runs.chmod(0o555)

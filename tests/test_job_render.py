@@ -1,4 +1,4 @@
-"""Job scripts from sbatch_templates/: what each template holds, the nsys line, quoting, and bad
+"""job/render.py, job scripts from sbatch_templates/: what each template holds, the nsys line, quoting, and bad
 values refused in one line. Scripts are checked by bash itself (`bash -n`, and run locally)."""
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ def bash_parses(text: str) -> None:
 
 
 def test_gpu_nsys_line_has_capture_range_and_per_rank_output(tmp_path):
+    """A 2-node GPU job: the nsys line has the CUDA profiler capture range and graph-node tracing,
+    one report per rank, only the ranks asked for profiled, and the sbatch header asks for the nodes
+    and GPUs; the script parses in bash."""
     spec = spec_of(tmp_path, {"gpus_per_node": 8, "nodes": 2, "profile_ranks": [0, 8]})
     sh = render.render_job(spec)["job.sh"]
     bash_parses(sh)
@@ -49,6 +52,8 @@ def test_gpu_nsys_line_has_capture_range_and_per_rank_output(tmp_path):
 
 
 def test_cpu_stand_in_has_no_capture_range(tmp_path):
+    """The CPU stand-in's job traces NVTX only, with no capture range, and runs the stand-in by its
+    path."""
     spec = spec_of(tmp_path, stand_in_cluster())
     sh = render.render_job(spec)["job.sh"]
     assert "--capture-range" not in sh and "-t nvtx -s none" in sh
@@ -58,6 +63,9 @@ def test_cpu_stand_in_has_no_capture_range(tmp_path):
 
 
 def test_container_template_uses_pyxis(tmp_path):
+    """Template container gives pyxis the image and mounts the trial folder, workdir, workload
+    folder and the cluster's own mounts, and sources no venv; template venv loads its modules and
+    venv and names no image."""
     cluster = {"template": "container", "container_image": "nvcr.io/nvidia/pytorch:25.01-py3",
                "container_mounts": ["/lustre/data:/data"], "gpus_per_node": 4}
     spec = spec_of(tmp_path, cluster)
@@ -75,6 +83,8 @@ def test_container_template_uses_pyxis(tmp_path):
 
 
 def test_environment_follows_the_config(tmp_path):
+    """The job exports the environment its config needs: 32 device connections under EP overlap, 1
+    under sequence parallelism."""
     sh = render.render_job(spec_of(tmp_path, {}, config={"overlap_ep_a2a": True}))["job.sh"]
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=32" in sh
     sh = render.render_job(spec_of(tmp_path, {}, config={"sequence_parallel": True}))["job.sh"]
@@ -91,11 +101,13 @@ def test_environment_follows_the_config(tmp_path):
     ({"env": {"BAD NAME": "1"}}, "cluster.env: 'BAD NAME' is not a shell variable name"),
 ])
 def test_bad_cluster_values_are_one_line(tmp_path, cluster, message):
+    """Each bad cluster value is refused with a message naming its key and what is wrong."""
     with pytest.raises(MoetuneError, match=message):
         render.render_job(spec_of(tmp_path, cluster))
 
 
 def test_newline_in_a_value_is_refused(tmp_path):
+    """A value with a newline (a job name here) is refused before it reaches a script."""
     with pytest.raises(render.RenderError, match="newline"):
         render.render_job(spec_of(tmp_path, {}, name="x\nrm -rf /"))
 
@@ -103,6 +115,7 @@ def test_newline_in_a_value_is_refused(tmp_path):
 @pytest.mark.parametrize("value, minutes", [(30, 30), ("00:20:00", 20), ("1:30", 2),
                                             ("1-00:00:00", 1440), ("45", 45)])
 def test_time_limits(value, minutes):
+    """Slurm's time-limit forms become whole minutes."""
     assert render.time_minutes(value) == minutes
 
 

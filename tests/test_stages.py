@@ -1,10 +1,10 @@
-"""Stages on submitit's local executor (no Slurm, no nsys): records, skipping, force, re-creation,
-the CLI's `moetune stage`, and the study lock."""
+"""trial/stages.py on submitit's local executor (no Slurm, no nsys): records, skipping, force,
+re-creation, the CLI's `moetune stage`, and a local job that outlives a killed tuner. (The study
+lock: tests/test_lock.py.)"""
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from moetune.pipeline.tune import lock
 from moetune.pipeline.trial import stages
 from tests.conftest import REPO, kill_tuner_after_submit, stand_in_cluster
-
 
 
 def local_trial(make_trial, **kw):
@@ -23,6 +21,8 @@ def local_trial(make_trial, **kw):
 
 
 def test_all_stages_locally_then_skip_and_force(make_trial):
+    """Every stage runs once through a real local job and records ok; run again the stages are
+    skipped, forced they run again."""
     store, tid = local_trial(make_trial)
     out = stages.run_stages(store, tid, through="decide", poll_s=0.3, timeout_s=120)
     assert [r.stage for r in store.stage_runs(tid)] == list(stages.STAGE_ORDER)
@@ -48,6 +48,8 @@ def test_all_stages_locally_then_skip_and_force(make_trial):
 
 
 def test_analyze_recreated_identically_by_the_cli(make_trial, tmp_path):
+    """`moetune stage analyze` writes back the same analysis.json byte for byte, says what it wrote,
+    and --force runs it again."""
     store, tid = local_trial(make_trial)
     stages.run_stages(store, tid, through="analyze", poll_s=0.3, timeout_s=120)
     out = Path(store.trial(tid).folder) / "analysis.json"
@@ -68,6 +70,8 @@ def test_analyze_recreated_identically_by_the_cli(make_trial, tmp_path):
 
 
 def test_a_stage_before_its_inputs_is_one_clear_line(make_trial):
+    """A stage run before its input exists names the missing file and the stage to run; an unknown
+    stage is named."""
     store, tid = local_trial(make_trial)
     with pytest.raises(stages.StageError, match=r"job\.json is missing; run `moetune stage submit"):
         stages.run_stage(store, tid, "collect")
@@ -76,6 +80,7 @@ def test_a_stage_before_its_inputs_is_one_clear_line(make_trial):
 
 
 def test_changed_config_rerenders(make_trial):
+    """A trial whose config changed gets its job script rendered again with the new flag."""
     store, tid = local_trial(make_trial)
     first = stages.run_stage(store, tid, "render")
     job_sh = Path(first[0]).parent / "job.sh"
@@ -86,29 +91,9 @@ def test_changed_config_rerenders(make_trial):
     assert "--micro-batch-size" in job_sh.read_text() and job_sh.read_text() != text
 
 
-def test_second_tuner_on_a_study_is_refused(tmp_path):
-    with lock.study_lock(tmp_path, "qwen"):
-        with pytest.raises(lock.LockError, match=r"study 'qwen' is already being tuned by pid \d+"):
-            lock.study_lock(tmp_path, "qwen").acquire()
-    lock.study_lock(tmp_path, "qwen").acquire().release()  # free again
-
-
-def test_lock_of_a_killed_tuner_is_free(tmp_path):
-    code = ("import sys, time; from moetune.pipeline.tune import lock; "
-            "lock.study_lock(sys.argv[1], 'qwen').acquire(); print('held', flush=True); time.sleep(60)")
-    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
-                         text=True, cwd=REPO)
-    assert p.stdout.readline().strip() == "held"
-    with pytest.raises(lock.LockError):
-        lock.study_lock(tmp_path, "qwen").acquire()
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    lock.study_lock(tmp_path, "qwen").acquire().release()
-
-
-
-
 def test_local_job_outlives_a_killed_tuner_and_is_collected(make_trial):
+    """A local job survives the tuner's SIGKILL after submit; resume finds the unfinished trial and
+    collects the job's full log."""
     store, tid = make_trial(cluster=stand_in_cluster(nsys="off", stand_in={"ms_per_iter": 100,
                                                                           "busy": 0.1}),
                             executor="local", train_iters=30)
@@ -121,6 +106,8 @@ def test_local_job_outlives_a_killed_tuner_and_is_collected(make_trial):
 
 
 def test_the_cli_offers_the_stages_in_their_order():
+    """`moetune stage` offers the fit and then every stage in its order, and no name the framework
+    lacks."""
     from moetune.pipeline.cli.main import STAGE_NAMES
     assert STAGE_NAMES == (stages.FIT,) + stages.STAGE_ORDER
     assert set(STAGE_NAMES) == set(stages.STAGES)

@@ -1,4 +1,4 @@
-"""Reports: Markdown and the self-contained HTML page of a study run on the CPU stand-in bank;
+"""report/study.py, the study's reports: Markdown and the self-contained HTML page of a study run on the CPU stand-in bank;
 every string from a trace, log or config is escaped; the page renders in headless Chromium."""
 import json
 import re
@@ -11,7 +11,6 @@ import pytest
 
 from moetune import analysis
 from moetune.pipeline.report import study as report
-from moetune.pipeline.report import status
 from moetune.pipeline.tune import loop as tuner
 from moetune.pipeline.store import Store
 
@@ -34,6 +33,8 @@ def study(tmp_path_factory):
 
 
 def test_markdown_has_every_part(study):
+    """The Markdown report of a stand-in study has every section, the judged best with its trial,
+    the best config's command line, and one bottleneck section per trial."""
     store, s, md, _ = study
     text = md.read_text()
     for part in ("## Headline", "## Trials", "Best config: changes from the baseline", "## Bottleneck reports",
@@ -49,20 +50,14 @@ def test_markdown_has_every_part(study):
 
 
 def test_html_has_its_plots(study):
+    """The HTML page has a timeline per trial, the breakdown and step-time plots, one point per
+    trial, and no script or outside link."""
     store, s, _, html = study
     text = html.read_text()
     assert text.count('<svg class="timeline"') == s["trials"]
     assert '<svg class="breakdown"' in text and '<svg class="steptimes"' in text
     assert text.count("<circle") == s["trials"]
     assert "<script" not in text and "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
-
-
-def test_status_lists_trials_and_decisions(study):
-    store, s, _, _ = study
-    text = status.render(store)
-    assert f"study {s['study']}" in text
-    assert "keep" in text and "apply" in text and "stop" in text
-    assert text.count("\n    ") >= len(store.decisions(store.study(s["study"]).id))
 
 
 def evil_study(tmp_path):
@@ -89,6 +84,8 @@ def evil_study(tmp_path):
 
 
 def test_every_string_is_escaped(tmp_path):
+    """Markup in a trace's kernel name, a log, a config, a command line and the study's names
+    reaches the HTML escaped, every time."""
     store, name = evil_study(tmp_path)
     md, html = report.write_reports(store, name, tmp_path / "out")
     text = html.read_text()
@@ -112,6 +109,8 @@ def chromium(args, tmp_path):
 @pytest.mark.chromium
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
 def test_html_renders_in_chromium(study, tmp_path):
+    """Headless Chromium renders the page with its title, a timeline, legend and evidence rows per
+    trial, and a screenshot that is not blank."""
     _, s, _, html = study
     dom = chromium(["--dump-dom", html.resolve().as_uri()], tmp_path).stdout
     assert "<h1>moetune study" in dom
@@ -148,6 +147,7 @@ def test_demo_screenshots(demo, tmp_path):
 @pytest.mark.chromium
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
 def test_script_in_a_kernel_name_renders_as_text(tmp_path):
+    """A script in a kernel name does not run in Chromium (the title stays) and shows as text."""
     store, name = evil_study(tmp_path)
     _, html = report.write_reports(store, name, tmp_path / "out")
     dom = chromium(["--dump-dom", html.resolve().as_uri()], tmp_path).stdout
@@ -247,14 +247,6 @@ def test_demo_profile_ranks_advice_fits_the_trial(demo):
     assert "not split into transfer and waiting (one rank's trace was read though " \
            "cluster.profile_ranks names [0, 1]" in trial3
     assert "set cluster.profile_ranks to two ranks or more" not in text
-
-
-def test_demo_status_prints_sensible_precision(demo):
-    """`moetune status` on the demo's store: step times and noise to 0.1 ms, p to three digits."""
-    store, *_ = demo
-    out = status.render(store)
-    assert "step_time_ms=868.6" in out and "868.617" not in out
-    assert not re.search(r"_ms=\d+\.\d{2,}", out)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""`moetune plan --format json` gives estimate_gb (and measured_gb where the store holds a measured
+"""cli/plan.py, `moetune plan`: `--format json` gives estimate_gb (and measured_gb where the store holds a measured
 run of the layout); `--baseline` lists the experiment's baseline even where it does not fit."""
 import json
 
@@ -26,6 +26,8 @@ def _json(capsys, argv):
 
 
 def test_baseline_listed_though_it_does_not_fit_an_h100(capsys, no_store):
+    """--baseline lists qwen3_235b's baseline on 256 H100s with fits false, its estimate within 10 %
+    of the fit lease's measured peak, exit 1; the full plan leaves it out."""
     rc, rows = _json(capsys, ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--baseline",
                               "--format", "json"])
     assert rc == 1 and len(rows) == 1  # does not fit: the same exit code as the text
@@ -46,12 +48,15 @@ def test_baseline_listed_though_it_does_not_fit_an_h100(capsys, no_store):
 
 
 def test_baseline_text_says_it_does_not_fit(capsys, no_store):
+    """The text form names the baseline's layout and GPUs and ends saying it does NOT fit."""
     assert main(["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--baseline"]) == 1
     out = capsys.readouterr().out.strip()
     assert out.startswith("qwen3_235b baseline TP2 PP2 EP32 on 256x H100") and out.endswith("does NOT fit")
 
 
 def test_measured_gb_from_the_store(capsys, tmp_path, monkeypatch):
+    """A fit of the baseline in the store gives its measured_gb; another layout's measured figure is
+    not taken for it."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MOETUNE_DB", str(tmp_path / "db.sqlite"))
     exp = load_experiment("qwen3_235b")

@@ -1,4 +1,4 @@
-"""Megatron's validation runs with the environment the job gets (pipeline/spec/environment.py ENV_RULES).
+"""spec/environment.py, the job's environment: Megatron's validation runs with the environment the job gets (pipeline/spec/environment.py ENV_RULES).
 Every job sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and megatron-core 0.19.2's
 validate_args then refuses `--cuda-graph-impl transformer_engine` unless NCCL_GRAPH_REGISTER=0
 (without it, such a job stops at start-up on the GPU)."""
@@ -17,6 +17,8 @@ WORLD = 16
 
 
 def test_te_graphs_env_is_rendered():
+    """TE CUDA graphs get NCCL_GRAPH_REGISTER=0 beside expandable segments, a config without them
+    does not, and the validation's job_env is the rendered one."""
     env = config_env(TE_GRAPHS.to_dict())
     assert env["NCCL_GRAPH_REGISTER"] == "0" and "expandable_segments:True" in env["PYTORCH_CUDA_ALLOC_CONF"]
     assert "NCCL_GRAPH_REGISTER" not in config_env(OK.to_dict())
@@ -24,6 +26,9 @@ def test_te_graphs_env_is_rendered():
 
 
 def test_te_graphs_pass_with_the_job_env_and_fail_without_it():
+    """Megatron 0.19.2 accepts TE graphs with the job's environment and refuses them without
+    NCCL_GRAPH_REGISTER=0 under expandable segments; without expandable segments it accepts them:
+    the environment decides."""
     argv = TE_GRAPHS.to_args(MODEL) + run_args()
     env = config_env(TE_GRAPHS.to_dict())
     without = {k: v for k, v in env.items() if k != "NCCL_GRAPH_REGISTER"}

@@ -1,4 +1,4 @@
-"""Trials of the CPU stand-in inside a real OCI container, through the real Slurm: template "oci"
+"""job/oci.py and template "oci": trials of the CPU stand-in inside a real OCI container, through the real Slurm: template "oci"
 (Slurm's own `srun --container`, Debian's runc, the image of scripts/oci-bundle with only what
 the job needs, read-only). What a cluster's container breaks breaks here too: a variable not
 passed in, a folder not mounted, a path only the host has, a write into the image. pyxis cannot
