@@ -11,6 +11,7 @@ import pytest
 
 from moetune.pipeline.decide import applied
 from moetune.pipeline.tune import loop as tuner
+from moetune.pipeline.trial import run as runner
 from moetune.pipeline.tune.state import JUDGED
 from moetune.pipeline.store import Store
 
