@@ -119,7 +119,6 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
         slowest = max(max(s["gpu"], s["host"]) for s in stages)
         for s in stages:
             s["gpu"], s["host"] = s["gpu"] * measured_ms / slowest, 0.0
-            s["host"] = 0.0
         source = "fit"
     for s in stages:
         w = s["work"]
