@@ -109,11 +109,11 @@ def test_plan_lists_the_baseline_where_it_fits(capsys, no_store):
     """deepseek_v3 on its own 1024 H100s: the search's grid does not hold the baseline's layout
     (PP 16 with its recompute), which fits; it is listed first, marked, in text and JSON alike."""
     capsys.readouterr()
-    assert main(["plan", "deepseek_v3"]) == 0
+    assert main(["plan", "deepseek_v3", "--order", "memory"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.endswith("baseline"))
-    assert row.split()[:3] == ["2", "16", "64"]
-    rc, rows = _json(capsys, ["plan", "deepseek_v3", "--format", "json"])
+    assert row.split()[:4] == ["2", "16", "-", "64"]  # TP, PP, VPP, EP
+    rc, rows = _json(capsys, ["plan", "deepseek_v3", "--order", "memory", "--format", "json"])
     assert rc == 0 and {k: rows[0]["config"][k] for k in ("tp", "pp", "ep")} == {"tp": 2, "pp": 16, "ep": 64}
 
 

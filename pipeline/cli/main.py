@@ -34,6 +34,11 @@ def cmd_plan(args, rest):
     return plan_cli.main(rest, db=args.db)
 
 
+def cmd_predict(args, rest):
+    from moetune.pipeline.cli import predict as predict_cli
+    return predict_cli.main(rest, db=args.db)
+
+
 def cmd_render(args, rest):
     from moetune.pipeline.cli import render as render_cli  # not for `moetune --help` (above)
     return render_cli.main(rest)
@@ -178,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("plan", cmd_plan, "list memory-feasible layouts for a model, least model parallelism "
         "first (moetune plan MODEL [--gpus N --gpu-type T] [--format text|json])", True)
+    add("predict", cmd_predict, "a layout's predicted step time and tokens/s/GPU, term by term "
+        "(moetune predict MODEL [--gpus N] [--tp N --pp N --ep N ...] [--format text|json])", True)
     add("render", cmd_render, "write exactly what a trial would submit (job.sbatch, job.sh, the "
         "export job), without a store (moetune render MODEL [--gpus N] [--fix RULE ...] --out DIR)", True)
     add("check", cmd_check, "check a Megatron command line against Megatron's and the MoE "
@@ -258,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-PASSTHROUGH = ("plan", "render", "check", "analyze")
+PASSTHROUGH = ("plan", "predict", "render", "check", "analyze")
 
 
 def _first_command(argv: list[str]) -> int | None:

@@ -1,6 +1,7 @@
-"""`moetune plan MODEL [--gpus N --gpu-type T] [--baseline] [--format text|json]`: memory-feasible
-layouts, each with its estimate and, where the store holds a measured run of that layout, the
-measured peak beside it."""
+"""`moetune plan MODEL [--gpus N --gpu-type T] [--baseline] [--order speed|memory] [--format text|json]`:
+memory-feasible layouts, each with its estimate and, where the store holds a measured run of that
+layout, the measured peak beside it; ranked by predicted tokens/s/GPU (spec/predict), pipelines with
+virtual stages and the baseline among them, or (--order memory) least model parallelism first."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,7 @@ import json
 import sys
 
 from moetune.pipeline.cli.common import add_gpu_args, exit_code
+from moetune.pipeline.cli.predict import run_prediction
 from moetune.pipeline.spec.experiment import ConfigError, load_experiment
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.memory import FIXED_GB, TooFewGPUs, baseline_layout, plan, plan_cluster
@@ -46,6 +48,23 @@ def measured_peaks(exp, world: int, db: str | None = None) -> dict[str, float]:
     return out
 
 
+predicted: dict[int, dict] = {}  # id(layout) -> its prediction's headline, for the rows printed
+
+
+def ranked(exp, layouts, gpus, gpu_type, db) -> list:
+    """The layouts by predicted tokens/s/GPU, fastest first (compute measured where the store holds
+    a fit of the layout); one the model cannot price (its batch does not divide) goes last."""
+    predicted.clear()
+    for l in layouts:
+        try:
+            p = run_prediction(exp, l.config, gpus, gpu_type, None, db)
+        except ValueError:
+            continue
+        predicted[id(l)] = {"tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu), "step_time_ms": round(p.step_time_ms, 1),
+                            "compute_source": p.compute_source}
+    return sorted(layouts, key=lambda l: -predicted.get(id(l), {}).get("tokens_per_s_per_gpu", -1))
+
+
 def main(argv: list[str], db: str | None = None) -> int:
     return exit_code(lambda a: _main(a, db), argv)
 
@@ -60,6 +79,8 @@ def _main(argv: list[str], db: str | None = None) -> int:
                    help="only the experiment's baseline layout, listed whether it fits or not")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--order", choices=("speed", "memory"), default="speed",
+                   help="speed: predicted tokens/s/GPU, best first (default); memory: least model parallelism first")
     args = p.parse_args(argv)
     try:
         exp = load_experiment(args.model)
@@ -84,14 +105,19 @@ def _main(argv: list[str], db: str | None = None) -> int:
     if args.baseline:
         layouts = [base]
     else:
-        layouts = plan(exp, args.gpus, args.gpu_type, limit=args.limit, measured=measured)
+        speed = args.order == "speed"
+        layouts = plan(exp, args.gpus, args.gpu_type, limit=10**6 if speed else args.limit, measured=measured,
+                       virtual=speed)
         # the baseline is a candidate too, where it fits and the search's grid does not hold it
         if base is not None and base.fits and all(_layout_key(l.config.to_dict()) != _layout_key(
                 base.config.to_dict()) for l in layouts):
             layouts.insert(0, base)
+        if speed:
+            layouts = ranked(exp, layouts, args.gpus, args.gpu_type, db)[:args.limit]
     code = (0 if layouts[0].fits else 1) if args.baseline else (0 if layouts else 1)
     if args.format == "json":
-        print(json.dumps([l.to_dict() for l in layouts], indent=1))
+        print(json.dumps([{**l.to_dict(), **({"predicted": predicted[id(l)]} if id(l) in predicted else {})}
+                          for l in layouts], indent=1))
         return code
     gpu_type = args.gpu_type or exp.cluster.gpu_type
     # where the capacity comes from: a device reports a little less than its data sheet (an H200's
@@ -108,14 +134,17 @@ def _main(argv: list[str], db: str | None = None) -> int:
     if not layouts:
         print(f"no layout of {exp.name} fits; add GPUs, or consider offloading and full recompute")
         return code
-    print(f"{exp.name} on {world}x {gpu_type} ({capacity:.0f} GB each, {source}): {len(layouts)} feasible layouts shown (--limit {args.limit}), "
-          "least model parallelism first, the baseline first where the search does not hold it")
+    order = ("fastest predicted first (tokens/s/GPU, routing assumed balanced)" if args.order == "speed" else
+             "least model parallelism first, the baseline first where the search does not hold it")
+    print(f"{exp.name} on {world}x {gpu_type} ({capacity:.0f} GB each, {source}): {len(layouts)} feasible layouts "
+          f"shown (--limit {args.limit}), {order}")
     rw = max([18] + [len(",".join(l.config.recompute_modules)) for l in layouts])  # the column fits its names
-    print(f"{'TP':>3} {'PP':>3} {'EP':>4} {'recompute':<{rw}} {'GB/GPU':>7} {'measured':>8}")
+    print(f"{'TP':>3} {'PP':>3} {'VPP':>3} {'EP':>4} {'recompute':<{rw}} {'GB/GPU':>7} {'measured':>8} {'tok/s/GPU':>9}")
     for l in layouts:
         c = l.config
         seen = f"{l.measured_gb:>8.1f}" if l.measured_gb is not None else f"{'-':>8}"
+        speed = predicted.get(id(l), {}).get("tokens_per_s_per_gpu")
         note = "  baseline" if l is base else ""
-        print(f"{c.tp:>3} {c.pp:>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<{rw}} {l.memory_gb:>7.1f} "
-              f"{seen}{note}")
+        print(f"{c.tp:>3} {c.pp:>3} {c.vpp or '-':>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<{rw}} "
+              f"{l.memory_gb:>7.1f} {seen} {speed if speed is not None else '-':>9}{note}")
     return code

@@ -387,23 +387,31 @@ def baseline_layout(exp, gpus: int | None = None, gpu_type: str | None = None,
                   fits=not refused and fits, capacity_gb=capacity, refused=refused, measured_gb=peak)
 
 
+def vpp_choices(m: ModelArch, pp: int, most: int = 8) -> list[int]:
+    """Virtual stages per pipeline rank that split the model's layers evenly over PP x VPP chunks."""
+    return [v for v in range(2, most + 1) if pp > 1 and m.num_layers % (pp * v) == 0]
+
+
 def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int = 20,
-         headroom_share: float = PLAN_HEADROOM_SHARE, measured: Measured | None = None) -> list[Layout]:
+         headroom_share: float = PLAN_HEADROOM_SHARE, measured: Measured | None = None,
+         virtual: bool = False) -> list[Layout]:
     """Feasible layouts for the experiment's model, least model parallelism first (TP×PP, then
     expert parallelism within NVLink before across it, then the smaller EP), selective recompute
     only where a layout does not fit without it (moe-optimization-workflow.md, Phase 1). A layout
     is feasible when it passes the constraint table and its estimate, fixed overhead included,
     leaves `headroom_share` of the GPU's memory free, or when its measured peak fits as a fit's does
     (`measured`: qwen3_235b's TP2 PP2 EP128 on an H100 is estimated within 2 % of the 68.9 GB it
-    measured, but the estimate's margin is wider than a measurement's)."""
+    measured, but the estimate's margin is wider than a measurement's). `virtual`: each pipeline
+    with every VPP of vpp_choices too."""
     cluster, world, capacity = plan_cluster(exp, gpus, gpu_type)
     m, base = exp.model, exp.baseline
     out: list[Layout] = []
     for tp in [t for t in (1, 2, 4, 8) if world % t == 0]:
         for pp in [p for p in _divisors(world) if p <= 32 and world % (tp * p) == 0]:
-            for ep in [e for e in _divisors(m.num_experts) if e <= 128 and world % (e * pp) == 0]:
+            for ep, vpp in [(e, v) for e in _divisors(m.num_experts) if e <= 128 and world % (e * pp) == 0
+                            for v in [None] + (vpp_choices(m, pp) if virtual else [])]:
                 for recompute in ((), ("moe_act", "layernorm") if base.grouped_gemm else ("layernorm",)):
-                    cfg = base.replace(tp=tp, pp=pp, ep=ep, etp=1, sequence_parallel=tp > 1, vpp=None,
+                    cfg = base.replace(tp=tp, pp=pp, ep=ep, etp=1, sequence_parallel=tp > 1, vpp=vpp,
                                        first_pp_layers=None, last_pp_layers=None,
                                        distributed_optimizer=True,
                                        recompute_granularity="selective" if recompute else None,

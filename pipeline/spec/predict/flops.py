@@ -1,0 +1,146 @@
+"""One pipeline stage's work for one micro-batch on one rank: matrix FLOPs by kind, bytes that
+element-wise kernels move, and kernels launched; then its time on a GPU of the table.
+
+Forward FLOPs are 2 per multiply-add; backward is twice the forward; recomputed modules run their
+forward again. Routing is taken as balanced: every rank's experts get top-k times its tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from moetune.pipeline.spec import gpus
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.fit import pipeline_stages
+from moetune.pipeline.spec.memory import attention_params, padded_vocab
+from moetune.pipeline.spec.model import ModelArch
+from moetune.pipeline.spec.predict.rates import Rates
+
+BF16 = 2  # bytes an activation element takes
+CAUSAL = 0.5  # a causal mask computes half the score matrix
+
+
+def tokens(m: ModelArch, c: TrainingConfig) -> float:
+    """Tokens of one micro-batch on one rank's share of the sequence (context parallel splits it)."""
+    return (c.seq_length or m.seq_length) * c.micro_batch / c.cp
+
+
+def mla_up_params(m: ModelArch) -> float:
+    """MLA's up-projections (latent to per-head queries, keys and values): what `mla_up_proj`
+    recompute runs again."""
+    if not m.multi_latent_attention:
+        return 0.0
+    heads = m.num_attention_heads
+    q = (m.q_lora_rank or 0) * heads * (m.qk_head_dim + m.qk_pos_emb_head_dim)
+    return q + m.kv_lora_rank * heads * (m.qk_head_dim + m.v_head_dim)
+
+
+def layer_flops(m: ModelArch, c: TrainingConfig, moe: bool) -> dict[str, float]:
+    """Forward FLOPs of one decoder layer for one micro-batch on one rank, by kind."""
+    t, h, tp = tokens(m, c), m.hidden_size, c.tp
+    s = c.seq_length or m.seq_length
+    if m.multi_latent_attention:
+        head_dims = m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim
+    else:
+        head_dims = 2 * (m.kv_channels or h // m.num_attention_heads)
+    out = {"attention_proj": 2 * t * attention_params(m) / tp,
+           "attention_core": 2 * t * s * m.num_attention_heads * head_dims * CAUSAL / tp}
+    if moe:
+        out["experts"] = 2 * t * m.moe_router_topk * 3 * h * m.moe_ffn_hidden_size / tp
+        out["shared_experts"] = 2 * t * 3 * h * (m.moe_shared_expert_intermediate_size or 0) / tp
+        out["router"] = 2 * t * h * m.num_experts / tp
+    else:
+        out["dense_mlp"] = 2 * t * 3 * h * m.ffn_hidden_size / tp
+    return out
+
+
+def recomputed_flops(m: ModelArch, c: TrainingConfig, f: dict[str, float]) -> float:
+    """Forward FLOPs a layer runs again in backward under the config's recompute."""
+    if c.recompute_granularity == "full":
+        return sum(f.values())
+    mods = set(c.recompute_modules)
+    again = {"core_attn": ("attention_core",), "mlp": ("dense_mlp",), "moe": ("experts", "router"),
+             "shared_experts": ("shared_experts",)}
+    extra = sum(f.get(k, 0.0) for mod in mods for k in again.get(mod, ()))
+    if "mla_up_proj" in mods:
+        extra += 2 * tokens(m, c) * mla_up_params(m) / c.tp
+    return extra
+
+
+def layer_bytes(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
+    """Bytes the element-wise kernels of one layer move, forward and backward (backward taken as
+    twice the forward): norms, residual adds, activation, token permutation, router scores.
+    Sequence parallel splits them by TP."""
+    h = m.hidden_size
+    per_token = 2 * 2 * h + 2 * 3 * h  # two norms (read, write), two residual adds (two reads, a write)
+    if moe:
+        k = m.moe_router_topk
+        per_token += 3 * k * m.moe_ffn_hidden_size  # SwiGLU: two in, one out
+        per_token += 4 * k * h  # permute and unpermute, each a read and a write of k copies
+        per_token += 3 * (m.moe_shared_expert_intermediate_size or 0)
+        per_token += 2 * m.num_experts * 2  # router scores (fp32) written and read
+    else:
+        per_token += 3 * m.ffn_hidden_size
+    return 3 * BF16 * per_token * tokens(m, c) / c.tp
+
+
+def output_flops(m: ModelArch, c: TrainingConfig) -> float:
+    return 2 * tokens(m, c) * m.hidden_size * padded_vocab(m, c.tp) / c.tp
+
+
+@dataclass
+class StageWork:
+    """One stage's work for one micro-batch on one of its ranks."""
+    index: int
+    layers: int
+    moe_layers: int
+    flops: dict[str, float] = field(default_factory=dict)  # forward + backward + recompute, by kind
+    bytes: float = 0.0
+    kernels: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "layers": self.layers, "moe_layers": self.moe_layers,
+                "tflop": {k: round(v / 1e12, 4) for k, v in self.flops.items()},
+                "elementwise_gb": round(self.bytes / 1e9, 4), "kernels": round(self.kernels)}
+
+
+def stage_work(m: ModelArch, c: TrainingConfig, rates: Rates) -> list[StageWork]:
+    """Each pipeline stage's work for one micro-batch (its layers over all its virtual stages; the
+    last stage holds the output layer, the loss and the MTP layers, each MTP layer with its own
+    output layer)."""
+    out = []
+    stages = pipeline_stages(m, c)
+    for st in stages:
+        w = StageWork(st.index, st.layers, st.moe_layers)
+        for moe, n in ((False, st.layers - st.moe_layers), (True, st.moe_layers)):
+            if not n:
+                continue
+            f = layer_flops(m, c, moe)
+            for kind, v in f.items():
+                w.flops[kind] = w.flops.get(kind, 0.0) + 3 * n * v
+            w.flops["recompute"] = w.flops.get("recompute", 0.0) + n * recomputed_flops(m, c, f)
+            w.bytes += n * layer_bytes(m, c, moe)
+        if st.index == len(stages) - 1:
+            heads = 1 + m.mtp_num_layers
+            w.flops["output"] = 3 * heads * output_flops(m, c)
+            w.bytes += heads * 3 * 4 * tokens(m, c) * padded_vocab(m, c.tp) / c.tp  # fp32 logits for the loss
+        w.kernels = rates["kernels_per_layer"] * st.layers
+        out.append(w)
+    return out
+
+
+GROUPED = ("experts",)
+ATTENTION = ("attention_core",)
+
+
+def compute_ms(w: StageWork, c: TrainingConfig, gpu_type: str, rates: Rates) -> dict[str, float]:
+    """{gemm, grouped_gemm, attention, elementwise}: ms each on the GPU (kernels back to back)."""
+    g = gpus.GPUS[gpu_type]
+    fp8 = bool(c.fp8_format)
+    peak = (g.fp8_tflops if fp8 else g.bf16_tflops) * 1e12
+    grouped = sum(v for k, v in w.flops.items() if k in GROUPED)
+    attention = sum(v for k, v in w.flops.items() if k in ATTENTION)
+    gemm = sum(w.flops.values()) - grouped - attention
+    return {"gemm": 1e3 * gemm / (peak * rates["gemm_efficiency"]),
+            "grouped_gemm": 1e3 * grouped / (peak * rates["grouped_gemm_efficiency"]),
+            "attention": 1e3 * attention / (g.bf16_tflops * 1e12 * rates["attention_efficiency"]),
+            "elementwise": 1e3 * w.bytes / (g.hbm_tb_s * 1e12 * rates["hbm_efficiency"])}
