@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from moetune.pipeline.cli.common import add_gpu_args, exit_code
@@ -45,7 +44,7 @@ def measured_compute(exp, config: TrainingConfig, gpu_type: str, db: str | None 
     fit_micro_batches, or a one-GPU trial's judged step of its samples, on this GPU type. The
     fastest such record wins."""
     try:
-        store = Store(db or os.environ.get("MOETUNE_DB"), read_only=True)
+        store = Store(db, read_only=True)
     except NoStore:
         return None
     want, found = _compute_key(config), []
