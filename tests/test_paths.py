@@ -99,3 +99,18 @@ def test_a_real_local_trial_leaves_only_the_names_trial_paths_lists(make_trial, 
                 paths.stand_in_rank(0), paths.fit.job_script, paths.fit.fit_result,
                 paths.fit.rank_log(0), paths.fit.submitit]
     assert [p for p in expected if not p.exists()] == []
+
+
+def test_an_attempt_is_what_one_submission_leaves(tmp_path):
+    """What a forced re-submit sets aside under previous/<job id>/: the job's record, state, log,
+    reports and what was made of them, submitit's folder and the post-processing's files; not the
+    rendered job, its spec or the fit."""
+    p = TrialPaths(tmp_path)
+    made = [p.job, p.state, p.log, p.analysis, p.decision, p.report(0), p.sqlite(0), p.metrics(0),
+            p.recipes(0), p.nsys_version(0), p.postprocess, p.postprocess_out(0)]
+    kept = [p.sbatch, p.job_script, p.spec, p.config, p.command, p.rank_log(1)]
+    for f in made + kept:
+        f.write_text("x")
+    p.submitit.mkdir()
+    p.fit.folder.mkdir()
+    assert p.attempt() == sorted(made + [p.submitit])

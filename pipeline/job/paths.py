@@ -189,7 +189,7 @@ class TrialPaths:
     def attempt(self) -> list[Path]:
         """What one submission of the trial's job leaves, and a forced re-submit sets aside."""
         return sorted(p for pat in (self.job.name, self.state.name, self.log.name, self.analysis.name,
-                                    self.decision.name, self.trace("*").name + "*",
+                                    self.decision.name, self.trace("*").name,
                                     self.submitit.name, self.postprocess.name,
                                     self.postprocess_out("*").name)
                       for p in self.folder.glob(pat))
