@@ -44,9 +44,9 @@ from moetune.pipeline.spec.experiment import tuning_value
 from moetune.pipeline.spec.section import as_dict, rank_count
 from moetune.pipeline.store import now
 from moetune.pipeline.trial import framework
-# the framework's names, where the tuner, the CLI and the tests have always found them
-from moetune.pipeline.trial.framework import (NotReady, Stage, StageError, TrialContext, current,  # noqa: F401
-                                              file_hash, inputs_hash)
+from moetune.pipeline.trial.framework import Stage, StageError, TrialContext
+# the framework's names that callers of the stages use through this module too (trial/run.py)
+from moetune.pipeline.trial.framework import NotReady, current, inputs_hash  # noqa: F401
 
 STAGE_ORDER = ("render", "submit", "collect", "export", "analyze", "decide")  # one run of a trial
 FIT = "fit"  # before render, where the tuner fits first
