@@ -177,7 +177,10 @@ class TrialPaths:
     @staticmethod
     def rank_of(path: Path) -> str:
         """The rank a per-rank report's file is named for."""
-        return RANK_IN_NAME.match(Path(path).name).group(1)
+        m = RANK_IN_NAME.match(Path(path).name)
+        if not m:
+            raise ValueError(f"{path}: not a profiled rank's file ({REPORT_PREFIX}<rank>.*)")
+        return m.group(1)
 
     @staticmethod
     def around_rank(name_of: Callable[[str], Path]) -> tuple[str, str]:
