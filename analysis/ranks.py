@@ -44,7 +44,10 @@ from moetune.analysis.skew import a2a_starts
 from moetune.analysis.window import Window, find_window, step_ranges
 
 ALL_TIDS = ~PID_MASK  # a process's thread ids: globalPid | 0..0xFFFFFF
-RANK_IN_NAME = re.compile(r"trace_(\d+)\.")  # the job script's name for a profiled rank's report
+# a profiled rank's report is trace_<RANK>.* (the job script names it so, pipeline TrialPaths.trace):
+# the rank is read back from the name
+REPORT_PREFIX = "trace_"
+RANK_IN_NAME = re.compile(rf"{REPORT_PREFIX}(\d+)\.")
 
 # Kernels a worker reads in one query. A one-file export's ranks are read in groups up to this many
 # rows: every query scans the whole table (its rows of all ranks are interleaved), so one query per

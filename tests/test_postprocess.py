@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from moetune.pipeline.job import postprocess, render
+from moetune.pipeline.job.paths import TrialPaths
 from tests.conftest import stand_in_cluster
 
 
@@ -29,7 +30,7 @@ def test_the_job_exports_each_profiled_rank_with_its_own_nsys(nsys_bin, tmp_path
     folder = Path(spec.folder)
     sqlite, rep = folder / "trace_0.sqlite", folder / "trace_0.nsys-rep"
     assert rep.exists() and sqlite.exists(), sorted(p.name for p in folder.iterdir())
-    recorded = (folder / f"trace_0{render.NSYS_VERSION_SUFFIX}").read_text()
+    recorded = TrialPaths(folder).nsys_version(0).read_text()
     assert postprocess.nsys_release(recorded)[:2] == (2022, 4), recorded
     assert postprocess.rank_report(folder, 0) == sqlite
     written = postprocess.process_report(folder, 0, for_job="1")
@@ -41,7 +42,7 @@ def test_a_report_from_a_newer_nsys_is_refused_in_one_line(nsys_bin, tmp_path):
     versions and what to do."""
     rep = tmp_path / "trace_3.nsys-rep"
     rep.write_bytes(b"not opened")
-    (tmp_path / f"trace_3{render.NSYS_VERSION_SUFFIX}").write_text(
+    TrialPaths(tmp_path).nsys_version(3).write_text(
         "NVIDIA Nsight Systems version 2025.3.2.474-253236389321v0\n")
     with pytest.raises(postprocess.PostprocessError) as e:
         postprocess.export(rep)
@@ -54,7 +55,7 @@ def test_an_older_recording_nsys_is_read_here(nsys_bin, tmp_path):
     """A report recorded by an older (or the same) nsys passes the check; only newer is refused."""
     rep = tmp_path / "trace_1.nsys-rep"
     rep.write_bytes(b"x")
-    (tmp_path / f"trace_1{render.NSYS_VERSION_SUFFIX}").write_text("NVIDIA Nsight Systems version 2021.5.1.77\n")
+    TrialPaths(tmp_path).nsys_version(1).write_text("NVIDIA Nsight Systems version 2021.5.1.77\n")
     postprocess.check_recorder(rep, nsys_bin)  # no error
 
 

@@ -122,10 +122,11 @@ def write_export(out: Path, spec: render.JobSpec, cluster) -> Path:
         quoted = render.shell_word(w)
         # the id goes in as "$1": outside quotes as it is, inside single quotes closing them
         words.append(quoted.replace(JOB_ID, "'\"$1\"'" if quoted.startswith("'") else '"$1"'))
-    path = out / "export.sh"
+    path = spec.paths.export_script
+    usage = f"bash {path.name} TRIAL_JOB_ID"
     path.write_text("#!/bin/bash\n# the trial's export and per-rank metrics, a CPU job array after the "
-                    "trial's job ends:\n#   bash export.sh TRIAL_JOB_ID\n"
-                    "set -euo pipefail\n[ $# -eq 1 ] || { echo \"usage: bash export.sh TRIAL_JOB_ID\" >&2; exit 2; }\n"
+                    f"trial's job ends:\n#   {usage}\n"
+                    f"set -euo pipefail\n[ $# -eq 1 ] || {{ echo \"usage: {usage}\" >&2; exit 2; }}\n"
                     + " \\\n  ".join(words) + "\n")
     path.chmod(0o755)
     return path

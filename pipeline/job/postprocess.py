@@ -30,19 +30,18 @@ from moetune.analysis import recipes
 from moetune.analysis.nsys import nsys_binary, qdstrm_importer, version as nsys_version
 from moetune.analysis.summary import rank_summary, summary_path
 from moetune.pipeline.errors import MoetuneError
-from moetune.pipeline.job.render import NSYS_VERSION_SUFFIX, shell_word, time_minutes
+from moetune.pipeline.job.paths import TrialPaths
+from moetune.pipeline.job.render import shell_word, time_minutes
 from moetune.pipeline.job.scheduler import ACTIVE
 from moetune.pipeline.spec.experiment import Postprocess
 from moetune.pipeline.spec.section import as_dict, get as attr
 
-STATE_FILE = "postprocess.json"  # the job's id and the trial job it is for
 
 
 class PostprocessError(MoetuneError):
     """The post-processing job could not be submitted or one rank's report could not be processed."""
 
 
-RECIPES_SUFFIX = ".recipes.json"  # beside each report: analysis.recipes.check_report
 
 def settings(cluster) -> dict:
     """The job's resources (per rank, one array element): the cluster section's `postprocess`
@@ -65,7 +64,7 @@ def sbatch_argv(folder: str | Path, ranks: list[int], cluster, after: str, name:
            f"--dependency=afterany:{after}", f"--array=0-{max(1, len(ranks)) - 1}", "--ntasks=1",
            f"--cpus-per-task={int(s['cpus_per_task'])}", f"--mem={s['mem']}",
            f"--time={time_minutes(s['time_limit'])}",
-           f"--output={str(folder).replace('%', '%%')}/postprocess_%a.out",
+           "--output=" + "%a".join(p.replace("%", "%%") for p in TrialPaths.around_rank(TrialPaths(folder).postprocess_out)),
            f"--chdir={folder}"]
     cmd += [f"--partition={s['partition']}"] if s["partition"] else []
     cmd += [f"--account={s['account']}"] if s["account"] else []
@@ -93,7 +92,7 @@ def submit(folder: str | Path, ranks: list[int], cluster, after: str, name: str,
         raise PostprocessError(f"sbatch of the post-processing of {folder} failed: "
                                f"{(r.stderr or r.stdout).strip()[:200]}")
     job_id = r.stdout.strip().split(";")[0]
-    (folder / STATE_FILE).write_text(json.dumps({"job_id": job_id, "for_job": str(after),
+    TrialPaths(folder).postprocess.write_text(json.dumps({"job_id": job_id, "for_job": str(after),
                                                  "ranks": list(ranks), "submitted": time.time()},
                                                 indent=1) + "\n")
     return job_id
@@ -147,10 +146,9 @@ def _tool(cmd: list[str], what: str) -> None:
 def rank_report(folder: Path, rank: int | str) -> Path | None:
     """The rank's report to read: the SQLite the job exported where it is newer than the report
     (exported by the nsys that recorded it), else the report itself (exported again, fresh)."""
-    found = {s: folder / f"trace_{rank}{s}" for s in (".nsys-rep", ".qdstrm", ".sqlite")}
-    found = {s: p for s, p in found.items() if p.exists()}
-    rep = found.get(".nsys-rep") or found.get(".qdstrm")
-    sqlite = found.get(".sqlite")
+    paths = TrialPaths(folder)
+    found = [p if p.exists() else None for p in (paths.report(rank), paths.qdstrm(rank), paths.sqlite(rank))]
+    rep, sqlite = found[0] or found[1], found[2]
     if sqlite and (rep is None or sqlite.stat().st_mtime >= rep.stat().st_mtime):
         return sqlite
     return rep
@@ -165,7 +163,7 @@ def nsys_release(text: str) -> tuple[int, ...]:
 def check_recorder(report: Path, nsys: str) -> None:
     """An older nsys cannot open a newer report, and may write a corrupt export where it tries:
     refuse, in one line, a report recorded by a newer nsys than this one."""
-    recorded = report.with_name(report.name.split(".")[0] + NSYS_VERSION_SUFFIX)
+    recorded = TrialPaths(report.parent).nsys_version(TrialPaths.rank_of(report))
     if not recorded.exists():
         return
     theirs, ours = nsys_release(recorded.read_text(errors="replace")), nsys_release(nsys_version(nsys))
@@ -177,19 +175,20 @@ def check_recorder(report: Path, nsys: str) -> None:
 
 
 def export(report: Path) -> Path:
-    """report (.qdstrm | .nsys-rep | .sqlite) -> its SQLite export, beside it."""
-    if report.suffix in (".qdstrm", ".nsys-rep"):
+    """A rank's report (its .qdstrm, .nsys-rep or .sqlite: TrialPaths) -> its SQLite export, beside it."""
+    paths, rank = TrialPaths(report.parent), TrialPaths.rank_of(report)
+    if report in (paths.qdstrm(rank), paths.report(rank)):
         check_recorder(report, nsys_binary())
-    if report.suffix == ".qdstrm":
-        rep = report.with_suffix(".nsys-rep")
+    if report == paths.qdstrm(rank):
+        rep = paths.report(rank)
         if not rep.exists():
             importer = qdstrm_importer()
             if not importer:
                 raise PostprocessError(f"{report.name} needs nsys's QdstrmImporter; set MOETUNE_QDSTRM_IMPORTER")
             _tool([importer, "-i", str(report)], f"QdstrmImporter on {report.name}")
         report = rep
-    if report.suffix == ".nsys-rep":
-        sqlite = report.with_suffix(".sqlite")
+    if report == paths.report(rank):
+        sqlite = paths.sqlite(rank)
         _tool([nsys_binary(), "export", "--type", "sqlite", "--force-overwrite", "true",
                "-o", str(sqlite), str(report)], f"nsys export of {report.name}")
         return sqlite
@@ -214,18 +213,18 @@ def write_summary(sqlite: Path, for_job: str | None = None) -> Path:
 def write_recipes(nsys: str, report: Path, sqlite: Path) -> Path:
     """<report>.recipes.json: NVIDIA's recipes beside moetune's figures of this report, or why not
     (analysis.recipes.check_report); small, so the login node reads it instead of the report."""
-    path = report.with_name(report.name.split(".")[0] + RECIPES_SUFFIX)
+    path = TrialPaths(report.parent).recipes(TrialPaths.rank_of(report))
     path.write_text(json.dumps(recipes.check_report(nsys, report, sqlite), indent=1, sort_keys=True) + "\n")
     return path
 
 
 def process_report(folder: str | Path, rank: int, for_job: str | None = None) -> list[Path]:
-    folder = Path(folder)
-    report = rank_report(folder, rank)
+    paths = TrialPaths(folder)
+    report = rank_report(paths.folder, rank)
     if report is None:
         return []  # the rank wrote no report (the job died before it); the reader says so
-    sqlite = export(report) if report.suffix != ".sqlite" else report
-    rep = report.with_suffix(".nsys-rep")
+    sqlite = export(report)
+    rep = paths.report(rank)
     checked = [write_recipes(nsys_binary(), rep, sqlite)] if rep.exists() else []
     return [sqlite, write_summary(sqlite, for_job), *checked]
 

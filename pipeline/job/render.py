@@ -22,6 +22,7 @@ import jinja2
 
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job import oci
+from moetune.pipeline.job.paths import TrialPaths
 from moetune.pipeline.paths import TEMPLATES, WORKLOADS as WORKLOAD_DIR
 from moetune.pipeline.spec.environment import config_env
 from moetune.pipeline.spec import gpus
@@ -44,9 +45,6 @@ NSYS_MODES = {
                  "--capture-range=cudaProfilerApi", "--capture-range-end=stop"),
     "cpu_stand_in": ("-t", "nvtx", "-s", "none", "--cpuctxsw=none"),
 }
-
-# beside each profiled rank's report: the version of the nsys that recorded it (trace_R + suffix)
-NSYS_VERSION_SUFFIX = ".nsys-version"
 
 
 class RenderError(MoetuneError):
@@ -100,8 +98,12 @@ class JobSpec:
         return self.nodes * self.ntasks_per_node
 
     @property
+    def paths(self) -> TrialPaths:
+        return TrialPaths(self.folder)
+
+    @property
     def log(self) -> str:
-        return f"{self.folder}/log.txt"
+        return str(self.paths.log)
 
     @property
     def container_env(self) -> tuple[str, ...]:
@@ -194,8 +196,10 @@ def job_spec(*, name: str, folder: Path, config: Mapping[str, Any], argv: list[s
         ranks = tuple(r for r in fit[0] if r in ranks) or tuple(fit[0][:1])
     nsys = None
     if c.nsys not in ("", "off") and (profile or not fit):
-        nsys = NsysSpec(binary=c.nsys, options=NSYS_MODES[c.workload], ranks=ranks,
-                        output=folder.replace("%", "%%") + f"/trace_%q{{{rank_var}}}")
+        # nsys expands %q{VAR} in -o; a literal % is %%
+        before, after = TrialPaths.around_rank(TrialPaths(folder).trace)
+        output = before.replace("%", "%%") + f"%q{{{rank_var}}}" + after.replace("%", "%%")
+        nsys = NsysSpec(binary=c.nsys, options=NSYS_MODES[c.workload], ranks=ranks, output=output)
     return JobSpec(
         name=name, folder=folder, workdir=c.workdir or str(Path.cwd()), template=c.template,
         launcher=launcher, nodes=nodes, ntasks_per_node=tasks, gpus_per_node=node_gpus,
@@ -235,13 +239,26 @@ def environment() -> jinja2.Environment:
     return env
 
 
+# per-rank files a job script names with its shell's rank (TrialPaths' method of each)
+SCRIPT_RANK_FILES = ("rank_log", "report", "qdstrm", "sqlite", "nsys_version")
+
+
+def render_context(spec: JobSpec) -> dict:
+    """What the templates see: the spec, the folder's file names (`paths`), and each per-rank
+    file split where the shell's rank goes (`at_rank.report` = (before, after))."""
+    paths = spec.paths
+    return {"spec": spec, "paths": paths,
+            "at_rank": {k: TrialPaths.around_rank(getattr(paths, k)) for k in SCRIPT_RANK_FILES}}
+
+
 def render_job(spec: JobSpec) -> dict[str, str]:
-    """{"job.sbatch": text, "job.sh": text}."""
+    """{file name: text} of the job's two scripts: job.sbatch and job.sh (TrialPaths)."""
     env = environment()
+    paths = spec.paths
     try:
-        names = {"spec": spec, "nsys_version_suffix": NSYS_VERSION_SUFFIX}
-        return {"job.sbatch": env.get_template("sbatch.j2").render(**names),
-                "job.sh": env.get_template(TEMPLATE_FILES[spec.template]).render(**names)}
+        names = render_context(spec)
+        return {paths.sbatch.name: env.get_template("sbatch.j2").render(**names),
+                paths.job_script.name: env.get_template(TEMPLATE_FILES[spec.template]).render(**names)}
     except jinja2.TemplateError as e:
         raise RenderError(f"{TEMPLATES}: {e}") from None
     except oci.OciError as e:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from moetune.pipeline import settings
 from moetune.pipeline.errors import MoetuneError
+from moetune.pipeline.job.paths import TrialPaths
 from moetune.pipeline.spec.config import TrainingConfig
 
 
@@ -108,14 +109,14 @@ def replay_job(config: dict, folder: str, bank_dir: str | None = None) -> dict:
     if missing:
         raise ReplayError(missing)
     entry = find(cfg, bank_dir)
-    out, bank = Path(folder), Path(bank_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out, bank = TrialPaths(folder), Path(bank_dir)
+    out.folder.mkdir(parents=True, exist_ok=True)
     if entry.get("log"):
-        _copy(bank / entry["log"], out / "log.txt")
+        _copy(bank / entry["log"], out.log)
     traces = entry.get("trace") or []
     for i, rel in enumerate([traces] if isinstance(traces, str) else traces):
-        kind = ".nsys-rep" if rel.removesuffix(".xz").endswith(".nsys-rep") else ".sqlite"
-        _copy(bank / rel, out / f"trace_{i}{kind}")
+        kind = out.report if rel.removesuffix(".xz").endswith(".nsys-rep") else out.sqlite
+        _copy(bank / rel, kind(i))
     state = {"state": entry.get("state"), "bank_entry": entry.get("name")}
-    (out / "state.json").write_text(json.dumps(state))
+    out.state.write_text(json.dumps(state))
     return state

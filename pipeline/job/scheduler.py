@@ -201,10 +201,10 @@ def make_executor(kind: str, folder: str | Path, spec: JobSpec | None = None):
 
 def submit(spec: JobSpec, kind: str = "auto") -> JobRef:
     kind = resolve_kind(kind)
-    folder = Path(spec.folder) / "submitit"
+    folder = spec.paths.submitit
     ex = make_executor(kind, folder, spec)
     try:
-        job = ex.submit(RunScript(f"{spec.folder}/job.sh", spec.log))
+        job = ex.submit(RunScript(str(spec.paths.job_script), spec.log))
     except Exception as e:  # submitit wraps sbatch's message
         raise JobError(f"submitting {spec.name} failed: {str(e).strip().splitlines()[-1]}") from None
     return JobRef(job_id=str(job.job_id), kind=kind, folder=str(folder), name=spec.name)

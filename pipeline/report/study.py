@@ -29,7 +29,7 @@ from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline import settings
 from moetune.pipeline.spec import gpus
 from moetune.pipeline.spec.experiment import tuning_value
-from moetune.pipeline.trial.stages import ONE_GPU_RANK
+from moetune.pipeline.job.paths import TrialPaths
 from moetune.pipeline.decide.judge import MIN_LOG_STEPS, faster_p, judged_step, steady_iterations
 from moetune.pipeline.tune.state import JUDGED
 from moetune.pipeline.tune.summary import summary
@@ -94,12 +94,13 @@ def gather(store, study_name: str) -> tuple[object, list[TrialView], list]:
     views = []
     for t in store.trials(study.id):
         folder = Path(t.folder) if t.folder else None
+        paths = TrialPaths(folder) if folder else None
         an = cmd = None
-        if folder and (folder / "analysis.json").exists():
-            an = json.loads((folder / "analysis.json").read_text())
-        if folder and (folder / "command.txt").exists():
-            cmd = (folder / "command.txt").read_text().strip()
-        fitted = folder / "fit" / "fit.json" if folder else None
+        if paths and paths.analysis.exists():
+            an = json.loads(paths.analysis.read_text())
+        if paths and paths.command.exists():
+            cmd = paths.command.read_text().strip()
+        fitted = paths.fit.fit_result if paths else None
         mine = [d for d in decisions if d.trial_id == t.id]
         views.append(TrialView(t, an, next((d for d in mine if d.kind == "apply"), None),
                                next((d for d in mine if d.kind in JUDGED), None), cmd, folder,
@@ -129,7 +130,8 @@ def _window_kernels(folder: Path | None) -> list:
     """[(rank, kernels clipped to the window, window)] of a trial's traces."""
     if folder is None:
         return []
-    traces = sorted(folder.glob("trace_*.sqlite"))
+    paths = TrialPaths(folder)
+    traces = paths.each(paths.sqlite)
     if not traces:
         return []
     key = tuple((str(p), p.stat().st_mtime) for p in traces)
@@ -707,7 +709,7 @@ def one_gpu_ranks(trials) -> list[tuple[dict, list[int]]]:
     in trial order; trials that ran the same rank share the first one's why, its fit's figures."""
     out: dict[int, tuple[dict, list[int]]] = {}
     for number, folder in trials:
-        path = Path(folder) / ONE_GPU_RANK if folder else None
+        path = TrialPaths(folder).one_gpu_rank if folder else None
         if path and path.exists():
             bound = json.loads(path.read_text())
             out.setdefault(bound["rank"], (bound, []))[1].append(number)

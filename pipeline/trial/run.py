@@ -21,6 +21,7 @@ import submitit
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.job import replay
+from moetune.pipeline.job.paths import TrialPaths
 from moetune.pipeline.job.replay import replay_job
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.store import now
@@ -69,12 +70,12 @@ def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path, force: 
     key = stages.inputs_hash("submit", files, {"replay": str(bank_dir)})
     if stages.current(store, trial_id, "submit", key) and not force:
         return
-    folder = t.folder / "submitit"
+    folder = t.paths.submitit
     ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(timeout_min=30)
     started = now()
     job = ex.submit(replay_job, t.row.config, str(t.folder), str(bank_dir))
-    out = t.path("job.json")
+    out = t.paths.job
     out.write_text(json.dumps({"job_id": str(job.job_id), "kind": "local", "folder": str(folder),
                                "name": t.job_name(), "submitted_at": now()}, indent=1) + "\n")
     store.update_trial(trial_id, job_id=str(job.job_id), state="submitted", submitted_at=now())
@@ -174,7 +175,7 @@ def write_decision_file(store, trial, runs_root: Path, executor: str) -> None:
     """decision.json beside a judged trial's analysis: the decide stage, which decides nothing,
     only copies the decisions the tuner (tune/loop.py) already wrote to the store, the one record."""
     fresh = store.trial(trial.id)
-    if not fresh.folder or not (Path(fresh.folder) / "analysis.json").exists():
+    if not fresh.folder or not TrialPaths(fresh.folder).analysis.exists():
         return
     try:
         stages.run_stage(store, trial.id, "decide", force=True, runs_root=runs_root,
@@ -201,7 +202,7 @@ def run_trial(store, trial, *, executor: str, runs_root: Path,
                 return TrialOutcome("no_fit", error=f"fit: {fitted['reason']}", fit=fitted)
         out = _run_on_cluster(store, trial, executor, runs_root, bank_dir, hang_timeout_s, resubmit)
     except StageFailure as e:  # a config that cannot be rendered or submitted, a job not collected...
-        log = stages.TrialContext(store, trial.id, runs_root, kind).path("log.txt")
+        log = stages.TrialContext(store, trial.id, runs_root, kind).paths.log
         lines = log.read_text(errors="replace").splitlines()[-10:] if log.exists() else []
         return TrialOutcome("stage_error", error=str(e), stage=e.stage, fit=fitted, last_lines=lines)
     out.fit = fitted
@@ -214,7 +215,7 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
     opts = {"runs_root": runs_root, "executor": kind}
     _stage("render", stages.run_stage, store, trial.id, "render", **opts)
     t = stages.TrialContext(store, trial.id, runs_root, kind)
-    log = t.path("log.txt")
+    log = t.paths.log
     if executor == "replay":
         missing = replay.not_in_bank(TrainingConfig.from_dict(trial.config), bank_dir)
         if missing:  # nothing to replay: no job is submitted
@@ -240,7 +241,7 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
     _stage("collect", stages.run_stage, store, trial.id, "collect", **opts, poll_s=0.5)
     if status == "hung":
         return TrialOutcome("hung", error=why, last_lines=last())
-    state = json.loads(t.path("state.json").read_text())
+    state = json.loads(t.paths.state.read_text())
     if state.get("retry"):  # the node, not the config: nothing of this run is a measurement
         where = f" on {state['node']}" if state.get("node") else ""
         return TrialOutcome(state.get("outcome") or "failed", retry=True, last_lines=last(),
@@ -253,7 +254,7 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
             return TrialOutcome(state.get("outcome") or "failed", error=msg, last_lines=last())
     _stage("export", stages.run_stage, store, trial.id, "export", **opts)
     _stage("analyze", stages.run_stage, store, trial.id, "analyze", **opts)
-    result = json.loads(t.path("analysis.json").read_text())
+    result = json.loads(t.paths.analysis.read_text())
     failure = (result.get("log") or {}).get("failure")
     if state.get("outcome") == "host_oom":  # Slurm's cgroup said so, whatever the log shows
         failure = "host_oom"

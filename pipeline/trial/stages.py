@@ -16,127 +16,40 @@ and, before render when the tuner fits first (spec/fit.py):
               (the layout's bounding ranks, one after another on one GPU, fake process group: the
               first and last stage and the one with the most MoE layers, spec/fit.py bounding_ranks)
 
-Every run is recorded in the store with the hash of its inputs (names and contents). A stage is
-skipped when its last good run had the same inputs hash and its outputs are all there;
-`force=True` runs it anyway. `run_stage(store, trial_id, stage)` is what `moetune stage` calls.
-
-The trial folder is `trial.folder` once rendered, else `<runs_root>/<study>/<trial id>/`. The
-experiment comes from the study's `experiment` record: its `model` and `cluster` sections where
-they are stored there, else loaded by its `experiment` name.
+Each is a `Stage` of trial/framework.py, which records every run with the hash of its inputs and
+skips a stage whose outputs are current unless forced; the file names are job/paths.py
+`TrialPaths`. `run_stage(store, trial_id, name)` is what `moetune stage` calls.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from moetune import analysis
 from moetune.analysis import summary
 from moetune.analysis.logs import parse_log
 from moetune.analysis.nsys import nsys_binary
-from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job import render
-from moetune.pipeline import settings
-from moetune.pipeline.paths import trial_folder
 from moetune.pipeline.job import postprocess
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.spec import fit, gpus
 from moetune.pipeline.spec import preflight as preflight_spec
 from moetune.pipeline.spec.config import TrainingConfig, args_for_megatron, run_args
-from moetune.pipeline.spec.experiment import load_experiment, tuning_value
-from moetune.pipeline.spec.model import ModelArch
+from moetune.pipeline.spec.experiment import tuning_value
 from moetune.pipeline.spec.section import as_dict, rank_count
-from moetune.pipeline.store import Study, now
+from moetune.pipeline.store import now
+from moetune.pipeline.trial import framework
+from moetune.pipeline.trial.framework import Stage, StageError, TrialContext
+# the framework's names that callers of the stages use through this module too (trial/run.py)
+from moetune.pipeline.trial.framework import NotReady, current, inputs_hash  # noqa: F401
 
 STAGE_ORDER = ("render", "submit", "collect", "export", "analyze", "decide")  # one run of a trial
 FIT = "fit"  # before render, where the tuner fits first
-TRACE_GLOBS = ("trace_*.nsys-rep", "trace_*.qdstrm")
-
-
-class StageError(MoetuneError):
-    """A stage cannot run or failed (one line: which trial, which stage, what to do)."""
-
-
-class NotReady(StageError):
-    """The job has not ended yet; collect again later (not a failure, not recorded)."""
-
-
-# -- hashing and currency ----------------------------------------------------------------------
-def file_hash(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def inputs_hash(stage: str, files: list[Path], extra: Any = None) -> str:
-    h = hashlib.sha256(stage.encode())
-    for p in sorted(files, key=lambda p: p.name):
-        h.update(f"\0{p.name}\0{file_hash(p)}".encode())
-    h.update(json.dumps(extra, sort_keys=True, default=str).encode())
-    return h.hexdigest()[:32]
-
-
-def current(store, trial_id: int, stage: str, key: str):
-    run = store.last_stage(trial_id, stage)
-    if run and run.inputs_hash == key and all(Path(p).exists() for p in run.outputs):
-        return run
-    return None
-
-
-# -- the trial's context -----------------------------------------------------------------------
-class TrialContext:
-    """One trial with what its stages read: store rows, experiment parts, folder."""
-
-    def __init__(self, store, trial_id: int, runs_root: str | Path | None = None,
-                 executor: str | None = None):
-        self.store = store
-        self.row = store.trial(trial_id)
-        with store.session() as s:
-            self.study = s.get(Study, self.row.study_id)
-        self.experiment = dict(self.study.experiment or {})
-        self.folder = trial_folder(runs_root or settings.runs(), self.study.name, self.row)
-        self.executor = executor or self.experiment.get("executor") or "auto"
-
-    @property
-    def id(self) -> int:
-        return self.row.id
-
-    def path(self, name: str) -> Path:
-        return self.folder / name
-
-    def need(self, name: str, stage: str) -> Path:
-        p = self.path(name)
-        if not p.exists():
-            raise StageError(f"trial {self.id}: {p} is missing; run `moetune stage {stage} "
-                             f"--trial {self.id}` first")
-        return p
-
-    def glob(self, *patterns: str) -> list[Path]:
-        return sorted(p for pat in patterns for p in self.folder.glob(pat))
-
-    def model_and_cluster(self):
-        """(ModelArch, cluster mapping or object) of the study's experiment."""
-        exp = self.experiment
-        if isinstance(exp.get("model"), dict) and isinstance(exp.get("cluster"), dict):
-            return ModelArch.from_dict(exp["model"]), exp["cluster"]
-        loaded = load_experiment(exp.get("experiment") or self.study.model)
-        return loaded.model, loaded.cluster
-
-    @property
-    def one_gpu(self) -> bool:
-        """The study runs every trial as one rank of its layout alone on one GPU (tuning.one_gpu;
-        one_gpu_rank)."""
-        return bool(tuning_value(self.experiment.get("tuning") or {}, "one_gpu"))
-
-    def job_name(self) -> str:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.study.name)
-        # the folder's hash keeps two stores' trials of one study name apart in Slurm
-        where = hashlib.sha256(str(self.folder).encode()).hexdigest()[:8]
-        return f"moetune.{safe[:60]}.t{self.id}.{where}"
 
 
 # -- the stages ------------------------------------------------------------------------------
@@ -154,9 +67,6 @@ def _render_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     return files, {**extra, **({"one_gpu_rank": bound.to_dict()} if bound else {})}
 
 
-ONE_GPU_RANK = "one_gpu_rank.json"  # beside spec.json: the rank a one-GPU trial ran, and why
-
-
 def one_gpu_rank(t: TrialContext) -> fit.BoundRank | None:
     """In a one-GPU study, the rank that stands for the trial's layout (spec/fit.py bound_rank):
     of its stages holding MoE layers, the one its fit (fit/fit.json) measured slowest; without a
@@ -164,7 +74,7 @@ def one_gpu_rank(t: TrialContext) -> fit.BoundRank | None:
     if not t.one_gpu:
         return None
     model, cluster = t.model_and_cluster()
-    fitted = t.path("fit/fit.json")
+    fitted = t.paths.fit.fit_result
     measured = json.loads(fitted.read_text()).get("ranks") if fitted.exists() else None
     return fit.bound_rank(model, TrainingConfig.from_dict(t.row.config), rank_count(cluster), measured)
 
@@ -216,12 +126,11 @@ def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluste
 def write_trial_job(spec: render.JobSpec, config: dict) -> list[Path]:
     """The job's scripts and, beside them, its spec, the trial's config and the command line."""
     out = render.write_job(spec)
-    folder = Path(spec.folder)
-    for name, text in (("spec.json", json.dumps(asdict(spec), indent=1, sort_keys=True)),
-                       ("config.json", json.dumps(config, indent=1, sort_keys=True)),
-                       ("command.txt", " ".join(map(render.shell_word, spec.command)))):
-        (folder / name).write_text(text + "\n")
-        out.append(folder / name)
+    for path, text in ((spec.paths.spec, json.dumps(asdict(spec), indent=1, sort_keys=True)),
+                       (spec.paths.config, json.dumps(config, indent=1, sort_keys=True)),
+                       (spec.paths.command, " ".join(map(render.shell_word, spec.command)))):
+        path.write_text(text + "\n")
+        out.append(path)
     return out
 
 
@@ -236,8 +145,8 @@ def do_render(t: TrialContext) -> list[Path]:
         raise StageError(f"trial {t.id}: {e}") from None
     out = write_trial_job(spec, t.row.config)
     if bound:
-        (t.folder / ONE_GPU_RANK).write_text(json.dumps(bound.to_dict(), indent=1, sort_keys=True) + "\n")
-        out.append(t.folder / ONE_GPU_RANK)
+        t.paths.one_gpu_rank.write_text(json.dumps(bound.to_dict(), indent=1, sort_keys=True) + "\n")
+        out.append(t.paths.one_gpu_rank)
     t.store.update_trial(t.id, folder=str(t.folder))
     return out
 
@@ -248,7 +157,7 @@ def do_fit(t: TrialContext) -> list[Path]:
     same way); each rank's peak and step time, and whether the layout fits (fit/fit.json)."""
     model, cluster = t.model_and_cluster()
     cluster_d = as_dict(cluster)
-    folder = t.path("fit")
+    folder = t.paths.fit.folder
     if folder.exists():  # a fit is measured whole, never half from an earlier run
         shutil.rmtree(folder)
     world = rank_count(cluster)
@@ -265,7 +174,7 @@ def do_fit(t: TrialContext) -> list[Path]:
     state = jobs.wait(ref, poll_s=1.0)
     stages_of = {fit.stage_rank(s.index, config, world): s for s in fit.pipeline_stages(model, config)
                  if world >= config.pp}
-    measured = {r: {**_fit_rank(folder / f"log_rank_{r}.txt"),
+    measured = {r: {**_fit_rank(t.paths.fit.rank_log(r)),
                     **({"stage": stages_of[r].index, "moe_layers": stages_of[r].moe_layers}
                        if r in stages_of else {})} for r in ranks}
     capacity = cluster_d.get("gpu_memory_gb") or gpus.memory_gb(cluster_d.get("gpu_type"))
@@ -275,7 +184,7 @@ def do_fit(t: TrialContext) -> list[Path]:
     result = {**fit.verdict(measured, capacity).to_dict(), "world": world,
               "job": {"job_id": ref.job_id, "state": state.state},
               "ranks": {str(r): m for r, m in measured.items()}}
-    out = folder / "fit.json"
+    out = t.paths.fit.fit_result
     out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     t.store.set_metrics(t.id, fit.fit_metrics(result))  # plan reads fit_peak_gb
     return [out]
@@ -292,11 +201,11 @@ def _fit_rank(log: Path) -> dict:
 
 
 def load_fit(t: TrialContext) -> dict:
-    return json.loads(t.need("fit/fit.json", FIT).read_text())
+    return json.loads(t.need(t.paths.fit.fit_result, FIT).read_text())
 
 
 def load_spec(t: TrialContext) -> render.JobSpec:
-    d = json.loads(t.need("spec.json", "render").read_text())
+    d = json.loads(t.need(t.paths.spec, "render").read_text())
     nsys = render.NsysSpec(**{**d["nsys"], "options": tuple(d["nsys"]["options"]),
                               "ranks": tuple(d["nsys"]["ranks"])}) if d.get("nsys") else None
     tuples = {k: tuple(tuple(x) if isinstance(x, list) else x for x in d[k])
@@ -306,26 +215,25 @@ def load_spec(t: TrialContext) -> render.JobSpec:
 
 
 def _submit_inputs(t: TrialContext) -> tuple[list[Path], Any]:
-    return [t.need("job.sh", "render"), t.need("spec.json", "render")], None
+    return [t.need(t.paths.job_script, "render"), t.need(t.paths.spec, "render")], None
 
 
 def _set_aside(t: TrialContext, job_id: str) -> None:
     """A forced re-submit keeps the earlier attempt's files under previous/<job id>/."""
-    dest = t.path(f"previous/{job_id}")
+    dest = t.paths.previous(job_id)
     dest.mkdir(parents=True, exist_ok=True)
-    for p in t.glob("job.json", "state.json", "log.txt", "analysis.json", "decision.json",
-                    "trace_*", "submitit", "postprocess*"):
+    for p in t.paths.attempt():
         shutil.move(str(p), str(dest / p.name))
 
 
 def do_submit(t: TrialContext, force: bool = False) -> list[Path]:
     spec = load_spec(t)
-    out = t.path("job.json")
-    earlier = {p.name for p in t.glob("previous/*")}
+    out = t.paths.job
+    earlier = {p.name for p in t.paths.previous("*").parent.glob("*")}
     if out.exists():
         old = json.loads(out.read_text())
         earlier.add(old["job_id"])
-        pp = t.path(postprocess.STATE_FILE)
+        pp = t.paths.postprocess
         if pp.exists() and old.get("kind") == "slurm":  # it would write into the next attempt's folder
             postprocess.cancel(json.loads(pp.read_text())["job_id"])
         _set_aside(t, old["job_id"])
@@ -336,7 +244,7 @@ def do_submit(t: TrialContext, force: bool = False) -> list[Path]:
         # sbatch): that job is this trial's, so take it instead of submitting a second one
         found = jobs.find_slurm_job(spec.name)
         if found and found not in earlier:
-            ref = jobs.JobRef(job_id=found, kind="slurm", folder=f"{spec.folder}/submitit",
+            ref = jobs.JobRef(job_id=found, kind="slurm", folder=str(spec.paths.submitit),
                               name=spec.name)
     if ref is None:
         ref = jobs.submit(spec, kind)
@@ -346,11 +254,11 @@ def do_submit(t: TrialContext, force: bool = False) -> list[Path]:
 
 
 def _collect_inputs(t: TrialContext) -> tuple[list[Path], Any]:
-    return [t.need("job.json", "submit")], None
+    return [t.need(t.paths.job, "submit")], None
 
 
 def load_ref(t: TrialContext) -> jobs.JobRef:
-    d = json.loads(t.need("job.json", "submit").read_text())
+    d = json.loads(t.need(t.paths.job, "submit").read_text())
     return jobs.JobRef(job_id=d["job_id"], kind=d["kind"], folder=d["folder"], name=d["name"])
 
 
@@ -363,10 +271,10 @@ def do_collect(t: TrialContext, wait: bool = True, poll_s: float = 2.0,
         st = jobs.job_state(ref)
         if not st.terminal:
             raise NotReady(f"trial {t.id}: job {ref.job_id} is {st.state}; collect again later")
-    state = t.path("state.json")
+    state = t.paths.state
     state.write_text(json.dumps({"job_id": ref.job_id, **st.to_dict()}, indent=1, sort_keys=True) + "\n")
     t.store.update_trial(t.id, state=st.outcome.trial_state, started_at=st.start, ended_at=st.end)
-    return [state] + t.glob("log.txt", *TRACE_GLOBS)
+    return [state] + [p for p in (t.paths.log,) if p.exists()] + t.paths.reports
 
 
 def as_job(t: TrialContext, local: bool = False) -> bool:
@@ -385,10 +293,10 @@ def _stat_key(files: list[Path]) -> list:
 
 
 def _export_inputs(t: TrialContext, local: bool = False) -> tuple[list[Path], Any]:
-    t.need("state.json", "collect")
+    t.need(t.paths.state, "collect")
     if as_job(t, local):
-        return [t.path("job.json")], {"job": _stat_key(t.glob(*TRACE_GLOBS))}
-    return t.glob(*TRACE_GLOBS), None
+        return [t.paths.job], {"job": _stat_key(t.paths.reports)}
+    return t.paths.reports, None
 
 
 def start_postprocess(t: TrialContext, force: bool = False) -> str | None:
@@ -397,7 +305,7 @@ def start_postprocess(t: TrialContext, force: bool = False) -> str | None:
     if not as_job(t):
         return None
     ref = load_ref(t)
-    state = t.path(postprocess.STATE_FILE)
+    state = t.paths.postprocess
     if state.exists() and not force:
         known = json.loads(state.read_text())
         if known.get("for_job") == ref.job_id:
@@ -425,15 +333,15 @@ def do_export(t: TrialContext, local: bool = False, force: bool = False) -> list
     which does that and writes each rank's summary; the reports are not opened here."""
     if as_job(t, local):
         return _export_as_job(t, force)
-    for stale in t.glob("trace_*" + summary.SUFFIX):  # made from an earlier export
+    for stale in t.paths.each(t.paths.metrics):  # made from an earlier export
         stale.unlink()
     # each rank's report as the post-processing job reads it: the job's own export where it made
     # one, else the report exported here (a bare .qdstrm imported first)
-    ranks = {p.name.split(".")[0].removeprefix("trace_") for p in t.glob(*TRACE_GLOBS)}
+    ranks = {t.paths.rank_of(p) for p in t.paths.reports}
     imported, out = [], []
     for rank in sorted(ranks):
         report = postprocess.rank_report(t.folder, rank)
-        rep = report.with_suffix(".nsys-rep")
+        rep = t.paths.report(rank)
         if not rep.exists():
             imported.append(rep)
         try:
@@ -446,28 +354,27 @@ def do_export(t: TrialContext, local: bool = False, force: bool = False) -> list
 
 def _export_as_job(t: TrialContext, force: bool) -> list[Path]:
     job_id = start_postprocess(t, force=force)
-    known = json.loads(t.path(postprocess.STATE_FILE).read_text())
+    known = json.loads(t.paths.postprocess.read_text())
     _, cluster = t.model_and_cluster()
     limit_s = 60 * render.time_minutes(postprocess.settings(cluster)["time_limit"])
     # the trial's job first (it may queue long), then the array's own time limit and some slack
     jobs.wait(load_ref(t), poll_s=1.0)
     state = postprocess.wait(job_id, len(known["ranks"]), timeout_s=limit_s + 600)
     if state != "COMPLETED":
-        tails = [line for p in t.glob("postprocess_*.out")
+        tails = [line for p in t.paths.each(t.paths.postprocess_out)
                  for line in p.read_text(errors="replace").strip().splitlines()[-1:]]
         raise StageError(f"trial {t.id}: post-processing job {job_id} ended {state}"
-                         + (f": {tails[0][:200]}" if tails else f"; see {t.folder}/postprocess_*.out"))
-    return t.glob("trace_*.sqlite", "trace_*" + summary.SUFFIX)
+                         + (f": {tails[0][:200]}" if tails else f"; see {t.paths.postprocess_out('*')}"))
+    return sorted(t.paths.each(t.paths.sqlite) + t.paths.each(t.paths.metrics))
 
 
 def summaries(t: TrialContext) -> list[Path] | None:
     """The per-rank summaries, in the reports' order, where every exported report has one made
     for the trial's current job; else None (analyze the SQLite here)."""
-    traces = t.glob("trace_*.sqlite")
-    found = [summary.summary_path(p) for p in traces]
+    found = [t.paths.metrics(t.paths.rank_of(p)) for p in t.paths.each(t.paths.sqlite)]
     if not found or not all(p.exists() for p in found):
         return None
-    job = load_ref(t).job_id if t.path("job.json").exists() else None
+    job = load_ref(t).job_id if t.paths.job.exists() else None
     return found if all(_for_job(p) == job for p in found) else None
 
 
@@ -482,14 +389,14 @@ def _for_job(path: Path) -> str | None:
 
 def _analyze_inputs(t: TrialContext, local: bool = False) -> tuple[list[Path], Any]:
     small = None if local else summaries(t)
-    if small is not None:  # the summaries stand for the SQLite they were made from
-        return [t.need("state.json", "collect")] + t.glob("log.txt", "trace_*" + postprocess.RECIPES_SUFFIX) + small, None
-    return [t.need("state.json", "collect")] + t.glob("log.txt", "trace_*.sqlite", "trace_*" + postprocess.RECIPES_SUFFIX), None
+    log = [p for p in (t.paths.log,) if p.exists()]
+    traces = small if small is not None else t.paths.each(t.paths.sqlite)  # a summary stands for its SQLite
+    return [t.need(t.paths.state, "collect")] + sorted(log + traces + t.paths.each(t.paths.recipes)), None
 
 
 def do_analyze(t: TrialContext, local: bool = False) -> list[Path]:
-    traces = [str(p) for p in t.glob("trace_*.sqlite")]
-    log = t.path("log.txt")
+    traces = [str(p) for p in t.paths.each(t.paths.sqlite)]
+    log = t.paths.log
     if not traces and not log.exists():
         raise StageError(f"trial {t.id}: no trace and no log in {t.folder}; nothing to analyze")
     small = None if local else summaries(t)
@@ -503,10 +410,11 @@ def do_analyze(t: TrialContext, local: bool = False) -> list[Path]:
     except analysis.TraceError as e:
         raise StageError(f"trial {t.id}: {e}") from None
     # moetune's figures beside NVIDIA's recipes, as the export (here or in its job) compared them
-    beside = {p.name[:-len(postprocess.RECIPES_SUFFIX)]: json.loads(p.read_text()) for p in t.glob("trace_*" + postprocess.RECIPES_SUFFIX)}
+    beside = {t.paths.trace(t.paths.rank_of(p)).name: json.loads(p.read_text())
+              for p in t.paths.each(t.paths.recipes)}
     if beside:
         result["recipes"] = beside
-    out = t.path("analysis.json")
+    out = t.paths.analysis
     out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
     combined = (result.get("metrics") or {}).get("combined") or {}
     t.store.set_metrics(t.id, combined)
@@ -519,7 +427,7 @@ def do_analyze(t: TrialContext, local: bool = False) -> list[Path]:
 
 
 def _decide_inputs(t: TrialContext) -> tuple[list[Path], Any]:
-    return [t.need("analysis.json", "analyze"), t.need("config.json", "render")], None
+    return [t.need(t.paths.analysis, "analyze"), t.need(t.paths.config, "render")], None
 
 
 def recorded_decisions(store, trial, analysis_result: dict) -> dict:
@@ -533,58 +441,32 @@ def recorded_decisions(store, trial, analysis_result: dict) -> dict:
 
 
 def do_decide(t: TrialContext) -> list[Path]:
-    result = json.loads(t.path("analysis.json").read_text())
+    result = json.loads(t.paths.analysis.read_text())
     decision = recorded_decisions(t.store, t.row, result)
-    out = t.path("decision.json")
+    out = t.paths.decision
     out.write_text(json.dumps(decision, indent=1, sort_keys=True, default=str) + "\n")
     return [out]
 
 
-# stage → (its inputs: (files, extra), what it does)
-STAGES: dict[str, tuple[Callable, Callable]] = {
-    FIT: (_fit_inputs, do_fit),
-    "render": (_render_inputs, do_render),
-    "submit": (_submit_inputs, do_submit),
-    "collect": (_collect_inputs, do_collect),
-    "export": (_export_inputs, do_export),
-    "analyze": (_analyze_inputs, do_analyze),
-    "decide": (_decide_inputs, do_decide),
-}
-OPTIONS = {"submit": ("force",), "collect": ("wait", "poll_s", "timeout_s"), "export": ("local",),
-           "analyze": ("local",)}
+STAGES: dict[str, Stage] = {st.name: st for st in (
+    Stage(FIT, _fit_inputs, do_fit),
+    Stage("render", _render_inputs, do_render),
+    Stage("submit", _submit_inputs, do_submit, takes_force=True),
+    Stage("collect", _collect_inputs, do_collect, options=("wait", "poll_s", "timeout_s")),
+    Stage("export", _export_inputs, do_export, options=("local",), input_options=("local",),
+          takes_force=True),
+    Stage("analyze", _analyze_inputs, do_analyze, options=("local",), input_options=("local",)),
+    Stage("decide", _decide_inputs, do_decide),
+)}
 
 
-def run_stage(store, trial_id: int, stage: str, force: bool = False, *,
-              runs_root: str | Path | None = None, executor: str | None = None,
-              **options: Any) -> list[str]:
-    """Run one stage of one trial (skipped when current unless force); its output paths.
-
-    Options: collect(wait=True, poll_s=2.0, timeout_s=None). Raises StageError (NotReady for a
-    job still running)."""
+def run_stage(store, trial_id: int, stage: str, force: bool = False, **options: Any) -> list[str]:
+    """Run the stage of this name for one trial (framework.run: skipped when current unless
+    force); its output paths. Options: runs_root, executor, and the stage's own (collect: wait=True,
+    poll_s=2.0, timeout_s=None; export, analyze: local)."""
     if stage not in STAGES:
         raise StageError(f"unknown stage {stage!r}; stages: {', '.join(STAGE_ORDER)}")
-    t = TrialContext(store, trial_id, runs_root, executor)
-    inputs_of, do = STAGES[stage]
-    local = stage in ("export", "analyze") and bool(options.get("local"))
-    files, extra = inputs_of(t, local=True) if local else inputs_of(t)
-    key = inputs_hash(stage, files, extra)
-    done = current(store, trial_id, stage, key)
-    if done and not force:
-        return list(done.outputs)
-    kwargs = {k: v for k, v in options.items() if k in OPTIONS.get(stage, ())}
-    if stage in ("submit", "export"):
-        kwargs["force"] = force
-    started = now()
-    t.folder.mkdir(parents=True, exist_ok=True)
-    try:
-        outputs = do(t, **kwargs)
-    except NotReady:
-        raise
-    except MoetuneError as e:
-        store.record_stage(trial_id, stage, key, [], status="failed", error=str(e), started_at=started)
-        raise StageError(str(e)) from None
-    store.record_stage(trial_id, stage, key, [str(p) for p in outputs], started_at=started)
-    return [str(p) for p in outputs]
+    return framework.run(store, trial_id, STAGES[stage], force, **options)
 
 
 def run_stages(store, trial_id: int, through: str = "analyze", **options: Any) -> dict[str, list[str]]:

@@ -26,6 +26,7 @@ from moetune.pipeline.decide.judge import compare, judged_step
 from moetune.pipeline import settings
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.job.replay import find as find_entry, load_bank
+from moetune.pipeline.job.paths import TrialPaths
 from moetune.pipeline.paths import trial_folder
 from moetune.pipeline.spec import fit
 from moetune.pipeline.spec.config import TrainingConfig
@@ -53,7 +54,7 @@ def _combined(analysis: dict | None) -> dict:
 
 
 def _load_analysis(store, runs_root: Path, study: str, trial) -> dict | None:
-    p = trial_folder(runs_root, study, store.trial(trial.id)) / "analysis.json"
+    p = TrialPaths(trial_folder(runs_root, study, store.trial(trial.id))).analysis
     return json.loads(p.read_text()) if p.exists() else None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from moetune.pipeline.job.paths import TrialPaths
 from moetune.pipeline.paths import trial_folder
 from moetune.pipeline.tune.state import ran
 
@@ -39,6 +40,6 @@ def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
         out["judged_speedup"] = round(out["baseline_judged_step_time_ms"]
                                       / out["best_judged_step_time_ms"], 4)
     if best and runs_root is not None:
-        cmd = trial_folder(runs_root, study_name, store.trial(best.id)) / "command.txt"
+        cmd = TrialPaths(trial_folder(runs_root, study_name, store.trial(best.id))).command
         out["best_command"] = cmd.read_text().strip() if cmd.exists() else None
     return out
