@@ -270,3 +270,38 @@ def test_a_changed_step_or_layout_starts_a_study_of_its_own_and_says_so(tmp_path
     assert store.study(other.study_name).experiment["tuning"]["one_gpu_samples"] == 8
     assert store.study("s-1gpu").experiment["tuning"]["one_gpu_samples"] == 4
     assert tuner_of(one_gpu_samples=8).study_name == other.study_name  # and resumes it
+
+
+def test_trials_of_one_layout_run_the_rank_their_first_trial_ran(tmp_path):
+    """A fit of three iterations can rank two close stages either way from one trial to the next
+    (mixtral_8x22b on the H100: stage 7 first, stage 0 after CUDA graphs): a child of the same
+    pipeline layout runs its parent's rank whatever its own fit says, and a child that changes
+    the pipeline is bounded by its own fit."""
+    from moetune.pipeline.job.paths import TrialPaths
+    from moetune.pipeline.spec.experiment import load_experiment
+    from moetune.pipeline.trial import stages
+    store = Store(str(tmp_path / "db.sqlite"))
+    path = one_gpu_experiment(tmp_path)
+    exp = load_experiment(path)
+    study = store.create_study("pin-1gpu", exp.name, {"experiment": path, "tuning": {"one_gpu": True}})
+    base = exp.baseline
+    parent = store.add_trial(study.id, base.to_dict(), base.config_hash())
+    child_cfg = base.replace(micro_batch=2)
+    child = store.add_trial(study.id, child_cfg.to_dict(), child_cfg.config_hash(), parent_id=parent.id, fix="x")
+    moved_cfg = base.replace(pp=1, ep=4)
+    moved = store.add_trial(study.id, moved_cfg.to_dict(), moved_cfg.config_hash(), parent_id=parent.id, fix="y")
+    for t in (parent, child, moved):
+        store.update_trial(t.id, folder=str(tmp_path / "runs" / str(t.id)))
+    pp = TrialPaths(tmp_path / "runs" / str(parent.id))
+    pp.folder.mkdir(parents=True)
+    pp.one_gpu_rank.write_text(json.dumps({"rank": 4, "stage": 1, "why": "stage 1 of 2: chosen by trial 1's fit"}))
+    cp = TrialPaths(tmp_path / "runs" / str(child.id))
+    cp.fit.folder.mkdir(parents=True)
+    # the child's own fit finds stage 0 slower
+    cp.fit.fit_result.write_text(json.dumps({"ranks": {"0": {"step_time_ms": 90.0}, "4": {"step_time_ms": 60.0}}}))
+    ctx = stages.TrialContext(store, child.id, tmp_path / "runs")
+    bound = stages.one_gpu_rank(ctx)
+    assert (bound.rank, bound.stage) == (4, 1) and "trial 1's fit" in bound.why
+    assert fit.bound_rank(exp.model, child_cfg, 8, {"0": {"step_time_ms": 90.0}, "4": {"step_time_ms": 60.0}}).rank == 0
+    other = stages.one_gpu_rank(stages.TrialContext(store, moved.id, tmp_path / "runs"))
+    assert other.rank == 0 and other.why == "the layout has one pipeline stage"

@@ -214,6 +214,13 @@ def _seconds(ms: float) -> str:
     return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.0f} ms"
 
 
+def pipeline_layout(config: TrainingConfig) -> tuple:
+    """What decides which layers and micro-batches a pipeline rank holds: trials equal in it run
+    the same stage on the same rank."""
+    return (config.tp, config.pp, config.vpp, config.first_pp_layers, config.last_pp_layers,
+            config.cp, config.ep, config.etp)
+
+
 def bound_rank(model, config: TrainingConfig, world: int, measured: dict | None = None) -> BoundRank:
     """The rank that bounds a pipeline's step, for a one-GPU trial: of the stages holding MoE
     layers, the one the fit measured slowest (`measured`: {rank: {step_time_ms}}, fit.json's

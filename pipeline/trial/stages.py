@@ -36,6 +36,7 @@ from moetune.analysis.logs import parse_log
 from moetune.analysis.nsys import nsys_binary
 from moetune.pipeline.job import render
 from moetune.pipeline.job import postprocess
+from moetune.pipeline.job.paths import TrialPaths
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.spec import fit, gpus
 from moetune.pipeline.spec import preflight as preflight_spec
@@ -73,10 +74,34 @@ def one_gpu_rank(t: TrialContext) -> fit.BoundRank | None:
     fit, the one with the most MoE layers and micro-batches in flight. None outside one."""
     if not t.one_gpu:
         return None
+    config = TrainingConfig.from_dict(t.row.config)
+    pinned = pinned_rank(t, config)
+    if pinned:
+        return pinned
     model, cluster = t.model_and_cluster()
     fitted = t.paths.fit.fit_result
     measured = json.loads(fitted.read_text()).get("ranks") if fitted.exists() else None
-    return fit.bound_rank(model, TrainingConfig.from_dict(t.row.config), rank_count(cluster), measured)
+    return fit.bound_rank(model, config, rank_count(cluster), measured)
+
+
+def pinned_rank(t: TrialContext, config: TrainingConfig) -> fit.BoundRank | None:
+    """The rank an ancestor of the same pipeline layout ran: trials of one layout are compared on
+    one rank. A fit of three iterations can rank two close stages either way from trial to trial,
+    and a change judged on another stage than its parent's measures the stage, not the change."""
+    key = fit.pipeline_layout(config)
+    parent_id = t.row.parent_id
+    first = None
+    while parent_id is not None:
+        parent = t.store.trial(parent_id)
+        recorded = TrialPaths(parent.folder).one_gpu_rank if parent.folder else None
+        if recorded and recorded.exists() and \
+                fit.pipeline_layout(TrainingConfig.from_dict(parent.config)) == key:
+            first = (parent, json.loads(recorded.read_text()))
+        parent_id = parent.parent_id
+    if first is None:
+        return None
+    bound = first[1]  # its why as recorded: the report names the trial whose fit chose it
+    return fit.BoundRank(int(bound["rank"]), int(bound["stage"]), bound["why"])
 
 
 def _launcher(t: TrialContext) -> str:
