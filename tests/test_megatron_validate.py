@@ -27,6 +27,7 @@ LAYOUTS = {
 
 
 def test_production_models_accepted_by_megatron():
+    """Megatron's validation accepts each production experiment's baseline at its H100 layout."""
     exps = {n: load_experiment(n) for n in LAYOUTS}
     for name, (gpus, layout) in LAYOUTS.items():
         e = exps[name]
