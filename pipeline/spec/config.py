@@ -65,12 +65,12 @@ class TrainingConfig:
     permute_fusion: bool = False
     router_fusion: bool = False
     cross_entropy_fusion: bool = False
-    manual_gc: bool = False
-    manual_gc_interval: int | None = None
     router_dtype: str | None = None  # fp32 | fp64
     force_balance: bool = False
     capacity_factor: float | None = None  # token drop
     pad_to_capacity: bool = False  # drop-and-pad
+    manual_gc: bool = False
+    manual_gc_interval: int | None = None
     transformer_impl: str = "transformer_engine"  # local where TE is absent
     train_iters: int = 20
     profile_step_start: int = 10
