@@ -61,6 +61,9 @@ CASES = [
     ({"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["attn"], "capacity_factor": 1.0,
       "pad_to_capacity": True, "recompute_granularity": "selective", "recompute_modules": ["core_attn"]},
      {}, "recompute_core_attn_in_graphed_attention"),
+    # no modules named: Megatron recomputes its default, core_attn
+    ({"cuda_graph_impl": "local", "capacity_factor": 1.0, "recompute_granularity": "selective"},
+     {}, "recompute_core_attn_in_graphed_attention"),
     ({"cuda_graph_impl": "local", "capacity_factor": 1.0, "pad_to_capacity": True,
       "recompute_granularity": "selective", "recompute_modules": ["moe"]}, {}, "recompute_mlp_in_graphed_mlp"),
     ({"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["moe_router"], "capacity_factor": 1.0,
