@@ -37,6 +37,8 @@ def _one_line_error(capsys, argv, *must_contain):
 
 
 def test_folder_is_one_rank_per_file_and_formats(tmp_path, capsys):
+    """Two traces in a folder read as two ranks with the hand-computed a2a transfer/wait split and
+    the communication wall; one worker and every output format agree."""
     d = tmp_path / "job"
     d.mkdir()
     _rank(d / "trace_0.sqlite", a2a_us=500)
@@ -62,6 +64,8 @@ def test_folder_is_one_rank_per_file_and_formats(tmp_path, capsys):
 
 
 def test_gpu_memory_gb_option_sets_capacity(tmp_path, capsys):
+    """--gpu-memory-gb sets the capacity memory_used_share divides by: 9 GB of 80 is no concern, of 9.5
+    it is reported as a limit while the completed run's wall stays compute."""
     b = TraceBuilder(gpu_memory_gb=80).kernel(GEMM, 0, 1000).alloc(0, 9 * 2**30)
     p = b.write(tmp_path / "m.sqlite")
     assert analyze_main([str(p), "--format", "json"]) == 0
@@ -76,6 +80,8 @@ def test_gpu_memory_gb_option_sets_capacity(tmp_path, capsys):
 
 
 def test_log_only_run(tmp_path, capsys):
+    """A Megatron log without a trace is analysed alone: its time-limit failure and TFLOP/s are read and
+    the wall is unknown."""
     log = tmp_path / "log.txt"
     log.write_text("[2026-11-22 10:00:00] iteration        1/      20 | consumed samples:            8 |"
                    " elapsed time per iteration (ms): 900.0 | throughput per GPU (TFLOP/s/GPU): 35.1 |\n"
@@ -118,6 +124,8 @@ def test_log_alone_that_failed_names_the_failure(capsys):
 
 
 def test_usage_errors_are_one_line(tmp_path, capsys):
+    """Each usage error (no input, bad --format, --gpu-memory-gb or --workers, a missing file, a folder
+    without traces, a broken .xz) is one line naming the option or file."""
     _one_line_error(capsys, [], "--log")
     _one_line_error(capsys, ["x.sqlite", "--format", "yaml"], "--format")
     _one_line_error(capsys, ["x.sqlite", "--gpu-memory-gb", "-1"], "--gpu-memory-gb")

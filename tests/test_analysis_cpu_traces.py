@@ -42,10 +42,13 @@ def _check_cpu_trace(path, steps, min_step_ms):
 
 
 def test_committed_2022_trace(committed):
+    """The committed nsys 2022.4 CPU-only trace reads: five NVTX steps, no kernels, step time equal to
+    the mean iteration range, wall unknown."""
     _check_cpu_trace(committed, steps=5, min_step_ms=5.0)
 
 
 def test_cli_on_cpu_trace_is_json(committed, capsys):
+    """The analysis command prints the CPU-only trace as JSON with wall unknown and its five steps."""
     assert analyze_cli([str(committed), "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["wall"] == "unknown" and out["metrics"]["combined"]["steps"] == 5

@@ -29,6 +29,8 @@ def _add_samples(path, samples, names=((1, "SMs Active [Throughput %]"), (2, "DR
 
 
 def test_sm_active_share_is_mean_of_samples_in_window(tmp_path):
+    """sm_active_share is the mean of the SM-active samples inside the window only (other metrics and
+    samples outside are left out), beside the timeline estimate."""
     p = TraceBuilder().kernel(GEMM, 100, 1100).write(tmp_path / "t.sqlite")  # window 100..1100 us
     _add_samples(p, [(0, 50, 1, 0),      # before the window: left out
                      (0, 200, 1, 40), (0, 600, 1, 80), (0, 1000, 1, 90),
@@ -40,6 +42,7 @@ def test_sm_active_share_is_mean_of_samples_in_window(tmp_path):
 
 
 def test_samples_go_to_their_gpu(tmp_path):
+    """In one file holding two GPUs, each GPU's samples go to its own rank."""
     b = TraceBuilder()
     b.kernel(GEMM, 0, 1000, device=0, pid=PID)
     b.kernel(GEMM, 0, 1000, device=1, pid=PID + (1 << 24))
@@ -49,6 +52,7 @@ def test_samples_go_to_their_gpu(tmp_path):
 
 
 def test_no_sampling_tables_no_metric(tmp_path):
+    """Without GPU-metric tables, or with only other metrics sampled, no sm_active_share is reported."""
     p = TraceBuilder().kernel(GEMM, 0, 1000).write(tmp_path / "t.sqlite")
     assert "sm_active_share" not in analysis.analyze([p])["metrics"]["per_rank"][0]
     q = _add_samples(TraceBuilder().kernel(GEMM, 0, 1000).write(tmp_path / "u.sqlite"), [(0, 500, 2, 70)],

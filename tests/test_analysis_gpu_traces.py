@@ -26,12 +26,15 @@ def traces():
 
 @pytest.mark.parametrize("name, wall", EXPECTED)
 def test_scenario_wall(traces, name, wall):
+    """Each recorded two-rank GPU scenario is classified as the wall it was built to show."""
     r = analysis.analyze([traces / f"{name}.sqlite.xz"])
     assert r["wall"] == wall, r["evidence"]
     assert r["metrics"]["combined"]["ranks"] == 2
 
 
 def test_real_trace_metrics_are_consistent(traces):
+    """On recorded GPU traces: four captured steps, all-to-all found as NCCL SendRecv and almost wholly
+    exposed, busy + idle = 1, and the skew trace's a2a time is mostly waiting."""
     c = analysis.analyze([traces / "a2a_drowned.sqlite.xz"])["metrics"]["combined"]
     assert c["steps"] == 4  # capture range covers iterations 3..6
     assert c["kernel_class_count"]["a2a"] > 0  # all_to_all_single runs as ncclDevKernel_SendRecv
@@ -42,6 +45,8 @@ def test_real_trace_metrics_are_consistent(traces):
 
 
 def test_megatron_trace_shows_moe_kernels(traces):
+    """The recorded Megatron MoE proxy trace shows its GEMMs, its all-to-all and more than 1 GB of peak
+    memory."""
     c = analysis.analyze([traces / "megatron_moe_proxy_ep2.sqlite.xz"])["metrics"]["combined"]
     assert c["kernel_class_count"].get("gemm", 0) > 100
     assert c["kernel_class_count"].get("a2a", 0) > 0
@@ -49,6 +54,7 @@ def test_megatron_trace_shows_moe_kernels(traces):
 
 
 def test_oom_log_is_memory():
+    """A recorded out-of-memory log alone gives the memory wall with failure oom."""
     r = analysis.analyze([], log=DATA / "oom.log")
     assert r["wall"] == "memory" and r["log"]["failure"] == "oom"
 
@@ -68,6 +74,8 @@ def test_deepep_kernels_are_recognised_and_their_waits_split_from_transfer(trace
 
 
 def test_a_compressed_trace_is_decompressed_once_into_the_cache_and_not_beside_it(tmp_path, monkeypatch):
+    """A .sqlite.xz trace is decompressed into MOETUNE_CACHE, not beside the input, and a second
+    analysis reuses the cached copy with the same result."""
     monkeypatch.setenv("MOETUNE_CACHE", str(tmp_path / "cache"))
     src = tmp_path / "in" / "skew.sqlite.xz"
     src.parent.mkdir()

@@ -19,6 +19,8 @@ TABLE = kernel_names.read_table()
 
 
 def test_every_recorded_kernel_name_keeps_its_reviewed_class():
+    """Every kernel name recorded on a GPU is classified as its reviewed class, and those classes are
+    all known ones."""
     wrong = {n: (classify_name(n), cls) for n, (cls, _) in TABLE.items() if classify_name(n) != cls}
     assert not wrong, f"name: (classified, reviewed) {wrong}"
     assert {cls for cls, _ in TABLE.values()} <= set(CLASSES)
@@ -32,11 +34,15 @@ def test_every_recorded_kernel_name_keeps_its_reviewed_class():
     "vectorized_gather_kernel", "at::native::vectorized_gather_kernel",
 ])
 def test_a_fused_swiglu_and_a_plain_gather_are_neither_router_nor_permute(name):
+    """Recorded kernels that merely look like MoE work (fused SwiGLU, plain gathers) are not classed
+    router or permute."""
     assert name in TABLE  # recorded on a GPU, not made up
     assert classify_name(name) not in ("moe_router", "moe_permute")
 
 
 def test_the_routers_top_k_and_the_moe_permutation_kernels_keep_their_classes():
+    """The router's top-k and TE's permutation kernels are classed moe_router and moe_permute, as the
+    recorded table says."""
     assert classify_name("at::native::sbtopk::gatherTopK") == "moe_router"
     assert classify_name("_row_id_map_pass_1_kernel") == "moe_permute"  # TE's Triton permutation
     assert classify_name("_unpermute_kernel") == "moe_permute"

@@ -25,6 +25,8 @@ def _four_ranks(path):
 
 
 def test_scan_gives_what_plan_reads_itself_and_only_once(tmp_path):
+    """The background scan yields the same rank keys the planner would read from the file, and hands
+    them out once."""
     one = _four_ranks(tmp_path / "all.sqlite")
     keys.start([one])
     got = keys.take(one)
@@ -35,6 +37,7 @@ def test_scan_gives_what_plan_reads_itself_and_only_once(tmp_path):
 
 
 def test_a_file_changed_after_the_scan_is_read_again(tmp_path):
+    """A file changed after the scan is not planned from the stale scan: the rank added later is found."""
     one = _four_ranks(tmp_path / "all.sqlite")
     keys.start([one])
     keys.take(tmp_path / "other.sqlite")  # waits for the scan; the entry for `one` stays
@@ -48,6 +51,7 @@ def test_a_file_changed_after_the_scan_is_read_again(tmp_path):
 
 
 def test_analysis_same_with_and_without_the_scan(tmp_path, monkeypatch):
+    """The analysis of a four-rank file is the same with and without the background key scan."""
     one = _four_ranks(tmp_path / "all.sqlite")
     with_scan = analysis.analyze([one], workers=2)
     monkeypatch.setattr(keys, "start", lambda files: None)

@@ -27,6 +27,8 @@ def _iter_line(i, ms):
 
 
 def test_tokens_per_s_from_global_batch_and_seq_length(tmp_path):
+    """Tokens/s is global batch × sequence length over the steady step time (the first two iterations
+    dropped as warm-up)."""
     log = tmp_path / "log.txt"
     log.write_text(ARGS + "".join(_iter_line(i, ms) for i, ms in ((1, 5000.0), (2, 900.0), (3, 500.0),
                                                                    (4, 700.0))))
@@ -37,6 +39,7 @@ def test_tokens_per_s_from_global_batch_and_seq_length(tmp_path):
 
 
 def test_xz_log_reads_like_plain(tmp_path):
+    """An .xz-compressed log parses exactly like the plain one."""
     text = ARGS + "".join(_iter_line(i, 600.0) for i in range(1, 5)) + \
         "[Rank 0] (after 4 iterations) memory (MB) | allocated: 1000.0 | max allocated: 2048.0 | " \
         "reserved: 3000.0 | max reserved: 3000.0\n"
@@ -48,6 +51,7 @@ def test_xz_log_reads_like_plain(tmp_path):
 
 
 def test_broken_xz_log_is_one_line_error(tmp_path):
+    """A corrupt .xz log is a one-line TraceError naming the file."""
     bad = tmp_path / "log.txt.xz"
     bad.write_bytes(b"\xfd7zXZ\x00not really")
     with pytest.raises(TraceError) as e:
@@ -56,6 +60,8 @@ def test_broken_xz_log_is_one_line_error(tmp_path):
 
 
 def test_real_megatron_log():
+    """A recorded Megatron log gives 16 iterations, no failure, and tokens/s consistent with its 16 ×
+    2048-token batch and step time."""
     r = parse_log(GPU_DATA / "megatron_moe_proxy_ep2.log.xz")
     assert r["iterations"] == 16 and r["failure"] is None
     assert r["tflops_per_gpu"] > 1 and r["max_allocated_gb"] > 1
@@ -102,6 +108,7 @@ def test_host_memory_and_gpu_memory_are_told_apart(tmp_path, text, failure):
 
 
 def test_host_oom_names_slurms_first_line(tmp_path):
+    """A host (cgroup) out-of-memory kill is reported with Slurm's first error line."""
     log = tmp_path / "log.txt"
     log.write_text(ARGS + _iter_line(1, 900.0) + SLURM_CGROUP_OOM)
     r = parse_log(log)
@@ -109,6 +116,8 @@ def test_host_oom_names_slurms_first_line(tmp_path):
 
 
 def test_parse_megatron_log(tmp_path):
+    """The steady step time, its spread, TFLOP/s and peak allocated memory are read from Megatron's
+    iteration and memory lines."""
     log = tmp_path / "log.txt"
     lines = [f" [2026-11-22 10:00:0{i}] iteration        {i}/      10 | consumed samples:   {8*i} | "
              f"elapsed time per iteration (ms): {ms} | throughput per GPU (TFLOP/s/GPU): {tf} | "
@@ -132,6 +141,7 @@ def test_parse_megatron_log(tmp_path):
     ("slurmstepd: error: *** JOB 12 ON node1 CANCELLED AT 2026-11-22T10:00:00 ***", "cancelled"),
 ])
 def test_log_failures(tmp_path, text, failure):
+    """Each known failure text in a log is classified as its failure kind."""
     log = tmp_path / "log.txt"
     log.write_text(text + "\n")
     assert parse_log(log)["failure"] == failure
@@ -141,12 +151,15 @@ RESULTS = {r["name"]: r for r in map(json.loads, (FIT / "results.jsonl").read_te
 
 
 def test_every_layout_has_its_log():
+    """The recorded fit bank holds one log for each of its 15 layouts, no more."""
     logs = {p.name.removesuffix(".log.xz") for p in (FIT / "logs").glob("*.log.xz")}
     assert logs == set(RESULTS) and len(logs) == 15
 
 
 @pytest.mark.parametrize("name", sorted(RESULTS))
 def test_fit_log_parses_like_the_device_summary(name):
+    """Each recorded fit log parses to the peak memory and iteration time the device run's own summary
+    gives."""
     row = RESULTS[name]
     got = parse_log(FIT / "logs" / f"{name}.log.xz")
     assert got["failure"] is None
@@ -166,6 +179,7 @@ def test_qwen3_235b_baseline_rank0_figures():
 
 
 def test_max_reserved_absent_in_older_logs(tmp_path):
+    """A memory line without max reserved (older Megatron) gives max allocated and None for reserved."""
     log = tmp_path / "log.txt"
     log.write_text("[Rank 0] (after 2 iterations) memory (MB) | allocated: 10.0 | max allocated: 2048.0\n")
     got = parse_log(log)

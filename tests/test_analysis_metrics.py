@@ -21,10 +21,13 @@ SENDRECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
     ("vectorized_elementwise_kernel", "other"),
 ])
 def test_kernel_classes(name, cls):
+    """Each sample kernel name is classified as its expected class."""
     assert classify_name(name) == cls
 
 
 def test_exposed_comm_busy_idle_hand_computed(tmp_path):
+    """On a three-kernel trace, busy, idle, communication, exposed communication, SM estimate, class
+    counts and gaps equal the hand-computed figures."""
     # GEMM 0-100us, SendRecv 50-150us, GEMM 200-300us; window = GPU span 0-300us
     path = (TraceBuilder().kernel(GEMM, 0, 100).kernel(SENDRECV, 50, 150)
             .kernel(GEMM, 200, 300).write(tmp_path / "t.sqlite"))
@@ -45,6 +48,8 @@ def test_exposed_comm_busy_idle_hand_computed(tmp_path):
 
 
 def test_nvtx_steps_define_window_and_step_time(tmp_path):
+    """NVTX iteration ranges set the window and the step time (mean and spread); kernels after the last
+    step are outside."""
     b = TraceBuilder()
     for i in range(3):  # steps of 1000, 1100, 1200 us on the host
         t0 = sum((1000, 1100, 1200)[:i])
@@ -61,12 +66,15 @@ def test_nvtx_steps_define_window_and_step_time(tmp_path):
 
 
 def test_nvtx_text_inline_in_2022_schema(tmp_path):
+    """nsys 2022's schema, with NVTX text inline rather than by id, gives the same steps and step time."""
     b = TraceBuilder().range("iteration 1", 0, 500, via_id=False).kernel(GEMM, 10, 400, launch_us=(1, 2))
     m = analysis.analyze([b.write(tmp_path / "t.sqlite", schema="2022")])["metrics"]["per_rank"][0]
     assert m["steps"] == 1 and m["step_time_ms"] == pytest.approx(0.5)
 
 
 def test_idle_causes_launch_starved_vs_sync(tmp_path):
+    """An idle gap whose next launch comes late is launch-starved; one covered by a stream synchronize
+    is sync-blocked."""
     b = TraceBuilder()
     b.kernel(GEMM, 0, 100, launch_us=(0, 1))
     # gap 100-200: the next launch call ends at 150 (> gap start): launch-starved
@@ -81,6 +89,7 @@ def test_idle_causes_launch_starved_vs_sync(tmp_path):
 
 
 def test_peak_memory_from_events(tmp_path):
+    """Peak memory is the highest running total of allocations minus frees."""
     b = TraceBuilder().kernel(GEMM, 0, 10)
     b.alloc(0, 2 * 2**30).alloc(1, 3 * 2**30).alloc(2, 2 * 2**30, free=True).alloc(3, 2**30)
     m = analysis.analyze([b.write(tmp_path / "t.sqlite")])["metrics"]["per_rank"][0]
@@ -88,6 +97,8 @@ def test_peak_memory_from_events(tmp_path):
 
 
 def test_two_ranks_skew_is_waiting_not_transfer(tmp_path):
+    """With two ranks, all-to-all time one rank spends waiting for the other is counted as wait, not
+    transfer, and the net exposed share is lower."""
     b = TraceBuilder()
     other = PID + (1 << 24)
     b.kernel(GEMM, 0, 100, device=0).kernel(SENDRECV, 100, 900, device=0)      # rank 0 waits
@@ -101,6 +112,7 @@ def test_two_ranks_skew_is_waiting_not_transfer(tmp_path):
 
 
 def test_combined_uses_slowest_step_and_means(tmp_path):
+    """Ranks combine with the slowest rank's step time and means of the shares."""
     f0 = TraceBuilder().range("iteration 1", 0, 1000).kernel(GEMM, 0, 900, launch_us=(0, 1)).write(tmp_path / "r0.sqlite")
     f1 = TraceBuilder().range("iteration 1", 0, 1200).kernel(GEMM, 0, 600, launch_us=(0, 1)).write(tmp_path / "r1.sqlite")
     r = analysis.analyze([tmp_path])

@@ -18,6 +18,8 @@ from moetune.analysis.window import Window
     ("combine_kernel", "void hybrid_ep::combine_kernel<(int)8>(combine_kernel_param_t)", "hybridep"),
 ])
 def test_ep_library_kernels_are_classed_by_their_namespace(short, demangled, cls):
+    """DeepEP/HybridEP kernels are classed by their demangled namespace; the bare short name alone says
+    other."""
     from moetune.analysis.kernels import classify_name
     assert classify_name(short) == "other"  # the bare short name says nothing
     assert classify_name(qualified_name(short, demangled)) == cls
@@ -28,6 +30,8 @@ def _k(rows):
 
 
 def test_wait_is_start_skew_of_matching_kernels_and_is_clipped_to_the_window():
+    """A rank's a2a wait is how much earlier it starts each matching kernel than the last rank, counted
+    only inside its window, with pairs matched over the whole capture."""
     # rank 0 starts each combine 300 ns before rank 1; dispatches start together
     r0 = _k([("dispatch", 0, 100), ("combine", 200, 600), ("dispatch", 1000, 1100), ("combine", 1200, 1600)])
     r1 = _k([("dispatch", 0, 100), ("combine", 500, 600), ("dispatch", 1000, 1100), ("combine", 1500, 1600)])
@@ -40,12 +44,15 @@ def test_wait_is_start_skew_of_matching_kernels_and_is_clipped_to_the_window():
 
 
 def test_no_split_for_one_rank_or_unmatched_kernels():
+    """One rank, or ranks whose a2a kernels do not match, give no wait split."""
     w = {0: Window(0, 10, 1, (10,), "nvtx"), 1: Window(0, 10, 1, (10,), "nvtx")}
     assert a2a_wait_ns({0: _k([("combine", 0, 5)])}, {0: w[0]}) is None
     assert a2a_wait_ns({0: _k([("combine", 0, 5)]), 1: _k([("dispatch", 0, 5)])}, w) is None
 
 
 def test_summaries_kept_on_disk_give_the_same_split_and_are_removed():
+    """Per-rank a2a summaries spilled to disk give the same wait split as in memory, and their folder is
+    removed afterwards."""
     from moetune.analysis.skew import A2ASummaries, a2a_starts
     r0 = _k([("dispatch", 0, 100), ("combine", 200, 600), ("dispatch", 1000, 1100), ("combine", 1200, 1600)])
     r1 = _k([("dispatch", 0, 100), ("combine", 500, 600), ("dispatch", 1000, 1100), ("combine", 1500, 1600)])

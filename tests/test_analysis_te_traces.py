@@ -28,6 +28,8 @@ def test_te_layers_show_as_te_kernels_and_the_local_spec_has_none(combined):
 
 
 def test_hybridep_dispatch_and_combine_replace_nccl_all_to_all(combined):
+    """In the recorded HybridEP trace, HybridEP's dispatch and combine kernels are classed hybridep and
+    no NCCL all-to-all or DeepEP is counted."""
     names = set(open_trace(TRACES / "te_gg_hybridep.sqlite.xz").kernels["name"].astype(str))
     assert {"hybrid_ep::dispatch_kernel", "hybrid_ep::combine_kernel"} <= names
     c = combined("te_gg_hybridep")
@@ -36,6 +38,8 @@ def test_hybridep_dispatch_and_combine_replace_nccl_all_to_all(combined):
 
 
 def test_deepep_under_te_replaces_nccl_all_to_all(combined):
+    """In the recorded DeepEP trace DeepEP kernels replace NCCL all-to-all, while the plain TE trace has
+    all-to-all and no DeepEP."""
     c = combined("te_gg_deepep")
     assert c["kernel_class_count"]["deepep"] > 0 and c["kernel_class_count"]["a2a"] == 0
     assert combined("te_gg")["kernel_class_count"]["deepep"] == 0

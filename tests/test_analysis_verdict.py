@@ -11,6 +11,8 @@ GPU = Path(__file__).resolve().parent / "data" / "gpu"
 
 
 def test_the_log_fills_only_what_the_trace_leaves_empty():
+    """Merging a log into a trace result keeps the trace's own figures and takes from the log only those
+    the trace lacks (TFLOP/s, peak memory)."""
     log = parse_log(GPU / "megatron_moe_proxy_ep2.log.xz")
     assert log["step_time_ms"] is not None and log["tflops_per_gpu"] is not None
     r = result({"step_time_ms": 1.0}, {}, log, None, ["t.sqlite"])
@@ -22,6 +24,8 @@ def test_the_log_fills_only_what_the_trace_leaves_empty():
 
 
 def test_a_log_alone_is_judged_from_its_steady_steps_and_asks_for_a_trace():
+    """A log alone gives wall unknown with evidence asking for a trace, judged from its steady steps,
+    without a no-window rule."""
     log = parse_log(GPU / "big_gemm.log")
     r = log_only(log, None, "big_gemm.log")
     assert r["log_only"] and r["wall"] == "unknown"
@@ -31,6 +35,8 @@ def test_a_log_alone_is_judged_from_its_steady_steps_and_asks_for_a_trace():
 
 
 def test_graphs_traced_whole_name_their_files():
+    """Traces of whole-iteration CUDA graphs get one warning naming their files and saying idle share is
+    overstated; no files, no warning."""
     (line,) = graph_warnings(["trace_0.sqlite", "trace_1.sqlite"])
     assert line.startswith("trace_0.sqlite, trace_1.sqlite: ") and "gpu_idle_share is overstated" in line
     assert graph_warnings([]) == []

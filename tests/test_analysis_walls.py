@@ -21,6 +21,7 @@ def _steps(b, n, step_us):
 
 
 def test_a2a_drowned_is_communication(tmp_path):
+    """Steps dominated by exposed all-to-all are the communication wall, by the exposed_a2a rule."""
     b = TraceBuilder()
     _steps(b, 3, 1000)
     for i in range(3):
@@ -32,6 +33,7 @@ def test_a2a_drowned_is_communication(tmp_path):
 
 
 def test_hidden_a2a_is_compute(tmp_path):
+    """All-to-all hidden under a GEMM on another stream leaves no exposed share: the compute wall."""
     b = TraceBuilder()
     _steps(b, 3, 1000)
     for i in range(3):
@@ -44,6 +46,7 @@ def test_hidden_a2a_is_compute(tmp_path):
 
 
 def test_tiny_kernels_with_gaps_is_host_overhead(tmp_path):
+    """Tiny kernels separated by launch gaps are the host-overhead wall (median kernel 5 us)."""
     b = TraceBuilder()
     _steps(b, 2, 2000)
     t = 0
@@ -56,6 +59,7 @@ def test_tiny_kernels_with_gaps_is_host_overhead(tmp_path):
 
 
 def test_oom_log_is_memory_without_trace(tmp_path):
+    """An out-of-memory line in a log, with no trace, is the memory wall at high confidence."""
     log = tmp_path / "log.txt"
     log.write_text("iteration        1/      20 | consumed samples: 8 | elapsed time per iteration (ms): 900.0 |\n"
                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
@@ -75,12 +79,15 @@ def test_memory_near_capacity_is_a_limit_not_a_wall(tmp_path):
 
 
 def test_threshold_rows_name_their_source():
+    """Every threshold row names its source, covers the four walls, and rows with no wall are listed
+    limits."""
     assert all(row[5] for row in THRESHOLDS)
     assert {row[1] for row in THRESHOLDS} - {None} == {"memory", "communication", "host_overhead", "compute"}
     assert all(row[0] in LIMITS for row in THRESHOLDS if row[1] is None)  # no wall: a limit
 
 
 def test_classify_prefers_memory_over_everything():
+    """An OOM failure makes the memory wall even where communication and idle shares are high."""
     r = classify({"window_ms": 10, "exposed_comm_share_net": 0.9, "gpu_idle_share": 0.9},
                  {"failure": "oom"}, 80)
     assert r["wall"] == "memory"
@@ -89,6 +96,7 @@ def test_classify_prefers_memory_over_everything():
 # -- bad input ------------------------------------------------------------------------------
 
 def test_truncated_file(tmp_path):
+    """A truncated trace is a TraceError naming the file."""
     good = TraceBuilder().kernel(GEMM, 0, 100).write(tmp_path / "g.sqlite")
     bad = tmp_path / "trunc.sqlite"
     bad.write_bytes(good.read_bytes()[:3000])
@@ -97,12 +105,14 @@ def test_truncated_file(tmp_path):
 
 
 def test_foreign_sqlite(tmp_path):
+    """An SQLite file that is not an Nsight Systems export is refused as such."""
     p = foreign_sqlite(tmp_path / "foreign.sqlite")
     with pytest.raises(TraceError, match="not an Nsight Systems export"):
         analysis.analyze([p])
 
 
 def test_not_sqlite_and_empty(tmp_path):
+    """A text file and an empty file are refused as not SQLite and empty."""
     (tmp_path / "x.sqlite").write_text("hello")
     (tmp_path / "e.sqlite").write_bytes(b"")
     with pytest.raises(TraceError, match="not an SQLite file"):
@@ -112,6 +122,7 @@ def test_not_sqlite_and_empty(tmp_path):
 
 
 def test_missing_tables_give_unknown(tmp_path):
+    """An export without the kernel tables gives wall unknown, not an error."""
     p = tmp_path / "bare.sqlite"
     con = sqlite3.connect(p)
     con.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
@@ -122,11 +133,14 @@ def test_missing_tables_give_unknown(tmp_path):
 
 
 def test_empty_window_gives_unknown(tmp_path):
+    """A trace with a step range but no kernels gives wall unknown."""
     p = TraceBuilder().range("iteration 1", 0, 100).write(tmp_path / "w.sqlite")
     assert analysis.analyze([p])["wall"] == "unknown"
 
 
 def test_cli_one_line_error_and_json(tmp_path, capsys):
+    """The command exits 2 with one line naming a bad file, and prints JSON with wall, confidence,
+    evidence and metrics for a good one."""
     (tmp_path / "x.sqlite").write_text("junk")
     assert analyze_cli([str(tmp_path / "x.sqlite")]) == 2
     err = capsys.readouterr().err.strip()

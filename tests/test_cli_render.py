@@ -90,6 +90,8 @@ def test_render_with_fixes_and_one_gpu(tmp_path):
 
 
 def test_bad_input_is_one_line(tmp_path):
+    """An unknown experiment, a misspelt --fix (with a suggestion), a --gpus that splits a node and one
+    the table refuses each exit 2 with one line, no traceback."""
     for args, fragment in ((("nosuchmodel",), "no such experiment"),
                            (("qwen3_235b", "--fix", "ep_a2a_overlapp"), "did you mean ep_a2a_overlap"),
                            (("qwen3_235b", "--gpus", "12"), "--gpus 12"),

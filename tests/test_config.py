@@ -11,6 +11,7 @@ VALUES = {"int": 3, "float": 1.5, "str": "flex", "switch": True, "list": ("attn"
 
 @pytest.mark.parametrize("flag", FLAGS, ids=[f.field for f in FLAGS])
 def test_each_field_round_trips(flag):
+    """Every field of the flag table renders to its Megatron flag and parses back to the same config."""
     value = VALUES[flag.kind]
     if flag.field == "transformer_impl":
         value = "local"
@@ -21,6 +22,7 @@ def test_each_field_round_trips(flag):
 
 
 def test_hash_is_stable_and_sensitive():
+    """Equal configs hash alike, a changed field changes the hash, and to_dict/from_dict round-trips."""
     a = TrainingConfig(ep=2)
     assert a.config_hash() == TrainingConfig(ep=2).config_hash()
     assert a.config_hash() != a.replace(ep=4).config_hash()
@@ -28,11 +30,14 @@ def test_hash_is_stable_and_sensitive():
 
 
 def test_unknown_key_is_refused():
+    """An unknown key in a stored config is refused by name."""
     with pytest.raises(ValueError, match="unknown training config keys"):
         TrainingConfig.from_dict({"tensor_parallel": 2})
 
 
 def test_where_apex_is_absent_gradient_accumulation_fusion_is_off_once():
+    """Without apex the apex-less flags are added; the local spec turns gradient accumulation fusion off
+    exactly once either way."""
     from moetune.pipeline.spec.config import APEX_LESS_FLAGS, TE_LESS_FLAGS, TrainingConfig
     te = TrainingConfig(transformer_impl="transformer_engine")
     local = TrainingConfig(transformer_impl="local")

@@ -61,6 +61,9 @@ CASES = [
     ({"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["attn"], "capacity_factor": 1.0,
       "pad_to_capacity": True, "recompute_granularity": "selective", "recompute_modules": ["core_attn"]},
      {}, "recompute_core_attn_in_graphed_attention"),
+    # no modules named: Megatron recomputes its default, core_attn
+    ({"cuda_graph_impl": "local", "capacity_factor": 1.0, "recompute_granularity": "selective"},
+     {}, "recompute_core_attn_in_graphed_attention"),
     ({"cuda_graph_impl": "local", "capacity_factor": 1.0, "pad_to_capacity": True,
       "recompute_granularity": "selective", "recompute_modules": ["moe"]}, {}, "recompute_mlp_in_graphed_mlp"),
     ({"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["moe_router"], "capacity_factor": 1.0,
@@ -107,12 +110,14 @@ MODEL_CASES = [
 
 @pytest.mark.parametrize("changes, code", MODEL_CASES, ids=[c[1] for c in MODEL_CASES])
 def test_forbidden_router_is_refused(changes, code):
+    """Each forbidden router setting of the model is refused by its row."""
     from dataclasses import replace
     codes = [v.code for v in check(OK, replace(MODEL, **changes), H100)]
     assert code in codes, codes
 
 
 def test_grouped_sigmoid_router_with_bias_passes():
+    """A grouped sigmoid router with expert bias, set as Megatron allows, passes the table."""
     from dataclasses import replace
     m = replace(MODEL, moe_router_score_function="sigmoid", moe_router_num_groups=4, moe_router_group_topk=2,
                 moe_router_enable_expert_bias=True, moe_router_topk_scaling_factor=2.5)
@@ -120,11 +125,14 @@ def test_grouped_sigmoid_router_with_bias_passes():
 
 
 def test_ok_config_passes():
+    """The reference config passes the table with no violation."""
     assert check(OK, MODEL, H100) == []
 
 
 @pytest.mark.parametrize("changes, cluster, code", CASES, ids=[c[2] for c in CASES])
 def test_forbidden_combination_is_refused(changes, cluster, code):
+    """Each forbidden combination is refused by its own row, with a source and a message saying what to
+    change."""
     violations = check(OK.replace(**changes), MODEL, {**H100, **cluster})
     codes = [v.code for v in violations]
     assert code in codes, codes
@@ -133,22 +141,27 @@ def test_forbidden_combination_is_refused(changes, cluster, code):
 
 
 def test_enough_distinct_refusals_covered():
+    """The cases cover at least 25 distinct rows, each a row of the table."""
     codes = {c[2] for c in CASES} | {c[1] for c in MODEL_CASES}
     assert len(codes) >= 25
     assert codes <= {r[0] for r in RULES}
 
 
 def test_allowed_offload_passes():
+    """Offloading core_attn with attn_proj and expert_fc1 with moe_act is accepted."""
     cfg = OK.replace(grouped_gemm=True, offload_modules=["core_attn", "attn_proj", "expert_fc1", "moe_act"])
     assert check(cfg, MODEL, H100) == []
 
 
 def test_mla_model_allows_mla_recompute():
+    """mla_up_proj recompute is accepted on a multi-latent-attention model."""
     cfg = OK.replace(recompute_granularity="selective", recompute_modules=["mla_up_proj"])
     assert "mla_up_proj_without_mla" not in [v.code for v in check(cfg, MLA, H100)]
 
 
 def test_allowed_overlap_and_graphs():
+    """EP overlap with delayed wgrad, TE graphs of the dropless scopes and layernorm recompute are
+    accepted together."""
     cfg = OK.replace(overlap_ep_a2a=True, delay_wgrad=True, cuda_graph_impl="transformer_engine",
                      cuda_graph_modules=["attn", "moe_router", "moe_preprocess"],
                      recompute_granularity="selective", recompute_modules=["layernorm"])
@@ -158,6 +171,7 @@ def test_allowed_overlap_and_graphs():
 @pytest.mark.parametrize("name", ["qwen3_235b", "qwen3_30b_a3b", "deepseek_v3", "mixtral_8x7b",
                                   "mixtral_8x22b", "moe_proxy"])
 def test_shipped_baselines_pass(name):
+    """Each shipped experiment's baseline passes the table on its own cluster."""
     e = load_experiment(name)
     assert check(e.baseline, e.model, e.cluster) == []
 

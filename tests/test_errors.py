@@ -31,11 +31,14 @@ def error_classes() -> dict[str, type]:
 
 
 def test_the_pipeline_names_the_analysis_base():
+    """pipeline's MoetuneError is analysis's one base, and TraceError derives from it."""
     assert pipeline_errors.MoetuneError is analysis_errors.MoetuneError
     assert issubclass(analysis_errors.TraceError, pipeline_errors.MoetuneError)
 
 
 def test_every_project_error_derives_from_the_one_base():
+    """Every exception class defined in the project (more than 15, those the issue named among them)
+    derives from the one base."""
     classes = error_classes()
     # the walk saw the errors the issue names, and the rest
     for name in ("moetune.analysis.errors.TraceError", "moetune.pipeline.cli.main.UserError",
@@ -47,6 +50,7 @@ def test_every_project_error_derives_from_the_one_base():
 
 
 def test_the_command_prints_an_unreadable_trace_as_one_line_exit_2(tmp_path):
+    """`moetune analyze` on a file that is not a database exits 2 with one line naming it, no traceback."""
     bad = tmp_path / "trace_0.sqlite"
     bad.write_text("not a database\n")
     r = subprocess.run([sys.executable, "-m", "moetune.pipeline.cli.main", "analyze", str(bad)],

@@ -8,11 +8,13 @@ PRODUCTION = ["qwen3_235b", "qwen3_30b_a3b", "deepseek_v3", "mixtral_8x7b", "mix
 
 
 def test_all_models_ship():
+    """Every production experiment and the proxy are listed as shipped."""
     assert set(PRODUCTION + ["moe_proxy"]) <= set(list_experiments())
 
 
 @pytest.mark.parametrize("name", PRODUCTION + ["moe_proxy"])
 def test_loads_and_renders(name):
+    """Each experiment loads, renders its expert count, and its argv parses back to the baseline."""
     e = load_experiment(name)
     argv = e.baseline.to_args(e.model)
     assert argv[argv.index("--num-experts") + 1] == str(e.model.num_experts)
@@ -20,6 +22,7 @@ def test_loads_and_renders(name):
 
 
 def test_published_sizes():
+    """DeepSeek-V3's and Qwen3-235B's sizes are their published ones."""
     ds = load_experiment("deepseek_v3").model
     assert (ds.num_layers, ds.hidden_size, ds.num_experts, ds.moe_router_topk) == (61, 7168, 256, 8)
     assert ds.multi_latent_attention and ds.first_dense_layers == 3
@@ -52,6 +55,7 @@ cluster: {gpu_type: H100}
     ("- a list", "expected a mapping"),
 ])
 def test_bad_experiment_one_line(tmp_path, text, fragment):
+    """Each bad experiment file is a one-line ConfigError naming the file and the fault."""
     with pytest.raises(ConfigError) as err:
         load_experiment(_write(tmp_path, text))
     msg = str(err.value)
@@ -59,5 +63,6 @@ def test_bad_experiment_one_line(tmp_path, text, fragment):
 
 
 def test_unknown_experiment_lists_known():
+    """An unknown experiment name is refused with the list of known ones."""
     with pytest.raises(ConfigError, match="known: .*qwen3_235b"):
         load_experiment("no_such_model")

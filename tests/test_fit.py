@@ -24,6 +24,7 @@ from tests.conftest import stand_in_experiment
 
 
 def test_bounding_ranks_are_the_first_and_last_pipeline_stage():
+    """The ranks a fit measures are the first rank of the first and of the last pipeline stage."""
     assert fit.bounding_ranks(TrainingConfig(tp=2, pp=1, ep=32), 256) == (0,)
     # tp-cp-ep-dp-pp order: a stage is 256/2 ranks, the last one starts at 128
     assert fit.bounding_ranks(TrainingConfig(tp=2, pp=2, ep=32), 256) == (0, 128)
@@ -103,6 +104,8 @@ def test_interleaved_stages_hold_the_dense_layers_in_their_first_chunks():
 
 
 def test_fit_config_routes_statically_on_the_alltoall_dispatcher():
+    """A fit runs the alltoall dispatcher with drop-and-pad at capacity 1 and its own few iterations,
+    keeping the layout."""
     c = fit.fit_config(TrainingConfig(ep=8, dispatcher="flex", flex_backend="deepep", train_iters=50))
     assert (c.dispatcher, c.flex_backend, c.capacity_factor, c.pad_to_capacity) == ("alltoall", None, 1.0, True)
     assert c.train_iters == fit.FIT_ITERS >= 3 and c.ep == 8
@@ -118,6 +121,8 @@ def test_fit_config_routes_statically_on_the_alltoall_dispatcher():
     ({0: {"max_allocated_gb": None, "failure": None}}, 141.0, False, "rank 0 did not measure"),
 ])
 def test_verdict_counts_the_headroom(ranks, capacity, fits, words):
+    """The fit verdict measures peak memory against capacity less the headroom (NCCL buffers plus a
+    routing-imbalance share)."""
     v = fit.verdict(ranks, capacity)
     assert v.fits is fits and words in v.reason
     assert v.headroom_gb == pytest.approx(fit.NCCL_BUFFERS_GB + fit.ROUTING_IMBALANCE_SHARE * capacity)
@@ -131,6 +136,8 @@ def fit_experiment(tmp_path, **cluster) -> str:
 
 
 def test_a_layout_that_fits_is_measured_then_submitted(tmp_path):
+    """A study's baseline is fitted first (each bounding rank run alone), kept with the fit as evidence,
+    then rendered and run."""
     store = Store(str(tmp_path / "db.sqlite"))
     s = tuner.tune(fit_experiment(tmp_path), store, executor="local", runs_root=tmp_path / "runs",
                    progress=False)
@@ -171,6 +178,8 @@ def test_a_layout_that_does_not_fit_never_reaches_the_cluster(tmp_path):
 
 
 def test_moetune_fit_by_hand(tmp_path, capsys):
+    """`moetune fit` measures the bounding ranks of a PP 4 layout and, run again, measures the same
+    trial anew."""
     from moetune.pipeline.cli.main import main
     exp = fit_experiment(tmp_path)
     argv = ["--db", str(tmp_path / "db.sqlite"), "fit", exp, "--pp", "4", "--executor", "local",
@@ -185,6 +194,7 @@ def test_moetune_fit_by_hand(tmp_path, capsys):
 
 
 def test_the_report_shows_the_fit_and_the_compute_floor(tmp_path):
+    """The study report shows the fit verdict and the rank's compute measured alone."""
     from moetune.pipeline.report.study import study_markdown
     store = Store(str(tmp_path / "db.sqlite"))
     s = tuner.tune(fit_experiment(tmp_path), store, executor="local", runs_root=tmp_path / "runs",
@@ -260,6 +270,7 @@ def test_a_memory_fix_refused_at_start_up_is_passed_over(tmp_path):
 
 
 def test_a_baseline_megatron_refuses_stops_the_study_saying_why(tmp_path):
+    """A baseline refused at start-up ends as no_fit and stops the study with the refusal in the reason."""
     exp = yaml.safe_load(Path(fit_experiment(tmp_path, stand_in={
         "ms_per_iter": 20, "refuse": "--use-distributed-optimizer"})).read_text())
     exp["baseline"]["distributed_optimizer"] = True

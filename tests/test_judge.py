@@ -19,6 +19,8 @@ def _an(its):
 
 
 def test_rank_test_p():
+    """The rank test's p-value is about 0.5 for equal samples, near 0 or 1 for clear gains or losses,
+    and 1 without spread or data."""
     same = [300.0, 310, 290, 305, 295, 300]
     assert 0.3 < faster_p(same, same) < 0.7
     assert faster_p([500.0] * 3 + [510.0] * 3, [300.0, 301, 302, 303, 304, 305]) < 0.01
@@ -28,6 +30,8 @@ def test_rank_test_p():
 
 
 def test_one_stall_does_not_hide_a_real_gain():
+    """One stalled step does not hide a real gain judged on log medians; a gain under the relative floor
+    is not kept."""
     rng = np.random.default_rng(0)
     parent = list(400 + rng.normal(0, 20, 12))
     new = list(330 + rng.normal(0, 20, 12))
@@ -40,6 +44,7 @@ def test_one_stall_does_not_hide_a_real_gain():
 
 
 def test_without_log_steps_the_trace_steps_and_noise_decide():
+    """Without log steps the trace's step times decide, against the noise threshold."""
     a = {"metrics": {"combined": {"step_time_ms": 500.0, "step_time_std_ms": 5.0, "steps": 4}}}
     b = {"metrics": {"combined": {"step_time_ms": 400.0, "step_time_std_ms": 5.0, "steps": 4}}}
     c = compare(a, b, rel=0.02, alpha=0.05)
@@ -70,6 +75,7 @@ def test_device_tuning_run_under_the_rank_test(parent, new, keep):
 
 
 def test_noise_threshold_uses_the_runs_spread():
+    """The noise threshold is the relative floor for quiet runs and grows with a run's spread."""
     quiet = {"step_time_ms": 100.0, "step_time_std_ms": 0.1, "steps": 4}
     noisy = {"step_time_ms": 100.0, "step_time_std_ms": 10.0, "steps": 4}
     assert noise_ms(quiet, quiet, 0.02) == pytest.approx(2.0)
@@ -77,6 +83,8 @@ def test_noise_threshold_uses_the_runs_spread():
 
 
 def test_judged_step_is_robust_to_a_stall():
+    """The judged step is the log median after warm-up, untouched by one stall; too few log steps fall
+    back to the trace's."""
     steady = [1300.0, 1200.0, 1100.0] + [500.0, 505.0, 495.0, 2200.0, 498.0, 502.0, 500.0]
     j = judged_step({"log": {"iteration_ms": steady},
                      "metrics": {"combined": {"step_time_ms": 800.0}}})
@@ -116,6 +124,7 @@ def test_the_log_names_its_profiled_and_capture_iterations():
 
 
 def test_too_few_quiet_steps_fall_back_to_the_steps_after_warm_up():
+    """With too few quiet steps the judge keeps all steps after warm-up."""
     log = {"iteration_ms": [900.0, 500.0, 400.0] + [100.0] * 6, "first_iteration": 1,
            "unsteady_iterations": [5, 6]}
     assert list(steady_iterations({"log": log})) == [100.0] * 6  # 4 quiet ones only: all 6

@@ -20,6 +20,8 @@ def _fatbin(*entries: bytes) -> bytes:
 
 
 def test_other_architectures_are_zeroed_and_the_rest_untouched():
+    """keep_arch zeroes the fatbin entries of other GPU architectures in place and leaves the kept one,
+    the headers and the host code as they were."""
     sm90, sm100, sm80 = b"\x90" * 100, b"\xa0" * 300, b"\x80" * 50
     host = b"host code \xba\x55 not a header"
     blob = bytearray(host + _fatbin(_entry(90, sm90), _entry(100, sm100)) + host + _fatbin(_entry(80, sm80)))

@@ -112,6 +112,7 @@ def against_layers(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_every_pipeline_module_sits_in_a_layer():
+    """Every pipeline module belongs to a layer."""
     graph = import_graph()
     outside = [m for m in graph if m.startswith("moetune.pipeline.") and layer(m) is None]
     assert outside == []
@@ -119,10 +120,12 @@ def test_every_pipeline_module_sits_in_a_layer():
 
 
 def test_no_import_cycle():
+    """The project's import graph has no cycle."""
     assert cycles(import_graph()) == []
 
 
 def test_imports_follow_the_layers():
+    """No pipeline module imports from a layer above its own."""
     assert against_layers(import_graph()) == []
 
 

@@ -27,6 +27,7 @@ LAYOUTS = {
 
 
 def test_production_models_accepted_by_megatron():
+    """Megatron's validation accepts each production experiment's baseline at its H100 layout."""
     exps = {n: load_experiment(n) for n in LAYOUTS}
     for name, (gpus, layout) in LAYOUTS.items():
         e = exps[name]
@@ -96,19 +97,15 @@ def test_what_moetune_accepts_megatron_accepts_on_configs_not_built_from_its_rul
     assert only_megatron == []
 
 
-@pytest.mark.xfail(strict=True, reason="moetune's table reads selective recompute without modules as "
-                   "recomputing nothing; Megatron takes its default modules (core_attn) and refuses it "
-                   "under graphed attention. Found by a draw over the whole config space.")
 def test_selective_recompute_with_megatrons_default_modules_under_graphed_attention():
     """Selective recompute with no modules named recomputes Megatron's default, core_attn, which
-    Megatron refuses under local CUDA graphs of attention (attention dropout): moetune must refuse
-    it too. A known gap of the constraint table: this test fails until the table covers it (and
-    then xfail's strictness fails it, to be unmarked)."""
+    Megatron refuses under local CUDA graphs of attention (attention dropout): moetune refuses it
+    too, by the same row as named core_attn recompute."""
     cfg = OK.replace(recompute_granularity="selective", recompute_modules=(), cuda_graph_impl="local",
                      capacity_factor=1.0)
     (refusal,) = mv.validate([cfg.to_args(MODEL) + run_args()], H100["nodes"] * H100["gpus_per_node"])
     assert refusal and "graphed attention recomputation" in refusal
-    assert check(cfg, MODEL, H100), "Megatron refuses it; moetune's table accepts it"
+    assert [v.code for v in check(cfg, MODEL, H100)] == ["recompute_core_attn_in_graphed_attention"]
 
 
 def test_every_rendered_flag_is_megatrons():

@@ -23,12 +23,15 @@ PUBLISHED_B = {"qwen3_235b": 235, "qwen3_30b_a3b": 30.5, "mixtral_8x7b": 46.7, "
 
 @pytest.mark.parametrize("name, billions", PUBLISHED_B.items())
 def test_parameter_counts_match_published(name, billions):
+    """Each model's parameter count (MTP included) is within 2% of its published size."""
     m = load_experiment(name).model
     total = (count_params(m).total + mtp_params(m).total) / 1e9
     assert total == pytest.approx(billions, rel=0.02)
 
 
 def test_knobs_move_the_estimate_the_right_way():
+    """Each memory knob moves the estimate the way it should: distributed optimizer, recompute, offload,
+    micro batch, EP."""
     e = load_experiment("qwen3_30b_a3b")
     base = estimate(e.model, e.baseline, 16)
     no_distopt = estimate(e.model, e.baseline.replace(distributed_optimizer=False), 16)
@@ -51,6 +54,8 @@ def test_knobs_move_the_estimate_the_right_way():
 
 
 def test_plan_least_model_parallel_first(capsys):
+    """plan lists distinct fitting layouts least model parallelism first, recompute only where needed;
+    the command prints them as JSON."""
     e = load_experiment("mixtral_8x7b")
     layouts = plan(e, gpus=64, limit=50)
     assert layouts
@@ -71,6 +76,7 @@ def test_plan_least_model_parallel_first(capsys):
 
 
 def test_plan_refuses_what_cannot_fit():
+    """No layout of DeepSeek-V3 fits one H100 node."""
     e = load_experiment("deepseek_v3")
     assert plan(e, gpus=8) == []  # 685 B parameters do not fit on one H100 node
 
@@ -78,6 +84,8 @@ def test_plan_refuses_what_cannot_fit():
 @pytest.mark.megatron
 @pytest.mark.skipif(not mv.available(), reason="no .venv-megatron (scripts/megatron-venv)")
 def test_model_state_within_10_percent_of_megatron():
+    """The model-state estimate is within 10% of Megatron's theoretical figure for each baseline but
+    DeepSeek-V3's."""
     # deepseek_v3's baseline is left out on purpose since the fit-lease calibration: its first stage
     # holds 3 dense layers (--decoder-first-pipeline-num-layers 3), which Megatron's figure prices
     # as an even share of MoE layers plus MTP (20.0 GB); the measured model state on that rank is
@@ -136,6 +144,8 @@ SCOPE_LAYOUTS = [
 @pytest.mark.megatron
 @pytest.mark.skipif(not mv.available(), reason="no .venv-megatron (scripts/megatron-venv)")
 def test_dense_scope_total_within_10_percent_of_megatron():
+    """Model state plus activations is within 10% of Megatron's theoretical total on each layout (12%
+    for wide-query core_attn recompute)."""
     exps = {n: load_experiment(n) for n, _ in SCOPE_LAYOUTS}
     cfgs = [(exps[n], exps[n].baseline.replace(**ch)) for n, ch in SCOPE_LAYOUTS]
     theirs = mv.theoretical_memory([c.to_args(e.model) + run_args() for e, c in cfgs],
@@ -152,6 +162,8 @@ def test_dense_scope_total_within_10_percent_of_megatron():
 
 
 def test_plan_cli_errors(capsys):
+    """`moetune plan`: a --gpus that splits a node or an unknown model exits 2 with one line; nothing
+    fitting exits 1; a limit bounds the list."""
     from moetune.pipeline.cli.plan import main
     assert main(["mixtral_8x7b", "--gpus", "12"]) == 2  # 1.5 nodes of 8
     assert "multiple of 8" in capsys.readouterr().err

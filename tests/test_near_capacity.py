@@ -22,6 +22,8 @@ def recorded():
 
 
 def test_a_compute_busy_run_near_capacity_is_not_memory_walled(recorded):
+    """A recorded busy run at 96% of the H100's memory is the compute wall, with memory only as a limit
+    on growing fixes."""
     c = recorded["metrics"]["combined"]
     assert recorded["gpu_memory_gb"] == pytest.approx(79.18, abs=0.01)  # the H100, from the trace
     assert recorded["log"]["failure"] is None and recorded["log"]["iterations"] == 16

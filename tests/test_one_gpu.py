@@ -22,6 +22,8 @@ from tests.conftest import stand_in_experiment
 
 
 def test_a_one_gpu_step_is_the_same_work_per_rank_whatever_the_micro_batch():
+    """The one-GPU config gives each rank the same samples whatever its micro batch, routes statically
+    with drop-and-pad, and refuses a micro batch that does not divide them."""
     base = TrainingConfig(tp=2, pp=2, ep=32, micro_batch=1, global_batch=1024, dispatcher="flex",
                           flex_backend="deepep")
     one = fit.one_gpu_config(base, 256, 4)
@@ -44,6 +46,8 @@ def test_a_one_gpu_step_fills_the_pipeline_or_is_refused():
 
 
 def test_a_fit_runs_two_micro_batches_a_stage_not_the_production_batch():
+    """A fit's global batch is two micro-batches a pipeline stage per data-parallel rank, never more
+    than configured."""
     c = TrainingConfig(tp=2, pp=2, ep=32, micro_batch=1, global_batch=1024)
     assert fit.fit_config(c, 256).global_batch == 64 * 1 * 4  # DP 64, 2 micro-batches per stage
     assert fit.fit_config(c).global_batch == 1024  # without the world: as configured
@@ -51,6 +55,8 @@ def test_a_fit_runs_two_micro_batches_a_stage_not_the_production_batch():
 
 
 def test_rules_that_need_the_collectives_are_marked_in_the_table():
+    """Rules that need the real collectives are marked not one_gpu in the table; rules a rank alone can
+    show are marked one_gpu."""
     alone = {r.id: r.one_gpu for r in rules.load_rules()}
     for rid in ("dispatcher_deepep", "ep_a2a_overlap", "delay_wgrad", "tp_comm_overlap", "token_drop"):
         assert alone[rid] is False
@@ -59,6 +65,7 @@ def test_rules_that_need_the_collectives_are_marked_in_the_table():
 
 
 def test_a_malformed_one_gpu_key_names_the_rule(tmp_path):
+    """A one_gpu value that is not a boolean is a RuleError naming the rule and the allowed values."""
     table = settings.rules_file().read_text().replace("    one_gpu: false\n", "    one_gpu: sometimes\n", 1)
     (tmp_path / "rules.yaml").write_text(table)
     with pytest.raises(rules.RuleError, match=r"rule dispatcher_deepep: one_gpu 'sometimes' must be true or false"):
@@ -237,6 +244,8 @@ def test_a_change_the_one_gpu_step_cannot_hold_is_skipped_not_proposed(tmp_path)
 
 
 def test_an_explicit_step_that_cannot_run_the_baseline_is_refused_before_any_job(tmp_path):
+    """A one-GPU step too small for the baseline's pipeline is refused, naming the file, before any
+    study or job."""
     exp_path = one_gpu_experiment(tmp_path)
     text = Path(exp_path).read_text().replace("fit_first: true", "fit_first: true\n  one_gpu_samples: 1")
     Path(exp_path).write_text(text)

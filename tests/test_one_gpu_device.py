@@ -23,11 +23,14 @@ FITS = sorted(RUN.glob("runs/*/fit/fit.json"), key=lambda p: int(p.parent.parent
 
 
 def test_the_run_is_there():
+    """The recorded device run holds a fit for each of its 11 trials."""
     assert len(FITS) == 11  # every trial of both studies was fitted first
 
 
 @pytest.mark.parametrize("path", FITS, ids=lambda p: p.parent.parent.name)
 def test_each_recorded_fit_verdict_follows_from_its_logs(path):
+    """Each recorded fit verdict (fits, peak, reason) is what fit.verdict gives from the ranks' recorded
+    logs."""
     recorded = json.loads(path.read_text())
     ranks = {int(r): _fit_rank(path.parent / f"log_rank_{r}.txt.xz") for r in recorded["ranks"]}
     v = fit.verdict(ranks, recorded["capacity_gb"])

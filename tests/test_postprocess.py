@@ -65,4 +65,5 @@ def test_an_older_recording_nsys_is_read_here(nsys_bin, tmp_path):
     ("nsys: command not found", ()),
 ])
 def test_release_numbers(text, release):
+    """nsys's release number is read from each form of its version text."""
     assert postprocess.nsys_release(text) == release

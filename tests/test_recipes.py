@@ -31,6 +31,8 @@ IN_USE_ROUNDING = 0.0005 + 0.00005  # In-Use has one decimal of a percentage; mo
 
 @pytest.mark.parametrize("name", RECORDED)
 def test_kernel_time_per_name_agrees_with_cuda_gpu_kern_sum(name):
+    """moetune's kernel time per name agrees with the cuda_gpu_kern_sum recipe within tolerance, on
+    every name it lists."""
     c = recipes.compare(DATA / name / "run.sqlite.xz", DATA / name)
     assert len(c["kernels"]) >= 5  # every kernel name the recipe lists is compared
     assert all(k["rel_diff"] <= recipes.KERNEL_TOLERANCE for k in c["kernels"]), c["kernels"]
@@ -39,6 +41,7 @@ def test_kernel_time_per_name_agrees_with_cuda_gpu_kern_sum(name):
 
 @pytest.mark.parametrize("name", RECORDED)
 def test_busy_share_agrees_with_gpu_time_util(name):
+    """moetune's busy share agrees with the gpu_time_util recipe within tolerance."""
     c = recipes.compare(DATA / name / "run.sqlite.xz", DATA / name)
     b, = c["busy"]
     assert abs(b["moetune"] - b["recipe"]) <= recipes.BUSY_TOLERANCE
@@ -65,6 +68,7 @@ def test_the_window_rule_is_the_recipes(tmp_path):
 
 
 def test_a_disagreement_is_flagged(tmp_path):
+    """A recipe output altered by 5% (kernel time) and 5 points (busy) gives one disagreement for each."""
     shutil.copytree(DATA / "plain", tmp_path / "plain")
     kern = tmp_path / "plain" / "cuda_gpu_kern_sum" / "all_stats.parquet"
     df = pd.read_parquet(kern)
@@ -80,6 +84,7 @@ def test_a_disagreement_is_flagged(tmp_path):
 
 
 def test_a_foreign_recipe_output_is_one_line(tmp_path):
+    """A recipe file that is not Parquet is a one-line TraceError naming the folder."""
     (tmp_path / "gpu_time_util").mkdir()
     (tmp_path / "gpu_time_util" / "analysis.parquet").write_text("not parquet")
     with pytest.raises(analysis.TraceError) as e:
@@ -141,6 +146,8 @@ def test_check_report_with_the_installed_nsys_follows_what_it_can(nsys_bin, tmp_
 
 
 def test_the_report_shows_the_recipes_beside_moetune():
+    """The report line puts the recipes' figures beside moetune's, and marks a disagreement when there
+    is one."""
     from moetune.pipeline.report.study import recipes_markdown
     c = recipes.compare(DATA / "plain" / "run.sqlite.xz", DATA / "plain")
     lines = recipes_markdown({"trace_0.sqlite": c})
@@ -152,6 +159,7 @@ def test_the_report_shows_the_recipes_beside_moetune():
 
 @pytest.mark.parametrize("name", sorted(MOE_RANKS))
 def test_moe_rank_kernel_time_per_name_agrees_with_cuda_gpu_kern_sum(name):
+    """On recorded MoE ranks, kernel time per name agrees with cuda_gpu_kern_sum for 40 names or more."""
     c = recipes.compare(MOE_RANKS[name], DATA / name)
     assert len(c["kernels"]) >= 40
     assert all(k["rel_diff"] <= recipes.KERNEL_TOLERANCE for k in c["kernels"]), c["kernels"]
@@ -219,6 +227,7 @@ def test_the_analysis_warns_where_graphs_were_traced_whole():
 
 
 def test_the_report_shows_the_notes():
+    """A trace of whole CUDA graphs is reported with a note, not a disagreement."""
     from moetune.pipeline.report.study import recipes_markdown
     c = recipes.compare(MOE_RANKS["qwen3_30b_graphs"], DATA / "qwen3_30b_graphs")
     lines = recipes_markdown({"trace_0.sqlite": c})
@@ -227,6 +236,7 @@ def test_the_report_shows_the_notes():
 
 
 def test_the_trial_report_shows_the_analysis_warning():
+    """The trial report shows the analysis's whole-graph warning naming the trace."""
     from types import SimpleNamespace
     from moetune.pipeline.report.study import TrialView, trial_markdown
     an = analysis.analyze([MOE_RANKS["qwen3_30b_graphs"]], workers=1)
@@ -239,6 +249,7 @@ TWO = DATA / "two_rank_nccl"
 
 
 def test_two_ranks_agree_with_the_recipes_on_each_gpu():
+    """A two-GPU recording agrees with the recipes on kernels and on each GPU's busy share."""
     c = recipes.compare(TWO / "run.sqlite.xz", TWO)
     assert c["disagreements"] == [] and len(c["kernels"]) >= 5
     assert sorted(b["device"] for b in c["busy"]) == [0, 1]
@@ -272,6 +283,7 @@ def test_the_overlap_rule_weighs_by_duration_as_the_recipe_does():
 
 
 def test_an_overlap_disagreement_is_flagged(tmp_path):
+    """Halving the recipe's NCCL compute overlap gives one disagreement a GPU naming moetune's figure."""
     shutil.copytree(TWO, tmp_path / "r")
     f = tmp_path / "r" / "nccl_gpu_overlap_trace" / "rank_trace.parquet"
     df = pd.read_parquet(f)
@@ -283,6 +295,8 @@ def test_an_overlap_disagreement_is_flagged(tmp_path):
 
 
 def test_the_report_shows_nccl_overlap_beside_the_recipe():
+    """The report shows each GPU's NCCL time under compute beside nccl_gpu_overlap_trace's, equal to the
+    tenth."""
     from moetune.pipeline.report.study import recipes_markdown
     line, = [ln for ln in recipes_markdown({"trace_0": recipes.compare(TWO / "run.sqlite.xz", TWO)})
              if ln.startswith("- Beside")]

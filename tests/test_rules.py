@@ -89,6 +89,7 @@ CASES = [
 
 @pytest.mark.parametrize("case,an,config,cl,model,expected", CASES, ids=[c[0] for c in CASES])
 def test_wall_picks_expected_rule(case, an, config, cl, model, expected):
+    """Each wall case proposes its expected rule first, with a changed config."""
     props = rules.proposals(an, config, model, cl, check=no_violations)
     assert props, case
     assert props[0].rule.id == expected
@@ -96,6 +97,8 @@ def test_wall_picks_expected_rule(case, an, config, cl, model, expected):
 
 
 def test_change_is_applied_to_config():
+    """The DeepEP rule's change is applied to the config: flex dispatcher with the deepep backend,
+    nothing else."""
     an = analysis("communication", exposed_a2a_share=0.3, comm_share=0.4)
     p = rules.proposals(an, BASE.replace(ep=16), MODEL, cluster(nodes=2), check=no_violations)[0]
     assert p.config.diff(BASE.replace(ep=16)) == {"dispatcher": ("flex", "alltoall"),
@@ -147,11 +150,13 @@ BLOCKED = [
 
 @pytest.mark.parametrize("case,an,config,cl,rule_id", BLOCKED, ids=[c[0] for c in BLOCKED])
 def test_preconditions_block(case, an, config, cl, rule_id):
+    """A rule whose preconditions do not hold is not proposed."""
     ids = [p.rule.id for p in rules.proposals(an, config, MODEL, cl, check=no_violations)]
     assert rule_id not in ids, case
 
 
 def test_full_recompute_is_the_last_memory_rule():
+    """Under the memory wall, memory rules come first and full recompute is the last of them."""
     props = rules.proposals(analysis("memory"), BASE.replace(ep=4), MODEL, cluster(),
                             check=no_violations)
     ids = [p.rule.id for p in props if p.rule.wall == "memory"]
@@ -160,6 +165,7 @@ def test_full_recompute_is_the_last_memory_rule():
 
 
 def test_token_drop_when_allowed():
+    """Token drop is proposed when the experiment allows it."""
     ids = [p.rule.id for p in rules.proposals(analysis("compute", sm_util_estimate=0.9), BASE,
                                               MODEL, cluster(),
                                               tuning={"allow_token_drop": True},
@@ -168,6 +174,7 @@ def test_token_drop_when_allowed():
 
 
 def test_other_fired_walls_follow_the_named_wall():
+    """Rules of other walls that fired follow all the rules of the named wall."""
     an = analysis("host_overhead", gpu_idle_share=0.4, exposed_a2a_share=0.2, peak_memory_gb=70,
                   evidence=[{"wall": "host_overhead", "strength": 1.6},
                             {"wall": "communication", "strength": 1.2}])
@@ -178,6 +185,7 @@ def test_other_fired_walls_follow_the_named_wall():
 
 
 def test_checker_refusal_is_kept_with_reason():
+    """A proposal the checker refuses is kept, not ok, with the refusal code; others stay ok."""
     def refuse_flex(config, model, cl):
         if config.dispatcher == "flex":
             return [SimpleNamespace(code="flex_needs_te", message="flex needs TE",
@@ -191,6 +199,7 @@ def test_checker_refusal_is_kept_with_reason():
 
 
 def test_real_constraint_checker_blocks_an_invalid_change():
+    """The real constraint table refuses a rule's change to TP 3."""
     from moetune.pipeline.spec import constraints
     # TP=3 divides neither the 8 GPUs nor the 16 heads: the checker must refuse it
     bad = rules.Rule(id="tp3", wall="compute", change={"tp": 3}, priority=1, rationale="test",
@@ -201,6 +210,7 @@ def test_real_constraint_checker_blocks_an_invalid_change():
 
 
 def test_bad_table_is_one_clear_error(tmp_path):
+    """A rules table with an unknown field or wall is a RuleError naming it."""
     bad = tmp_path / "rules.yaml"
     bad.write_text("rules:\n  - {id: x, wall: memory, change: {no_such_field: 1}, priority: 1, "
                    "rationale: r, source: s}\n")
@@ -212,6 +222,7 @@ def test_bad_table_is_one_clear_error(tmp_path):
 
 
 def test_every_rule_cites_a_guidance_document():
+    """Every rule cites a guidance document (one of the shared guidance files where they are present)."""
     import os
     docs = set(os.listdir("/work/shared/guidance")) if os.path.isdir("/work/shared/guidance") else None
     for r in rules.load_rules():

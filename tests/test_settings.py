@@ -29,6 +29,7 @@ TRACE = REPO / "tests/data/cpu/steps_nvtx_osrt.sqlite.xz"  # a real nsys 2022.4 
 
 
 def test_each_variable_is_named_once_with_a_doc():
+    """Each environment variable is declared once across both settings modules, with a one-line doc."""
     names = [*settings.SETTINGS, *analysis_settings.SETTINGS]
     assert len(names) == len(set(names))
     for s in [*settings.SETTINGS.values(), *analysis_settings.SETTINGS.values()]:
@@ -59,6 +60,7 @@ def test_the_rule_table_follows_moetune_rules_set_after_import(tmp_path, monkeyp
 
 
 def test_the_demo_bank_follows_moetune_bank_set_after_import(tmp_path, monkeypatch):
+    """MOETUNE_BANK set after import changes the bank the replay reads."""
     checkout = REPO / "benchmarks" / "trial_bank"
     entries = [line for line in (checkout / "bank.jsonl").read_text().splitlines() if line.strip()]
     monkeypatch.setenv("MOETUNE_BANK", str(tmp_path))
@@ -69,6 +71,8 @@ def test_the_demo_bank_follows_moetune_bank_set_after_import(tmp_path, monkeypat
 
 
 def test_the_megatron_venv_follows_megatron_venv_set_after_import(tmp_path, monkeypatch):
+    """MEGATRON_VENV set after import changes the venv Megatron validation uses, and a missing one is
+    named."""
     monkeypatch.setenv("MEGATRON_VENV", str(tmp_path / "venv"))
     assert not megatron_validate.available()
     with pytest.raises(megatron_validate.MegatronUnavailable, match=re.escape(str(tmp_path / "venv"))):
@@ -76,11 +80,13 @@ def test_the_megatron_venv_follows_megatron_venv_set_after_import(tmp_path, monk
 
 
 def test_nsys_follows_moetune_nsys_set_after_import(tmp_path, monkeypatch):
+    """MOETUNE_NSYS set after import changes the nsys binary used."""
     monkeypatch.setenv("MOETUNE_NSYS", str(tmp_path / "nsys"))
     assert nsys_binary() == str(tmp_path / "nsys")
 
 
 def test_a_child_process_gets_this_environment_with_the_changes(monkeypatch):
+    """A child's environment is this process's with the given changes applied."""
     monkeypatch.setenv("MOETUNE_SETTINGS_PROBE", "seen")
     env = settings.environ(CUDA_VISIBLE_DEVICES="")
     assert env["MOETUNE_SETTINGS_PROBE"] == "seen" and env["CUDA_VISIBLE_DEVICES"] == ""
@@ -88,6 +94,8 @@ def test_a_child_process_gets_this_environment_with_the_changes(monkeypatch):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_an_unknown_trace_reader_is_one_line_naming_the_variable_and_its_values(monkeypatch, workers):
+    """An unknown MOETUNE_TRACE_READER is a one-line SettingError naming the variable, its value and the
+    allowed values, with any worker count."""
     monkeypatch.setenv("MOETUNE_TRACE_READER", "pandas")
     with pytest.raises(SettingError) as e:
         analyze([TRACE], workers=workers)
@@ -97,6 +105,7 @@ def test_an_unknown_trace_reader_is_one_line_naming_the_variable_and_its_values(
 
 
 def test_the_command_refuses_an_unknown_trace_reader_in_one_line():
+    """`moetune analyze` with an unknown trace reader exits 2 with that one line, no traceback."""
     r = subprocess.run([sys.executable, "-m", "moetune.pipeline.cli.main", "analyze", str(TRACE)],
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "MOETUNE_TRACE_READER": "sqlite"})
@@ -128,6 +137,7 @@ def touches_environment(tree: ast.AST) -> bool:
 
 
 def test_only_the_settings_modules_and_in_job_scripts_read_the_environment():
+    """No module outside the settings modules and the in-job scripts reads the environment."""
     found = {str(path.relative_to(REPO))
              for path in sorted([*REPO.glob("pipeline/**/*.py"), *REPO.glob("analysis/**/*.py")])
              if touches_environment(ast.parse(path.read_text()))}

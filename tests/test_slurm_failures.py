@@ -143,6 +143,8 @@ def test_tuner_answers_host_oom_with_no_gpu_memory_fix(slurm, timeout_trial, tmp
 
 
 def test_cancelled_job_is_not_retried(slurm, timeout_trial, make_trial):
+    """A job cancelled with scancel ends the trial cancelled, not retried, and submitting again starts
+    no second job."""
     store, tid = make_trial(cluster=long_cluster(), study="cancel", train_iters=100000)
     job = submitted(store, tid)
     wait_running(job)
@@ -177,6 +179,8 @@ def restart_slurmctld() -> None:
 
 
 def test_slurmctld_restart_while_a_job_runs(slurm, timeout_trial, make_trial):
+    """A slurmctld restart while the job runs does not lose it: the trial completes with all its
+    iterations logged."""
     store, tid = make_trial(cluster=long_cluster(), study="restart", train_iters=100)  # ~10 s
     job = submitted(store, tid)
     wait_running(job)
@@ -190,6 +194,8 @@ def test_slurmctld_restart_while_a_job_runs(slurm, timeout_trial, make_trial):
 
 
 def test_tuner_killed_between_submit_and_collect_resumes(slurm, timeout_trial, make_trial):
+    """A tuner killed between submit and collect resumes the unfinished trial to completion with the one
+    job it submitted."""
     store, tid = make_trial(cluster=long_cluster(), study="killed", train_iters=60)
     kill_tuner_after_submit(store, tid, poll_s=1)
     study_id = store.trial(tid).study_id
@@ -202,6 +208,8 @@ def test_tuner_killed_between_submit_and_collect_resumes(slurm, timeout_trial, m
 
 
 def test_killed_right_after_sbatch_reattaches_not_resubmits(slurm, timeout_trial, make_trial):
+    """A job submitted whose id never reached the store is found by name and reattached, not submitted
+    twice."""
     store, tid = make_trial(cluster=long_cluster(), study="lostid", train_iters=20)
     stages.run_stage(store, tid, "render")
     t = stages.TrialContext(store, tid)
@@ -213,6 +221,7 @@ def test_killed_right_after_sbatch_reattaches_not_resubmits(slurm, timeout_trial
 
 
 def test_job_past_its_time_limit_ends_timeout(timeout_trial):
+    """A job past its time limit ends TIMEOUT in Slurm and timeout in the store, not to be retried."""
     store, tid = timeout_trial
     stages.run_stage(store, tid, "collect", poll_s=2, timeout_s=240)
     state = json.loads((Path(store.trial(tid).folder) / "state.json").read_text())
@@ -233,6 +242,8 @@ def rank_running(pid: int) -> bool:
 
 
 def test_multinode_job_past_its_time_limit_ends_timeout_on_every_node(multinode_timeout_trial):
+    """A two-node job past its time limit ends TIMEOUT, with no rank left running on either node and its
+    step ended on both."""
     store, tid = multinode_timeout_trial
     stages.run_stage(store, tid, "collect", poll_s=2, timeout_s=240)
     folder = Path(store.trial(tid).folder)
@@ -255,6 +266,8 @@ def test_multinode_job_past_its_time_limit_ends_timeout_on_every_node(multinode_
 
 
 def test_node_down_while_a_job_runs_is_node_fail_then_resumes(slurm, make_trial):
+    """A node set down under a running job gives NODE_FAIL, to be retried; once back, the trial runs
+    again as a new job, keeping the failed attempt's files."""
     store, tid = make_trial(cluster=long_cluster(), study="nodefail", train_iters=100000)
     job = submitted(store, tid)
     wait_running(job)

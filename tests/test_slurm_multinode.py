@@ -30,6 +30,8 @@ def step_nodes(job_id: str, step: str = "0") -> list[str]:
 
 
 def test_two_node_study_through_slurm_under_nsys_on_each_node(slurm, nsys_bin, make_trial):
+    """Two trials of two whole nodes each run through Slurm under nsys, with a profiled rank on each
+    node, through the decide stage."""
     cluster = stand_in_cluster(name="test-2node", nodes=2, ntasks_per_node=2, profile_ranks=[0, 2])
     ids = []
     for mb in (1, 2):  # two trials, submitted together: each takes two whole nodes of three

@@ -90,6 +90,8 @@ def node_state(node: str) -> str:
 
 
 def test_node_dies_during_a_two_node_trial_and_the_study_goes_on(slurm, tmp_path):
+    """A node killed during a two-node trial leaves NODE_FAIL in Slurm's accounting, a retry decision
+    keeping the failed attempt's files, and a study that goes on."""
     slurm_up()  # all nodes up, whatever an earlier test left
     runs, db = tmp_path / "runs", str(tmp_path / "db.sqlite")
     store = Store(db)

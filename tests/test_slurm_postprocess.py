@@ -64,6 +64,8 @@ def sacct(job_id: str, fields: str) -> list[str]:
 
 
 def test_trials_are_post_processed_by_dependent_jobs_and_the_tuner_reads_no_sqlite(slurm, nsys_bin, tmp_path):
+    """Each trial's traces are exported and summarised by a dependent Slurm array job, one element a
+    profiled rank after the trial ends; the tuner opens no SQLite and runs no nsys itself."""
     runs, store = tmp_path / "runs", Store(str(tmp_path / "db.sqlite"))
     WATCH.update(on=True, seen=[])
     try:

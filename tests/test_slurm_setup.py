@@ -24,6 +24,7 @@ def pids() -> dict[str, str]:
 
 
 def test_second_slurm_up_changes_nothing(slurm):
+    """A second scripts/slurm-up finds every node up, restarts no daemon and returns within 10 s."""
     before = pids()
     assert sorted(k for k in before if k.startswith("slurmd-")) == \
         sorted(f"slurmd-{n}" for n in slurm["nodes"])
@@ -40,6 +41,8 @@ def test_second_slurm_up_changes_nothing(slurm):
 
 
 def test_configuration_the_tests_rely_on(slurm):
+    """The Slurm configuration is the one the tests rely on: slurmdbd accounting, cgroups, no requeue, a
+    short slurmd timeout."""
     conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
                           check=True).stdout
     settings = dict(line.split("=", 1) for line in conf.splitlines() if " = " in line)
@@ -58,6 +61,7 @@ def test_configuration_the_tests_rely_on(slurm):
 
 
 def test_every_node_runs_tasks_under_its_own_name(slurm):
+    """A task on each node runs under that node's hostname, and node names resolve locally."""
     n = len(slurm["nodes"])
     r = subprocess.run(["srun", f"--nodes={n}", "--ntasks-per-node=1", "--mem=100M", "-t", "1",
                         "bash", "-c", 'echo "$SLURMD_NODENAME $(hostname) $(getent hosts "$SLURMD_NODENAME")"'],

@@ -24,6 +24,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.nsys]
 
 
 def test_three_trial_study_through_slurm_under_nsys(slurm, nsys_bin, make_trial):
+    """Three trials run side by side through Slurm under nsys: every stage ok, rank 0 traced with all
+    its NVTX iterations, analysed, and the recipes run where nsys has them."""
     ids = []
     for mb in (1, 2, 4):
         store, tid = make_trial(micro_batch=mb, study="study3")
@@ -63,6 +65,8 @@ def test_three_trial_study_through_slurm_under_nsys(slurm, nsys_bin, make_trial)
 
 
 def test_hostile_names_and_paths_run_safely(slurm, make_trial, tmp_path):
+    """Study, folder, venv and environment values full of shell syntax run the trial and its sbatch
+    script safely: nothing they name is executed."""
     evil = "a b $(touch pwned) `touch pwned` 'q\" ;x %j"
     venv = tmp_path / f"venv {evil}"
     venv.symlink_to(Path(sys.prefix))  # the venv running the tests, under a hostile name

@@ -74,6 +74,7 @@ def _exercise(store: Store) -> None:
 
 
 def test_sqlite_store(tmp_path):
+    """The store's operations work on SQLite, in WAL mode."""
     store = Store(str(tmp_path / "m.db"))
     _exercise(store)
     mode = sqlite3.connect(tmp_path / "m.db").execute("PRAGMA journal_mode").fetchone()[0]
@@ -82,10 +83,12 @@ def test_sqlite_store(tmp_path):
 
 @pytest.mark.postgres
 def test_postgres_store(postgres_url):
+    """The store's operations work on PostgreSQL."""
     _exercise(Store(postgres_url))
 
 
 def test_env_url(tmp_path, monkeypatch):
+    """MOETUNE_DB names the store when none is given."""
     monkeypatch.setenv("MOETUNE_DB", str(tmp_path / "env.db"))
     assert Store().url.endswith("env.db")
 
@@ -105,6 +108,7 @@ def test_old_database_stays_readable(tmp_path):
 
 
 def test_newer_database_refused(tmp_path):
+    """A database with a newer schema version is refused as newer than this moetune."""
     path = tmp_path / "new.db"
     Store(str(path))
     con = sqlite3.connect(path)

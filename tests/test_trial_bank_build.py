@@ -12,6 +12,8 @@ DATA = REPO / "tests" / "data" / "gpu"
 
 
 def test_add_keeps_the_bank_and_adds_the_run(tmp_path, monkeypatch):
+    """Adding a run keeps the bank's entries, adds the new one with its trace and log, re-analyses
+    entries with traces and keeps recorded analyses where traces were dropped."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     tbb = importlib.import_module("trial_bank_build")
     bank = tmp_path / "bank"

@@ -19,6 +19,8 @@ def experiment(tmp_path, **tuning) -> str:
 
 
 def test_local_executor_runs_the_baseline_for_real(tmp_path):
+    """The local executor runs the stand-in baseline for real through render, submit, collect, export
+    and analyze, at its known step time."""
     store = Store(str(tmp_path / "db.sqlite"))
     s = tuner.tune(experiment(tmp_path), store, executor="local", runs_root=tmp_path / "runs",
                    progress=False)
@@ -33,6 +35,8 @@ def test_local_executor_runs_the_baseline_for_real(tmp_path):
 
 
 def test_local_changes_are_judged_against_their_noise(tmp_path):
+    """Each fix tried on real local jobs is kept exactly when its gain beats the noise threshold and the
+    rank test."""
     # real jobs on a shared machine: the judgment must follow gain vs noise, whichever it is
     store = Store(str(tmp_path / "db.sqlite"))
     s = tuner.tune(experiment(tmp_path), store, executor="local", runs_root=tmp_path / "runs",
@@ -50,6 +54,8 @@ def test_local_changes_are_judged_against_their_noise(tmp_path):
 
 @pytest.mark.slurm
 def test_tuner_on_real_slurm(slurm, tmp_path):
+    """The same study through sbatch on the local Slurm completes its baseline and stops at its budget
+    of two trials."""
     # the same study through sbatch on the one-node Slurm of scripts/slurm-up
     store = Store(str(tmp_path / "db.sqlite"))
     s = tuner.tune(experiment(tmp_path, budget_trials=2), store, executor="slurm",

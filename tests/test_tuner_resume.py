@@ -47,6 +47,8 @@ def _kill_after(proc, db, n_trials, timeout=120):
 
 
 def test_kill_and_restart_gives_same_best_and_no_repeat(tmp_path):
+    """A tuner killed twice and restarted ends with the uninterrupted run's best config, the same
+    trials, none repeated and each judged once."""
     bank = tmp_path / "bank"
     standin_bank.build(bank)
     ref_store = Store(str(tmp_path / "ref.sqlite"))

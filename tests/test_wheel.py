@@ -34,6 +34,8 @@ def installed(tmp_path_factory):
 
 
 def test_the_wheel_claims_only_moetune(installed):
+    """The wheel installs only the moetune package, with its experiments, templates, rules and
+    workloads."""
     wheel, _ = installed
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
@@ -45,6 +47,7 @@ def test_the_wheel_claims_only_moetune(installed):
 
 
 def test_plan_and_check_from_another_directory(installed, tmp_path):
+    """The installed moetune plans a layout and checks a command line from outside the checkout."""
     _, bin_ = installed
     out = run([bin_ / "moetune", "plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100"], cwd=tmp_path)
     assert out.startswith("qwen3_235b on 256x H100") and "GB/GPU" in out
@@ -55,6 +58,8 @@ def test_plan_and_check_from_another_directory(installed, tmp_path):
 
 
 def test_tune_the_cpu_stand_in_from_another_directory(installed, tmp_path):
+    """The installed moetune tunes the CPU stand-in from outside the checkout, writing its report and
+    store, with the installed workload as the job."""
     _, bin_ = installed
     # the job's python: the fresh venv's own (the venv template's default), not this one
     stand_in_experiment(tmp_path, "wheel_stand_in", tuning={"budget_trials": 2, "patience": 1})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
+from moetune.pipeline.spec.experiment import ConfigError, Experiment, load_experiment
 from moetune.pipeline.spec.gpus import GPU_TYPES
 
 
@@ -19,6 +20,17 @@ def exit_code(fn: Callable[[list[str]], int], argv: list[str]) -> int:
 def add_gpu_args(p: argparse.ArgumentParser, gpus_help: str) -> None:
     p.add_argument("--gpus", type=int, help=gpus_help)
     p.add_argument("--gpu-type", choices=GPU_TYPES)
+
+
+def experiment_for_gpus(model: str, gpus: int | None) -> Experiment:
+    """The experiment named, with a --gpus count its cluster can hold: part of one node or whole
+    nodes (ConfigError, one line, otherwise)."""
+    exp = load_experiment(model)
+    per_node = exp.cluster.gpus_per_node
+    if gpus is not None and (gpus < 1 or (gpus > per_node and gpus % per_node)):
+        raise ConfigError(f"--gpus {gpus}: give 1..{per_node} GPUs of one node or a multiple of {per_node} "
+                          "(the experiment's GPUs per node)")
+    return exp
 
 
 LAYOUT_OPTIONS = {"tp": "tensor parallel", "pp": "pipeline parallel", "ep": "expert parallel",

@@ -8,9 +8,9 @@ import argparse
 import json
 import sys
 
-from moetune.pipeline.cli.common import add_gpu_args, exit_code
+from moetune.pipeline.cli.common import add_gpu_args, experiment_for_gpus, exit_code
 from moetune.pipeline.cli.predict import run_prediction
-from moetune.pipeline.spec.experiment import ConfigError, load_experiment
+from moetune.pipeline.spec.experiment import ConfigError
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.memory import FIXED_GB, TooFewGPUs, baseline_layout, plan, plan_cluster
 from moetune.pipeline.store import NoStore, Store
@@ -83,14 +83,10 @@ def _main(argv: list[str], db: str | None = None) -> int:
                    help="speed: predicted tokens/s/GPU, best first (default); memory: least model parallelism first")
     args = p.parse_args(argv)
     try:
-        exp = load_experiment(args.model)
+        exp = experiment_for_gpus(args.model, args.gpus)
     except ConfigError as e:
         print(f"moetune plan: {e}", file=sys.stderr)
         return 2
-    per_node = exp.cluster.gpus_per_node
-    if args.gpus is not None and (args.gpus < 1 or (args.gpus > per_node and args.gpus % per_node)):
-        p.error(f"--gpus {args.gpus}: give 1..{per_node} GPUs of one node or a multiple of "
-                f"{per_node} (the experiment's GPUs per node)")
     _, world, capacity = plan_cluster(exp, args.gpus, args.gpu_type)
     peaks = measured_peaks(exp, world, db)
     measured = lambda cfg: peaks.get(_layout_key(cfg.to_dict()))  # noqa: E731

@@ -9,10 +9,10 @@ import argparse
 import json
 import sys
 
-from moetune.pipeline.cli.common import add_gpu_args, exit_code
+from moetune.pipeline.cli.common import add_gpu_args, experiment_for_gpus, exit_code
 from moetune.pipeline.spec import fit
 from moetune.pipeline.spec.config import RECOMPUTE_MODULES, TrainingConfig
-from moetune.pipeline.spec.experiment import ConfigError, load_experiment
+from moetune.pipeline.spec.experiment import ConfigError
 from moetune.pipeline.spec.memory import min_gpus, plan_cluster
 from moetune.pipeline.spec.predict import Node, Prediction, predict
 from moetune.pipeline.store import NoStore, Store
@@ -172,12 +172,9 @@ def _main(argv: list[str], db: str | None = None) -> int:
     p.add_argument("--format", choices=("text", "json"), default="text")
     a = p.parse_args(argv)
     try:
-        exp = load_experiment(a.model)
+        exp = experiment_for_gpus(a.model, a.gpus)
     except ConfigError as e:
         return _fail(str(e))
-    per_node = exp.cluster.gpus_per_node
-    if a.gpus is not None and (a.gpus < 1 or (a.gpus > per_node and a.gpus % per_node)):
-        return _fail(f"--gpus {a.gpus}: give 1..{per_node} GPUs of one node or a multiple of {per_node}")
     try:
         config = layout_config(exp.baseline, a)
         pred = run_prediction(exp, config, a.gpus, a.gpu_type, a.compute, db)

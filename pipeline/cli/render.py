@@ -12,13 +12,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from moetune.pipeline.cli.common import add_gpu_args, exit_code
+from moetune.pipeline.cli.common import add_gpu_args, experiment_for_gpus, exit_code
 from moetune.pipeline.decide import one_gpu as one_gpu_step
 from moetune.pipeline.decide.rules import load_rules
 from moetune.pipeline.job import postprocess, render
 from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.spec import constraints, fit
-from moetune.pipeline.spec.experiment import ConfigError, load_experiment
+from moetune.pipeline.spec.experiment import ConfigError
 from moetune.pipeline.spec.memory import plan_cluster
 from moetune.pipeline.trial import stages
 
@@ -48,12 +48,9 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="folder for the job's files (made if absent)")
     a = p.parse_args(argv)
     try:
-        exp = load_experiment(a.model)
+        exp = experiment_for_gpus(a.model, a.gpus)
     except ConfigError as e:
         return _fail(str(e))
-    per_node = exp.cluster.gpus_per_node
-    if a.gpus is not None and (a.gpus < 1 or (a.gpus > per_node and a.gpus % per_node)):
-        return _fail(f"--gpus {a.gpus}: give 1..{per_node} GPUs of one node or a multiple of {per_node}")
     cluster, _, _ = plan_cluster(exp, a.gpus, a.gpu_type)
     config = exp.baseline
     rules = {r.id: r for r in load_rules()}

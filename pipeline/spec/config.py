@@ -16,6 +16,8 @@ from moetune.pipeline.spec.model import ModelArch
 DISPATCHERS = ("alltoall", "allgather", "flex")
 FLEX_BACKENDS = ("deepep", "hybridep")
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+# what Megatron's TransformerConfig recomputes when selective recompute names no modules
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
                    "moe_act", "fused_group_mlp")
 CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
@@ -63,12 +65,12 @@ class TrainingConfig:
     permute_fusion: bool = False
     router_fusion: bool = False
     cross_entropy_fusion: bool = False
-    manual_gc: bool = False
-    manual_gc_interval: int | None = None
     router_dtype: str | None = None  # fp32 | fp64
     force_balance: bool = False
     capacity_factor: float | None = None  # token drop
     pad_to_capacity: bool = False  # drop-and-pad
+    manual_gc: bool = False
+    manual_gc_interval: int | None = None
     transformer_impl: str = "transformer_engine"  # local where TE is absent
     train_iters: int = 20
     profile_step_start: int = 10
@@ -108,6 +110,13 @@ class TrainingConfig:
         """GPUs one model replica of the dense part spans: TP x PP x CP (Megatron's parallel_state
         calls it model_size; the data-parallel size is the world over it)."""
         return self.tp * self.pp * self.cp
+
+    @property
+    def selective_modules(self) -> tuple[str, ...]:
+        """The modules selective recompute runs again: those named, else Megatron's default."""
+        if self.recompute_granularity != "selective":
+            return ()
+        return self.recompute_modules or DEFAULT_RECOMPUTE_MODULES
 
     def data_parallel(self, world: int) -> int:
         """Replicas of the dense part on `world` GPUs (0 where the layout needs more)."""

@@ -67,11 +67,12 @@ def _multiple(n: int, of: int) -> int:
 
 def _graphed_recompute(c: TrainingConfig, module: str, scope: str) -> bool:
     """Selective recompute of `module` inside a graphed `scope` (a graph of the whole layer, as
-    full-iteration graphs or graphs with no scope named, holds every scope)."""
-    if c.cuda_graph_impl == "none" or c.recompute_granularity != "selective":
+    full-iteration graphs or graphs with no scope named, holds every scope; no modules named
+    recomputes Megatron's default ones)."""
+    if c.cuda_graph_impl == "none":
         return False
     whole_layer = c.cuda_graph_impl == "full_iteration" or not c.cuda_graph_modules
-    return module in c.recompute_modules and (whole_layer or scope in c.cuda_graph_modules)
+    return module in c.selective_modules and (whole_layer or scope in c.cuda_graph_modules)
 
 
 Message = str | Callable[[TrainingConfig, Env], str]

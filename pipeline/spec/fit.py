@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.spec.config import TrainingConfig
@@ -199,15 +200,14 @@ def bounding_ranks(config: TrainingConfig, world: int, model=None) -> tuple[int,
 STEP_TIE_SHARE = 0.05
 
 
-@dataclass(frozen=True)
-class BoundRank:
+class BoundRank(NamedTuple):
     """The rank a one-GPU trial runs for its layout, and why."""
     rank: int
     stage: int
     why: str
 
     def to_dict(self) -> dict:
-        return {"rank": self.rank, "stage": self.stage, "why": self.why}
+        return self._asdict()
 
 
 def _seconds(ms: float) -> str:

@@ -298,14 +298,6 @@ def _gpu_row(r: dict) -> str:
         (f", driver {_sec(r, 'gpus').get('driver')}" if _sec(r, "gpus").get("driver") else "")
 
 
-def _megatron_row(r: dict) -> str:
-    m = _sec(r, "megatron")
-    if not m.get("megatron_core"):
-        return f"not usable: {m.get('entry')}"
-    return (f"megatron-core {m['megatron_core']} from {m.get('megatron_from') or '?'}, api "
-            f"{m.get('api') or '?'}, entry {m.get('entry')}")
-
-
 def _cpu_row(r: dict) -> str:
     c = _sec(r, "cpus")
     nodes = c.get("numa_nodes") or {}
@@ -322,26 +314,17 @@ def _nsys_row(r: dict) -> str:
     return f"{n.get('version')} at {n.get('path')}, nsys recipe: {_yes(n.get('recipe'))}"
 
 
-def _deep_ep_row(r: dict) -> str:
-    d = _sec(r, "deep_ep")
-    if not d.get("importable"):
-        return f"no ({d.get('error')})"
-    return (f"yes, HybridEP {_yes(d.get('hybrid_ep'))}, built with NVSHMEM "
-            f"{'?' if d.get('nvshmem_built') is None else _yes(d.get('nvshmem_built'))}")
-
-
-def _ibgda_row(r: dict) -> str:
-    d = _sec(r, "driver_params")
-    if not d.get("source"):
-        return "no NVIDIA driver parameters readable"
-    return (f"EnableStreamMemOPs {d.get('EnableStreamMemOPs')}, PeerMappingOverride "
-            f"{_yes(d.get('peer_mapping_override'))}, GDRCopy {_yes(d.get('gdrdrv'))}")
-
-
 def _runs_row(r: dict) -> str:
     expected, seen = _token(r)
     return "same folder (token read back)" if expected is not None and expected == seen else \
         f"NOT the same ({_sec(r, 'runs_folder').get('error') or 'token differs'})"
+
+
+def _section_row(key: str, present: str, absent: Callable[[dict], str],
+                 found: Callable[[dict], str]) -> Callable[[dict], str]:
+    """The row of a section whose `present` field says the thing was found: `found` of the
+    section when it was, else `absent` of it."""
+    return lambda r: found(_sec(r, key)) if _sec(r, key).get(present) else absent(_sec(r, key))
 
 
 def _lib_row(key: str) -> Callable[[dict], str]:
@@ -355,16 +338,25 @@ def _lib_row(key: str) -> Callable[[dict], str]:
 SUMMARY: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("host", lambda r: f"{_host(r)} (job {_sec(r, 'job').get('job_id')}, {_sec(r, 'job').get('state')})"),
     ("python", lambda r: f"{_sec(r, 'python').get('version')} ({_sec(r, 'python').get('executable')})"),
-    ("megatron", _megatron_row),
+    ("megatron", _section_row(
+        "megatron", "megatron_core", lambda m: f"not usable: {m.get('entry')}",
+        lambda m: f"megatron-core {m['megatron_core']} from {m.get('megatron_from') or '?'}, api "
+                  f"{m.get('api') or '?'}, entry {m.get('entry')}")),
     ("torch", lambda r: (f"{_sec(r, 'torch').get('version')}, CUDA {_sec(r, 'torch').get('cuda')}, "
                          f"GPU usable {_yes(_sec(r, 'torch').get('cuda_available'))}")
      if _sec(r, "torch").get("version") else f"no ({_sec(r, 'torch').get('error') or r.get('error')})"),
     ("GPUs", _gpu_row),
     ("Transformer Engine", _lib_row("transformer_engine")),
     ("apex", _lib_row("apex")),
-    ("DeepEP", _deep_ep_row),
+    ("DeepEP", _section_row(
+        "deep_ep", "importable", lambda d: f"no ({d.get('error')})",
+        lambda d: f"yes, HybridEP {_yes(d.get('hybrid_ep'))}, built with NVSHMEM "
+                  f"{'?' if d.get('nvshmem_built') is None else _yes(d.get('nvshmem_built'))}")),
     ("NVSHMEM", lambda r: ", ".join(_sec(r, "nvshmem").get("libraries") or []) or "no library found"),
-    ("IBGDA", _ibgda_row),
+    ("IBGDA", _section_row(
+        "driver_params", "source", lambda d: "no NVIDIA driver parameters readable",
+        lambda d: f"EnableStreamMemOPs {d.get('EnableStreamMemOPs')}, PeerMappingOverride "
+                  f"{_yes(d.get('peer_mapping_override'))}, GDRCopy {_yes(d.get('gdrdrv'))}")),
     ("nsys", _nsys_row),
     ("CPUs", _cpu_row),
     ("InfiniBand", lambda r: ", ".join(r.get("infiniband") or []) or "none"),

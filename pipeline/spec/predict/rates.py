@@ -25,7 +25,8 @@ class Rate:
 # direction; one CX7 400 Gb/s NIC a GPU, about 50 GB/s): intranode EP 8 dispatch 153, combine 158
 # GB/s; internode dispatch 43/58/51 and combine 43/57/50 GB/s at EP 16/32/64.
 _DEEPEP = "DeepEP README, normal kernels on H800"
-PUBLISHED: tuple[Rate, ...] = (
+# The rows by what they price: links, compute, the host, and how much overlap hides
+LINKS: tuple[Rate, ...] = (
     Rate("nic_gb_s", 48.5, "GB/s", "a 400 Gb/s NIC a GPU (DGX H100/H200), about 48-49 GB/s bus bandwidth "
          "in nccl-tests"),
     Rate("deepep_nvlink_dispatch", 153 / 200, "share", f"{_DEEPEP}: 153 GB/s at EP 8 of 200 GB/s NVLink"),
@@ -44,6 +45,8 @@ PUBLISHED: tuple[Rate, ...] = (
          "inside a node, of NVLink's rate a direction"),
     Rate("collective_rdma", 1.0, "share", "NCCL ring collectives across nodes reach the NIC's "
          "nccl-tests rate (nic_gb_s)"),
+)
+COMPUTE: tuple[Rate, ...] = (
     Rate("gemm_efficiency", 0.6, "share", "assumed share of the data sheet's dense tensor TFLOP/s "
          "that Transformer Engine's GEMMs reach at training shapes"),
     Rate("grouped_gemm_efficiency", 0.45, "share", "assumed: grouped expert GEMMs, smaller and uneven "
@@ -51,6 +54,13 @@ PUBLISHED: tuple[Rate, ...] = (
     Rate("attention_efficiency", 0.45, "share", "assumed: fused (flash) attention, causal"),
     Rate("hbm_efficiency", 0.7, "share", "assumed share of the data sheet's HBM bandwidth that "
          "element-wise kernels reach"),
+)
+OVERLAP: tuple[Rate, ...] = (
+    Rate("tp_overlap_hidden", 0.8, "share", "assumed share of TP collectives --tp-comm-overlap hides"),
+    Rate("ep_overlap_hidden", 0.8, "share", "assumed share of the expert all-to-all that "
+         "--overlap-moe-expert-parallel-comm hides behind the other micro-batch's compute"),
+)
+HOST: tuple[Rate, ...] = (
     Rate("kernels_per_layer", 176, "kernels", "moetune's one-GPU study of qwen3_30b_a3b on an H100 "
          "(benchmarks/one_gpu_tuning, baseline trial: 33,871 kernels a step of 4 micro-batches, 48 "
          "layers), forward and backward"),
@@ -58,10 +68,8 @@ PUBLISHED: tuple[Rate, ...] = (
          "launched one kernel every 88 us (the same trial), which the cluster's calibration replaces"),
     Rate("min_cpus_per_rank", 4, "cpus", "assumed: a rank's Python thread, its data loader and NCCL's "
          "proxy threads; fewer slow the host in proportion"),
-    Rate("tp_overlap_hidden", 0.8, "share", "assumed share of TP collectives --tp-comm-overlap hides"),
-    Rate("ep_overlap_hidden", 0.8, "share", "assumed share of the expert all-to-all that "
-         "--overlap-moe-expert-parallel-comm hides behind the other micro-batch's compute"),
 )
+PUBLISHED: tuple[Rate, ...] = LINKS + COMPUTE + HOST + OVERLAP
 
 
 class Rates:
