@@ -176,3 +176,18 @@ def test_every_completed_trial_records_prediction_and_the_scale_learns(studies):
     f = skip.evidence["prediction"]
     assert f["slower"] and f["step_time_ms"] > f["incumbent_ms"] * 1.02
     assert f["step_time_ms"] == pytest.approx(f["model_ms"] * f["scale"], rel=1e-3)
+
+
+def test_study_report_shows_prediction_beside_measurement(studies):
+    """The study report (Markdown and HTML from one model) has the predicted and measured step of
+    every trial side by side, the study's scale, and the GPU-hours the skips saved."""
+    from moetune.pipeline.report import study as report
+    _, out = studies
+    store, s = out["model"]
+    r = report.build(store, s["study"])
+    col = r.trials.header.index("predicted ms")
+    assert r.trials.header[col - 1] == "judged ms" and r.trials.header[col + 1] == "measured/model"
+    assert all(row[col] != "–" and row[col - 1] != "–" for row in r.trials.rows)
+    text = report.render_markdown(r)
+    assert f"saving {s['gpu_hours_saved']:.2f} GPU-hours" in text and "measured / model 1.6" in text
+    assert "predicted ms" in report.render_html(r)
