@@ -70,6 +70,8 @@ class TrialView:
     folder: Path | None
     judged_ms: float | None = None  # the step time the tuner judged by (log median or trace)
     fit: dict | None = None  # fit/fit.json: the layout measured on one GPU first
+    predicted_ms: float | None = None  # the step-time model's, corrected by the study's scale then
+    model_ms: float | None = None  # the model's own (tune/predicted.py)
 
     def fit_sentence(self) -> str | None:
         """The fit's verdict and, beside the trial's step time, its compute floor."""
@@ -102,10 +104,12 @@ def gather(store, study_name: str) -> tuple[object, list[TrialView], list]:
             cmd = paths.command.read_text().strip()
         fitted = paths.fit.fit_result if paths else None
         mine = [d for d in decisions if d.trial_id == t.id]
+        metrics = store.metrics(t.id)
         views.append(TrialView(t, an, next((d for d in mine if d.kind == "apply"), None),
                                next((d for d in mine if d.kind in JUDGED), None), cmd, folder,
-                               store.metrics(t.id).get("judged_step_time_ms"),
-                               json.loads(fitted.read_text()) if fitted and fitted.exists() else None))
+                               metrics.get("judged_step_time_ms"),
+                               json.loads(fitted.read_text()) if fitted and fitted.exists() else None,
+                               metrics.get("predicted_step_time_ms"), metrics.get("predicted_model_ms")))
     return study, views, decisions
 
 
@@ -555,12 +559,15 @@ def trials_table(views: list[TrialView]) -> Table:
         ev = (v.verdict.evidence or {}) if v.verdict else {}
         shown = decision_sentence(v)
         gain = ev.get("gain_share")
+        ratio = v.judged_ms / v.model_ms if v.judged_ms and v.model_ms else None
         rows.append([str(t.number), t.fix or "baseline", t.state, shown[0] if shown else "",
-                     fmt(v.judged_ms), "" if gain is None else f"{-100 * gain:+.1f}%",
+                     fmt(v.judged_ms), fmt(v.predicted_ms), fmt(ratio, 2),
+                     "" if gain is None else f"{-100 * gain:+.1f}%",
                      "" if ev.get("p_faster") is None else f"{ev['p_faster']:.3g}",
                      fmt(t.step_time_ms), fmt(t.tflops_per_gpu), t.wall or "", _proposed_by(v)])
         depths.append(depth)
-    return Table(["trial", "fix", "state", "decision", "judged ms", "change", "p", "profiled ms",
+    return Table(["trial", "fix", "state", "decision", "judged ms", "predicted ms", "measured/model", "change",
+                  "p", "profiled ms",
                   "TFLOP/s/GPU", "wall", "proposed by"], rows, depths)
 
 
@@ -649,6 +656,7 @@ def build(store, study_name: str) -> StudyReport:
     one_gpu = one_gpu_sentence(study, views)
     if one_gpu:
         intro.append(one_gpu)
+    intro.append(prediction_sentence(s))
     head, warnings, best = headline(views)
     changes = None
     if best:
@@ -666,6 +674,16 @@ def build(store, study_name: str) -> StudyReport:
                        Table(["rule", "why"], [[d.rule, d.reason] for d in refused]) if refused else None,
                        [trial_section(v, number.get(v.trial.parent_id), cluster, by_id.get(v.trial.parent_id))
                         for v in views], appendix, views)
+
+
+def prediction_sentence(s: dict) -> str:
+    """The step-time model's part in the study: its correction and what its skips saved."""
+    text = (f"Step-time model: measured / model {s['prediction_scale']:.2f} (median of "
+            f"{s['prediction_scale_from_trials']} completed trials), the scale on every later prediction")
+    if s.get("skipped_by_prediction"):
+        text += (f"; {s['skipped_by_prediction']} trials predicted slower than the incumbent were not "
+                 f"submitted, saving {s['gpu_hours_saved']:.2f} GPU-hours ({s['gpu_hours_saved_basis']})")
+    return text + "."
 
 
 def _from_baseline(views: list[TrialView], best: TrialView) -> dict:
@@ -723,7 +741,9 @@ def _trials_word(numbers: list[int]) -> str:
 
 TRIALS_NOTE = ("Judged ms: the median of the log's steady steps (the trace's steps where the log has too "
                "few), what keep or revert decided by; change and p: against the parent, by the rank test. "
-               "Profiled ms: the mean of the traced steps, for reference.")
+               "Predicted ms: the step-time model's, corrected by the study's scale when the trial was "
+               "proposed; measured/model: judged ms over the model's own, the residual the scale learns "
+               "from. Profiled ms: the mean of the traced steps, for reference.")
 
 
 # -- Markdown ----------------------------------------------------------------------------------

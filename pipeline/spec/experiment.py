@@ -125,6 +125,9 @@ class Tuning(_Strict):
     # sequences per data-parallel rank in a one-GPU step; None: the least that every PP and micro
     # batch the study's rules can propose runs comparably (decide/one_gpu.py), fixed at its start
     one_gpu_samples: int | None = Field(default=None, gt=0)
+    # layout and dispatcher moves tried in order of the step-time model's prediction, and those it
+    # predicts slower than the incumbent beyond noise_threshold not submitted (tune/predicted.py)
+    predict_moves: bool = True
 
 
 def tuning_value(tuning, key: str, override=None):

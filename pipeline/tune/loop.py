@@ -25,6 +25,7 @@ from moetune.pipeline.decide import rules as rules_mod
 from moetune.pipeline.decide.judge import compare, judged_step
 from moetune.pipeline import settings
 from moetune.pipeline.errors import MoetuneError
+from moetune.pipeline.job.render import time_minutes
 from moetune.pipeline.job.replay import find as find_entry, load_bank
 from moetune.pipeline.job.paths import TrialPaths
 from moetune.pipeline.paths import trial_folder
@@ -38,6 +39,7 @@ from moetune.pipeline.store import now
 from moetune.pipeline.trial import preflight
 from moetune.pipeline.trial import run as runner
 from moetune.pipeline.trial import stages
+from moetune.pipeline.tune import predicted
 from moetune.pipeline.tune.lock import study_lock
 from moetune.pipeline.tune.state import DECISION_KINDS, StudyState, image_of, study_state
 from moetune.pipeline.tune.summary import summary
@@ -117,6 +119,10 @@ class Tuner:
         if fit_first is None:
             fit_first = attr(experiment.cluster, "workload", "megatron") == "megatron"
         self.fit_first = bool(fit_first) and executor != "replay" and gpu_count(experiment.cluster) > 1
+        # the step-time model (tune/predicted.py); not in a one-GPU study, whose trials measure one
+        # rank alone, not the cluster's step the model predicts
+        self.model = None if self.one_gpu else predicted.Model(experiment)
+        self.rank_moves = self.model is not None and bool(tuning_value(experiment.tuning, "predict_moves"))
 
     # -- what the study measures, fixed at its start ------------------------------------
     def _plan_samples(self) -> int:
@@ -241,7 +247,12 @@ class Tuner:
                              f"`moetune stage analyze --trial {inc.id}`")
         props = rules_mod.proposals(analysis, TrainingConfig.from_dict(inc.config), self.exp.model,
                                     self.exp.cluster, self.exp.tuning, check=check, rules=self.rules)
-        return self._propose(st, inc, analysis, self._measurable(props))
+        props = self._measurable(props)
+        if not self.rank_moves:
+            return self._propose(st, inc, analysis, props)
+        model_ms = {p.rule.id: self.model.model_ms(p.config) for p in props
+                    if p.ok and predicted.moves_layout(p.rule)}
+        return self._propose(st, inc, analysis, predicted.ranked(props, model_ms), model_ms)
 
     def _measurable(self, props: list) -> list:
         """In a one-GPU study, the proposals whose rule one rank alone can show (rules.yaml one_gpu)."""
@@ -259,9 +270,11 @@ class Tuner:
         props = sorted((p for p in self._measurable(props) if p.rule.id in order), key=lambda p: order[p.rule.id])
         return self._propose(st, parent, analysis, props)
 
-    def _propose(self, st: StudyState, parent, analysis: dict, props: list) -> bool:
-        """Add the trial of the first proposal not tried from this parent, not barred, not refused
-        and not run before; record every one passed over."""
+    def _propose(self, st: StudyState, parent, analysis: dict, props: list,
+                 model_ms: dict | None = None) -> bool:
+        """Add the trial of the first proposal not tried from this parent, not barred, not refused,
+        not run before and not predicted slower (`model_ms`: rule id -> the model's step time of
+        its config, for the layout moves); record every one passed over."""
         config = TrainingConfig.from_dict(parent.config)
         tried = st.tried.get(parent.config_hash, set())
         ev = {"parent": parent.config_hash, "wall": analysis.get("wall"),
@@ -295,15 +308,41 @@ class Tuner:
             if lacking:
                 self.decide("skip", lacking, rule=rid, **ev)
                 continue
+            forecast = self._forecast(parent, p.config, (model_ms or {}).get(rid))
+            if forecast and forecast["slower"]:
+                self.decide("skip", f"predicted {forecast['step_time_ms']:.1f} ms a step against the "
+                            f"incumbent's {forecast['incumbent_ms']:.1f} ms, slower beyond the noise "
+                            f"({self.rel_noise:.0%})", rule=rid, prediction=forecast, **ev)
+                continue
             trial = self.store.add_trial(self.study.id, p.config.to_dict(), h, parent_id=parent.id,
                                          fix=rid)
             change = {k: list(v) for k, v in config.diff(p.config).items()}
             self.decide("apply", f"{p.rule.wall} wall: {p.rule.rationale}", trial, rid,
                         change=change, source=p.rule.source,
-                        deciding=analysis.get("evidence") or [], **ev)
+                        deciding=analysis.get("evidence") or [],
+                        **({"prediction": forecast} if forecast else {}), **ev)
             self.say(f"trial {trial.number}: {rid} {change}")
             return True
         return False
+
+    def _forecast(self, parent, config: TrainingConfig, model_ms: float | None) -> dict | None:
+        """A layout move's prediction against the incumbent (None: not priced): the model's step
+        time corrected by the study's scale, the incumbent's judged step, whether it is slower
+        beyond the noise, and the GPU-hours its trial would cost."""
+        if model_ms is None:
+            return None
+        scale, n = predicted.study_scale(self.store, self.study.id)
+        ms = model_ms * scale
+        inc = self.store.metrics(parent.id).get("judged_step_time_ms") or parent.step_time_ms
+        if not inc:
+            return None
+        minutes = time_minutes(attr(self.exp.cluster, "time_limit", "00:30:00"))
+        return {"step_time_ms": round(ms, 3), "model_ms": round(model_ms, 3), "scale": round(scale, 4),
+                "scale_from_trials": n, "incumbent_ms": inc, "noise_threshold": self.rel_noise,
+                "slower": predicted.slower(ms, inc, self.rel_noise),
+                "gpu_hours": round(predicted.gpu_hours(self.gpus, ms, config.train_iters, minutes), 6),
+                "gpu_hours_basis": f"{self.gpus} GPUs x predicted step x {config.train_iters} "
+                                   f"iterations, at most the {minutes}-minute time limit"}
 
     def _bank_lacks(self, config: TrainingConfig) -> str | None:
         """Replaying: why a proposal is not proposed when the trial bank holds no run of its config
@@ -363,7 +402,18 @@ class Tuner:
             scalars["judged_step_time_ms"] = judged_ms
         if out.fit:
             scalars.update(fit.fit_metrics(out.fit))
+        scalars.update(self._predicted(trial))
         self.store.set_metrics(trial.id, scalars)
+
+    def _predicted(self, trial) -> dict:
+        """The model's step time of the trial's config, and corrected by the study's scale from
+        the trials completed before it: recorded beside what it measured (the next scale's input)."""
+        model_ms = self.model.model_ms(TrainingConfig.from_dict(trial.config)) if self.model else None
+        if model_ms is None:
+            return {}
+        scale, _ = predicted.study_scale(self.store, self.study.id)
+        return {"predicted_model_ms": model_ms, "prediction_scale": scale,
+                "predicted_step_time_ms": model_ms * scale}
 
 
 # -- what a trial's outcome decides ---------------------------------------------------------

@@ -20,7 +20,8 @@ DECISION_KINDS: dict[str, str] = {
     "unfit": "the trial's fit on one GPU kept it off the cluster; a memory fix is fitted next",
     "stage_error": "a stage of the trial raised: it measured nothing, and the study goes on",
     "skip": "a rule passed over (refused by the checker, its config already ran, it crashed earlier, "
-            "the trial bank lacks it, the one-GPU step cannot hold it), or a trial not replayed",
+            "the trial bank lacks it, the one-GPU step cannot hold it, the step-time model predicts "
+            "it slower than the incumbent beyond the noise), or a trial not replayed",
     "stop": "why the study ended (also: a preflight problem that blocks trials, before the first)",
 }
 # the kinds that close a trial: a trial without one is the one to run and judge

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from moetune.pipeline.job.paths import TrialPaths
 from moetune.pipeline.paths import trial_folder
+from moetune.pipeline.tune.predicted import study_scale
 from moetune.pipeline.tune.state import ran
 
 
@@ -39,6 +40,14 @@ def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
     if out["baseline_judged_step_time_ms"] and out["best_judged_step_time_ms"]:
         out["judged_speedup"] = round(out["baseline_judged_step_time_ms"]
                                       / out["best_judged_step_time_ms"], 4)
+    # the step-time model: the study's correction, and what the trials it kept back would have cost
+    out["prediction_scale"], out["prediction_scale_from_trials"] = study_scale(store, study.id)
+    forecasts = [(d.evidence or {}).get("prediction") for d in decisions if d.kind == "skip"]
+    forecasts = [f for f in forecasts if f and f.get("slower")]
+    out["skipped_by_prediction"] = len(forecasts)
+    out["gpu_hours_saved"] = round(sum(f.get("gpu_hours") or 0.0 for f in forecasts), 6)
+    out["gpu_hours_saved_basis"] = ("each skipped trial's GPUs x its corrected predicted step x its "
+                                    "iterations, at most the job's time limit")
     if best and runs_root is not None:
         cmd = TrialPaths(trial_folder(runs_root, study_name, store.trial(best.id))).command
         out["best_command"] = cmd.read_text().strip() if cmd.exists() else None
