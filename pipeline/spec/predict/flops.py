@@ -133,14 +133,16 @@ ATTENTION = ("attention_core",)
 
 
 def compute_ms(w: StageWork, c: TrainingConfig, gpu_type: str, rates: Rates) -> dict[str, float]:
-    """{gemm, grouped_gemm, attention, elementwise}: ms each on the GPU (kernels back to back)."""
+    """{gemm, grouped_gemm, attention, elementwise}: ms each on the GPU (kernels back to back).
+    FP8 GEMMs take `fp8_matrix_time_factor` times their BF16 time (casts included)."""
     g = gpus.GPUS[gpu_type]
-    fp8 = bool(c.fp8_format)
-    peak = (g.fp8_tflops if fp8 else g.bf16_tflops) * 1e12
+    peak = g.bf16_tflops * 1e12
+    # FP8 as measured against BF16 (GEMMs and their casts), not the data sheet's FP8 peak
+    fp8 = rates["fp8_matrix_time_factor"] if c.fp8_format else 1.0
     grouped = sum(v for k, v in w.flops.items() if k in GROUPED)
     attention = sum(v for k, v in w.flops.items() if k in ATTENTION)
     gemm = sum(w.flops.values()) - grouped - attention
-    return {"gemm": 1e3 * gemm / (peak * rates["gemm_efficiency"]),
-            "grouped_gemm": 1e3 * grouped / (peak * rates["grouped_gemm_efficiency"]),
+    return {"gemm": 1e3 * fp8 * gemm / (peak * rates["gemm_efficiency"]),
+            "grouped_gemm": 1e3 * fp8 * grouped / (peak * rates["grouped_gemm_efficiency"]),
             "attention": 1e3 * attention / (g.bf16_tflops * 1e12 * rates["attention_efficiency"]),
             "elementwise": 1e3 * w.bytes / (g.hbm_tb_s * 1e12 * rates["hbm_efficiency"])}
