@@ -41,8 +41,11 @@ def public_rows(path: Path = PUBLIC) -> list[dict]:
         cluster, world, _ = plan_cluster(exp, row["gpus"], "H100")
         config = exp.baseline.replace(**{**data["common"], **row["settings"], **row["layout"]})
         p = predict(exp.model, config, Node.of(cluster), world)
-        measured = row["tokens_per_s_per_gpu"]
+        seq = row["layout"]["seq_length"]
+        measured = row.get("tokens_per_s_per_gpu") or round(
+            row["layout"]["global_batch"] * seq / row["gpus"] / row["step_time_s"], 1)
         out.append({"id": row["id"], "model": row["model"], "release": row["release"],
+                    "table": row.get("table") or row["release"],
                     "hardware": row["hardware"], "source": row["source"], "section": row["section"],
                     "layout": {k: row["layout"].get(k) for k in LAYOUT}, "settings": row["settings"],
                     "measured": measured, "predicted": round(p.tokens_per_s_per_gpu, 1),
@@ -75,10 +78,31 @@ def pairs(rows: list[dict]) -> list[dict]:
         if gap <= PAIR_GAP:
             continue
         right = (a["measured"] > b["measured"]) == (a["predicted"] > b["predicted"])
+        same = a["table"] == b["table"]
         out.append({"faster": a["id"] if a["measured"] > b["measured"] else b["id"],
                     "slower": b["id"] if a["measured"] > b["measured"] else a["id"],
-                    "gap": gap, "ranked_right": right})
+                    "gap": gap, "ranked_right": right, "one_table": same,
+                    "layouts": sorted((key(a), key(b)))})
+    for p in out:  # the same two layouts measured the other way round in another pair of tables
+        p["measurements_disagree"] = any(q["layouts"] == p["layouts"] and q["faster"] != p["faster"]
+                                         and key_of(rows, q["faster"]) != key_of(rows, p["faster"]) for q in out)
     return out
+
+
+def key(row: dict) -> str:
+    return json.dumps(row["layout"], sort_keys=True)
+
+
+def key_of(rows: list[dict], row_id: str) -> str:
+    return key(next(r for r in rows if r["id"] == row_id))
+
+
+def pair_summary(ps: list[dict]) -> dict:
+    one = [p for p in ps if p["one_table"]]
+    consistent = [p for p in ps if not p["one_table"] and not p["measurements_disagree"]]
+    right = lambda group: sum(p["ranked_right"] for p in group)  # noqa: E731
+    return {"all": len(ps), "all_right": right(ps), "one_table": len(one), "one_table_right": right(one),
+            "consistent": len(consistent), "consistent_right": right(consistent)}
 
 
 def median_abs(rows: list[dict]) -> float:
@@ -87,7 +111,9 @@ def median_abs(rows: list[dict]) -> float:
 
 def report() -> dict:
     pub, bank = public_rows(), bank_rows()
-    return {"public": pub, "public_median_abs_error": round(median_abs(pub), 3), "pairs": pairs(pub),
+    ps = pairs(pub)
+    return {"public": pub, "public_median_abs_error": round(median_abs(pub), 3), "pairs": ps,
+            "pair_summary": pair_summary(ps),
             "bank": bank, "bank_median_abs_error": round(median_abs(bank), 3)}
 
 
@@ -102,11 +128,16 @@ def render(r: dict) -> str:
                      f"{p['predicted']:.0f} | {p['error']:+.1%} |")
     lines.append(f"\npublic: median absolute step-time error {r['public_median_abs_error']:.1%} "
                  f"over {len(r['public'])} rows\n")
-    lines += ["| faster (measured) | slower | measured gap | model ranks them |", "|---|---|---|---|"]
+    lines += ["| faster (measured) | slower | measured gap | one table | measured the other way elsewhere | "
+              "model ranks them |", "|---|---|---|---|---|---|"]
     for p in r["pairs"]:
-        lines.append(f"| {p['faster']} | {p['slower']} | {p['gap']:.0%} | {'right' if p['ranked_right'] else 'WRONG'} |")
-    right = sum(p["ranked_right"] for p in r["pairs"])
-    lines.append(f"\npairs more than {PAIR_GAP:.0%} apart: {len(r['pairs'])}, ranked right: {right}\n")
+        lines.append(f"| {p['faster']} | {p['slower']} | {p['gap']:.0%} | {'yes' if p['one_table'] else 'no'} | "
+                     f"{'yes' if p['measurements_disagree'] else 'no'} | {'right' if p['ranked_right'] else 'WRONG'} |")
+    s = pair_summary(r["pairs"])
+    lines.append(f"\npairs more than {PAIR_GAP:.0%} apart: {s['all']} ({s['all_right']} ranked right); "
+                 f"within one table: {s['one_table']} ({s['one_table_right']} right); across tables and not "
+                 f"contradicted by another measurement of the same two layouts: {s['consistent']} "
+                 f"({s['consistent_right']} right)\n")
     lines += ["| bank trial (2x H200) | measured ms (trace) | log median ms | predicted ms | error |",
               "|---|---|---|---|---|"]
     for b in r["bank"]:
