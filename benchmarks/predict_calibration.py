@@ -36,10 +36,6 @@ ATTENTION = ("attention",)
 COMM = ("a2a", "nccl_other", "deepep", "hybridep")
 HOST_BOUND_BUSY = 0.5  # a trial whose GPU is busy less than half the step is paced by its host
 CPUS_PER_RANK = 16  # the device machines' CPU cores per GPU
-# no H100 GEMM reaches more than about 0.8 of the data sheet's dense BF16 rate: a trial above it
-# ran fewer FLOPs than the model counts for it (the 235B runs at EP 128 hold one expert a rank,
-# whose fake-group all-to-all does not deliver the other ranks' tokens), so it prices nothing
-GEMM_CEILING = 0.8
 
 
 def bank() -> dict[str, dict]:
@@ -84,7 +80,10 @@ def one_gpu_rows(b: dict) -> list[dict]:
         attention_ms = sum(classes[k] for k in ATTENTION)
         elementwise_ms = sum(v for k, v in classes.items() if k not in MATRIX + ATTENTION + COMM)
         graphed = c.cuda_graph_impl not in (None, "none")
-        comparable = not graphed and matrix / (matrix_ms / 1e3) / (g.bf16_tflops * 1e12) <= GEMM_CEILING
+        kinds = [k for k, v in w.flops.items() if v and k not in flops.ATTENTION + ("recompute",)]
+        # seconds of this rank's GEMMs at efficiency 1 for large ones, as a function of the half size
+        unit = lambda half, w=w, kinds=kinds, mb=mb, g=g: mb * flops.matrix_seconds(  # noqa: E731
+            w, kinds, g.bf16_tflops * 1e12, 1.0, half)
         rows.append({
             "trial": name, "gpu": gpu, "layers": w.layers, "micro_batches": mb, "graphed": graphed,
             "step_ms": m["step_time_ms"], "gpu_busy_share": m["gpu_busy_share"],
@@ -92,9 +91,10 @@ def one_gpu_rows(b: dict) -> list[dict]:
             "matrix_tflop": matrix / 1e12, "matrix_ms": matrix_ms,
             "attention_tflop": attention / 1e12, "attention_ms": attention_ms,
             "elementwise_gb": w.bytes * mb / 1e9, "elementwise_ms": elementwise_ms,
-            "gemm_efficiency": None if not comparable else matrix / (matrix_ms / 1e3) / (g.bf16_tflops * 1e12),
-            "attention_efficiency": None if not comparable else attention / (attention_ms / 1e3) / (g.bf16_tflops * 1e12),
-            "hbm_efficiency": None if not comparable else w.bytes * mb / (elementwise_ms / 1e3) / (g.hbm_tb_s * 1e12),
+            "study": study, "unit": None if graphed else unit,
+            "matrix_share_of_peak": None if graphed else matrix / (matrix_ms / 1e3) / (g.bf16_tflops * 1e12),
+            "attention_efficiency": None if graphed else attention / (attention_ms / 1e3) / (g.bf16_tflops * 1e12),
+            "hbm_efficiency": None if graphed else w.bytes * mb / (elementwise_ms / 1e3) / (g.hbm_tb_s * 1e12),
             "kernels_per_layer": None if graphed else m["kernels_per_step"] / mb / w.layers,
             "host_us_per_kernel": (1e3 * m["step_time_ms"] / m["kernels_per_step"]
                                    if m["gpu_busy_share"] < HOST_BOUND_BUSY else None),
@@ -102,15 +102,40 @@ def one_gpu_rows(b: dict) -> list[dict]:
     return rows
 
 
+def gemm_curve(rows: list[dict]) -> tuple[float, float]:
+    """(top, half GFLOP) of flops.gemm_efficiency that give each study's median measured GEMM
+    time exactly: two studies, two unknowns; the ratio of their times fixes the half size."""
+    studies = sorted({r["study"] for r in rows if r["unit"]})
+    assert len(studies) == 2, studies
+    pick = [next(r for r in rows if r["study"] == s and r["unit"]) for s in studies]
+    measured = [statistics.median(r["matrix_ms"] for r in rows if r["study"] == s and r["unit"]) / 1e3
+                for s in studies]
+    ratio = lambda half: pick[0]["unit"](half) / pick[1]["unit"](half) - measured[0] / measured[1]  # noqa: E731
+    lo, hi = 1e-3, 1e4  # GFLOP, bisected in log space
+    assert ratio(lo) * ratio(hi) < 0, "no half size fits both studies"
+    for _ in range(200):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if ratio(lo) * ratio(mid) > 0 else (lo, mid)
+    half = (lo * hi) ** 0.5
+    return pick[0]["unit"](half) / measured[0], half
+
+
 def calibrate() -> dict:
     b = bank()
     rows = one_gpu_rows(b)
+    top, half = gemm_curve(rows)
     med = lambda key: round(statistics.median(r[key] for r in rows if r[key] is not None), 4)  # noqa: E731
     used = lambda key: [r["trial"] for r in rows if r[key] is not None]  # noqa: E731
     off, on = (per_step(b[n]) for n in GRAPHS_PAIR)
     bf16, fp8 = (per_step(b[n]) for n in TE_PAIR)
     rates = {k: {"value": med(k), "trials": used(k)} for k in
-             ("gemm_efficiency", "attention_efficiency", "hbm_efficiency", "kernels_per_layer", "host_us_per_kernel")}
+             ("attention_efficiency", "hbm_efficiency", "kernels_per_layer", "host_us_per_kernel")}
+    curve = used("unit")
+    rates["gemm_efficiency"] = {"value": round(top, 4), "trials": curve}
+    rates["gemm_half_gflop"] = {"value": round(half, 3), "trials": curve}
+    for r in rows:
+        unit = r.pop("unit")
+        r["matrix_ms_fitted"] = None if unit is None else round(1e3 * unit(half) / top, 1)
     rates["host_us_per_kernel"]["cpus_per_rank"] = CPUS_PER_RANK
     rates["cuda_graph_te_launches_removed"] = {
         "value": round(1 - on[1]["kernels_per_step"] / off[1]["kernels_per_step"], 4), "trials": list(GRAPHS_PAIR),
@@ -130,10 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     result = calibrate()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{'trial':<40} {'matrix eff':>10} {'attn eff':>8} {'hbm eff':>8} {'kern/layer':>10} {'host us':>8}")
+    print(f"{'trial':<40} {'GEMM ms':>8} {'fitted':>7} {'of peak':>7} {'attn eff':>8} {'hbm eff':>8} "
+          f"{'kern/layer':>10} {'host us':>8}")
     for r in result["trials"]:
         f = lambda v: "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.1f}"  # noqa: E731
-        print(f"{r['trial']:<40} {f(r['gemm_efficiency']):>10} {f(r['attention_efficiency']):>8} "
+        print(f"{r['trial']:<40} {r['matrix_ms']:>8.1f} {f(r['matrix_ms_fitted']):>7} "
+              f"{f(r['matrix_share_of_peak']):>7} {f(r['attention_efficiency']):>8} "
               f"{f(r['hbm_efficiency']):>8} {f(r['kernels_per_layer']):>10} {f(r['host_us_per_kernel']):>8}")
     for k, v in result["rates"].items():
         print(f"{k}: {v['value']}  ({len(v['trials'])} trials)")

@@ -26,7 +26,8 @@ def test_moe_layer_flops():
 
 def test_fp8_gemms_take_the_measured_factor_of_their_bf16_time():
     """FP8 prices GEMMs at their BF16 time x fp8_matrix_time_factor (1.1228, measured with the
-    casts), not at the data sheet's FP8 peak; attention and element-wise kernels stay as they were."""
+    casts), not at the data sheet's FP8 peak; attention and element-wise kernels stay as they were;
+    a GEMM's BF16 time is its FLOPs over the peak x its size's efficiency."""
     r, c = Rates(), TrainingConfig(micro_batch=2)
     w = flops.stage_work(TOY, c, r)[0]
     bf16 = flops.compute_ms(w, c, "H100", r)
@@ -34,9 +35,23 @@ def test_fp8_gemms_take_the_measured_factor_of_their_bf16_time():
     assert fp8["gemm"] == pytest.approx(1.1228 * bf16["gemm"])
     assert fp8["grouped_gemm"] == pytest.approx(1.1228 * bf16["grouped_gemm"])
     assert (fp8["attention"], fp8["elementwise"]) == (bf16["attention"], bf16["elementwise"])
-    # the GEMM time itself: FLOPs over the BF16 peak x gemm_efficiency
-    gemm = sum(v for k, v in w.flops.items() if k not in flops.GROUPED + flops.ATTENTION)
-    assert bf16["gemm"] == pytest.approx(1e3 * gemm / (989e12 * 0.566))
+    # the experts' time itself: eight experts a rank (EP 1), each a gate-and-up GEMM (2/3 of the
+    # FLOPs) and a down GEMM (1/3), each at its size's share of the BF16 peak
+    f = flops.layer_flops(TOY, c, moe=True)["experts"]
+    eff = lambda x: 0.969 * x / (x + 19.429e9)  # noqa: E731
+    want = w.flops["experts"] * (2 / 3 / eff(f * 2 / 3 / 8) + 1 / 3 / eff(f / 3 / 8)) / 989e12
+    assert bf16["grouped_gemm"] == pytest.approx(1e3 * want)
+
+
+def test_gemm_efficiency_grows_with_size():
+    """flops.gemm_efficiency: half of the top at the half size, near the top far above it; the
+    experts' calls shrink as EP spreads them (EP 4: two experts a rank, each with a quarter of the
+    layer's expert FLOPs)."""
+    assert flops.gemm_efficiency(19.429e9, 0.969, 19.429) == pytest.approx(0.969 / 2)
+    assert flops.gemm_efficiency(1e15, 0.969, 19.429) == pytest.approx(0.969, rel=1e-4)
+    c = TrainingConfig(micro_batch=2, ep=4)
+    f = flops.layer_flops(TOY, c, moe=True)["experts"]
+    assert flops.gemm_calls(TOY, c)["experts"] == ((2 / 3, f * 2 / 3 / 2), (1 / 3, f / 3 / 2))
 
 
 def test_recompute_runs_forward_again():

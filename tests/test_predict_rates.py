@@ -11,7 +11,7 @@ from moetune.pipeline.spec.predict import PUBLISHED, Rates
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import predict_calibration  # noqa: E402
 
-CALIBRATED = ("gemm_efficiency", "attention_efficiency", "hbm_efficiency", "kernels_per_layer",
+CALIBRATED = ("gemm_efficiency", "gemm_half_gflop", "attention_efficiency", "hbm_efficiency", "kernels_per_layer",
               "host_us_per_kernel", "cuda_graph_te_launches_removed", "fp8_launch_factor", "fp8_matrix_time_factor")
 
 

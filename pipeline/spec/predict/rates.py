@@ -47,14 +47,17 @@ PUBLISHED: tuple[Rate, ...] = (
          "nccl-tests rate (nic_gb_s)"),
     # efficiencies and host costs measured by moetune (benchmarks/predict_calibration.py over
     # the trial bank's traces; its output benchmarks/results/predict_calibration.json)
-    Rate("gemm_efficiency", 0.566, "share", f"{_MEASURED}: matrix FLOPs of rank 0 over the trace's GEMM "
-         "kernel time, qwen3_30b_a3b one-GPU trial 1 (TE, BF16, H100)"),
-    Rate("grouped_gemm_efficiency", 0.566, "share", f"{_MEASURED}: TE's grouped GEMM runs as cuBLAS GEMMs, "
-         "timed with them (gemm_efficiency's trial)"),
+    Rate("gemm_efficiency", 0.969, "share", f"{_MEASURED}: the share of the BF16 peak large GEMMs tend to "
+         "(flops.gemm_efficiency), solved with gemm_half_gflop so that the model's GEMMs of rank 0 take the "
+         "trace's GEMM time in both H100 one-GPU studies (qwen3_30b_a3b trial 1; qwen3_235b trials 3, 5, 6)"),
+    Rate("gemm_half_gflop", 19.429, "GFLOP", f"{_MEASURED}: the GEMM size at half of gemm_efficiency, "
+         "solved with it from the same two studies (their GEMMs small and large)"),
+    Rate("grouped_gemm_efficiency", 0.969, "share", f"{_MEASURED}: TE's grouped GEMM runs as cuBLAS GEMMs, "
+         "timed with them (gemm_efficiency's trials)"),
     Rate("attention_efficiency", 0.2911, "share", f"{_MEASURED}: causal attention FLOPs over the trace's "
-         "attention kernel time, qwen3_30b_a3b one-GPU trial 1 (H100)"),
-    Rate("hbm_efficiency", 0.2181, "share", f"{_MEASURED}: the model's element-wise bytes over the trace's "
-         "other kernel time (norms, activations, permutation, casts, optimizer), the same trial"),
+         "attention kernel time, median of the H100 one-GPU trials without CUDA graphs"),
+    Rate("hbm_efficiency", 0.3026, "share", f"{_MEASURED}: the model's element-wise bytes over the trace's "
+         "other kernel time (norms, activations, permutation, casts, optimizer), the same trials' median"),
     Rate("kernels_per_layer", 109.2207, "kernels", f"{_MEASURED}: launches a step per micro-batch and layer, "
          "median of the H100 one-GPU trials without CUDA graphs (99-176)"),
     Rate("host_us_per_kernel", 100.4229, "us", f"{_MEASURED}: step time over launches of the host-bound "
