@@ -56,3 +56,21 @@ def test_dp_reduce_bytes():
     assert r["gather_ms"] == pytest.approx(r["reduce_ms"] / 2)
     plain = comm.dp_sync(1e9, 0.0, c.replace(distributed_optimizer=False), 16, "H100", 8, Rates())
     assert plain["reduce_ms"] == pytest.approx(2 * r["reduce_ms"]) and plain["gather_ms"] == 0
+
+
+def test_deepep_sends_a_token_once_per_remote_domain():
+    """Qwen3-30B-A3B's routing (128 experts, top-8) at EP 16 over two 8-GPU domains: an all-to-all
+    sends 8 x 8/16 = 4 copies of a token across, DeepEP one whenever any of its 8 experts is among
+    the other domain's 64: 1 - C(64,8)/C(128,8) of the time, so the NIC carries a quarter of that."""
+    from math import comb
+    m = ModelArch(name="a3b", num_layers=48, hidden_size=2048, num_attention_heads=32, num_query_groups=4,
+                  ffn_hidden_size=6144, moe_ffn_hidden_size=768, num_experts=128, moe_router_topk=8,
+                  vocab_size=151936, seq_length=4096)
+    c = TrainingConfig(ep=16, etp=1, micro_batch=1)
+    hit = 1 - comb(64, 8) / comb(128, 8)
+    assert comm.remote_domain_share(m, c, 8) == pytest.approx(hit / 4)
+    nccl = comm.a2a(m, c, "H100", 8, Rates())
+    deepep = comm.a2a(m, c.replace(dispatcher="flex", flex_backend="deepep"), "H100", 8, Rates())
+    assert deepep["share_across"] == pytest.approx(nccl["share_across"] * hit / 4)
+    # inside one domain nothing crosses, whatever the dispatcher
+    assert comm.a2a(m, c.replace(ep=8), "H100", 8, Rates())["share_across"] == 0

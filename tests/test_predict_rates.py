@@ -37,6 +37,8 @@ def test_calibration_reads_no_public_figure():
 
 
 def test_a_measured_row_replaces_a_published_one():
+    """A calibration's row replaces the published one by name, with its own source; an unknown
+    name is refused."""
     r = Rates(measured={"nic_gb_s": (25.0, "calibration of cluster x")})
     assert r["nic_gb_s"] == 25.0 and r.rows["nic_gb_s"].source == "calibration of cluster x"
     assert Rates()["nic_gb_s"] == next(p.value for p in PUBLISHED if p.name == "nic_gb_s")
