@@ -5,6 +5,8 @@ group's peers are consecutive ranks `stride` apart and sit in one NVLink domain 
 stride x size fits in it."""
 from __future__ import annotations
 
+import math
+
 from moetune.pipeline.spec import gpus
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.model import ModelArch
@@ -39,12 +41,34 @@ def ep_peer_shares(c: TrainingConfig, nvlink_domain: int) -> tuple[float, float]
     return (inside - 1) / c.ep, (c.ep - inside) / c.ep
 
 
+# dispatchers that send a token once to each remote NVLink domain holding any of its experts (and
+# forward it over NVLink there), not once per expert
+DEDUPLICATING = ("deepep", "hybridep")
+
+
+def remote_domain_share(m: ModelArch, c: TrainingConfig, nvlink_domain: int) -> float:
+    """Distinct remote NVLink domains a token's top-k experts sit in, over the copies of it that
+    leave its domain, under uniform routing: what a deduplicating dispatcher sends across."""
+    inside, across = ep_peer_shares(c, nvlink_domain)
+    k, experts = m.moe_router_topk, m.num_experts
+    copies = k * across
+    if copies <= 0:
+        return 1.0
+    domains = round(1 / (1 - across)) if across < 1 else c.ep  # EP group's domains, equal shares
+    local = experts // domains  # experts in one domain
+    hit = 1 - math.comb(experts - local, k) / math.comb(experts, k)
+    return (domains - 1) * hit / copies
+
+
 def a2a(m: ModelArch, c: TrainingConfig, gpu_type: str, nvlink_domain: int, rates: Rates) -> dict:
     """The expert all-to-all of one MoE layer for one micro-batch: dispatch and combine forward,
-    and their mirror in backward. Each runs NVLink and NIC transfers at once: the slower sets it."""
+    and their mirror in backward. Each runs NVLink and NIC transfers at once: the slower sets it.
+    DeepEP and HybridEP send a token across once per remote domain (remote_domain_share)."""
     sent = tokens(m, c) / c.tp * m.moe_router_topk * m.hidden_size * BF16  # sequence parallel: T/TP each
     inside, across = ep_peer_shares(c, nvlink_domain)
     name = dispatcher_name(c)
+    if name in DEDUPLICATING:
+        across *= remote_domain_share(m, c, nvlink_domain)
     nvl_d, nvl_c, nic_d, nic_c = (rates[r] for r in A2A_ROWS[name])
     nvlink, nic = gpus.GPUS[gpu_type].nvlink_gb_s * 1e9, rates["nic_gb_s"] * 1e9
     one = lambda nvl, rdma: max(sent * inside / (nvlink * nvl), sent * across / (nic * rdma))  # noqa: E731

@@ -25,6 +25,7 @@ class Rate:
 # direction; one CX7 400 Gb/s NIC a GPU, about 50 GB/s): intranode EP 8 dispatch 153, combine 158
 # GB/s; internode dispatch 43/58/51 and combine 43/57/50 GB/s at EP 16/32/64.
 _DEEPEP = "DeepEP README, normal kernels on H800"
+_MEASURED = "measured by moetune: benchmarks/trial_bank/bank.jsonl"
 # The rows by what they price: links, compute, the host, and how much overlap hides
 LINKS: tuple[Rate, ...] = (
     Rate("nic_gb_s", 48.5, "GB/s", "a 400 Gb/s NIC a GPU (DGX H100/H200), about 48-49 GB/s bus bandwidth "
@@ -47,13 +48,21 @@ LINKS: tuple[Rate, ...] = (
          "nccl-tests rate (nic_gb_s)"),
 )
 COMPUTE: tuple[Rate, ...] = (
-    Rate("gemm_efficiency", 0.6, "share", "assumed share of the data sheet's dense tensor TFLOP/s "
-         "that Transformer Engine's GEMMs reach at training shapes"),
-    Rate("grouped_gemm_efficiency", 0.45, "share", "assumed: grouped expert GEMMs, smaller and uneven "
-         "per expert"),
-    Rate("attention_efficiency", 0.45, "share", "assumed: fused (flash) attention, causal"),
-    Rate("hbm_efficiency", 0.7, "share", "assumed share of the data sheet's HBM bandwidth that "
-         "element-wise kernels reach"),
+    # measured by moetune (benchmarks/predict_calibration.py over the trial bank's traces; its
+    # output benchmarks/results/predict_calibration.json)
+    Rate("gemm_efficiency", 0.969, "share", f"{_MEASURED}: the share of the BF16 peak large GEMMs tend to "
+         "(flops.gemm_efficiency), solved with gemm_half_gflop so that the model's GEMMs of rank 0 take the "
+         "trace's GEMM time in both H100 one-GPU studies (qwen3_30b_a3b trial 1; qwen3_235b trials 3, 5, 6)"),
+    Rate("gemm_half_gflop", 19.429, "GFLOP", f"{_MEASURED}: the GEMM size at half of gemm_efficiency, "
+         "solved with it from the same two studies (their GEMMs small and large)"),
+    Rate("grouped_gemm_efficiency", 0.969, "share", f"{_MEASURED}: TE's grouped GEMM runs as cuBLAS GEMMs, "
+         "timed with them (gemm_efficiency's trials)"),
+    Rate("attention_efficiency", 0.2911, "share", f"{_MEASURED}: causal attention FLOPs over the trace's "
+         "attention kernel time, median of the H100 one-GPU trials without CUDA graphs"),
+    Rate("hbm_efficiency", 0.3026, "share", f"{_MEASURED}: the model's element-wise bytes over the trace's "
+         "other kernel time (norms, activations, permutation, casts, optimizer), the same trials' median"),
+    Rate("fp8_matrix_time_factor", 1.1228, "share", f"{_MEASURED}: FP8 GEMM and cast time over BF16 GEMM "
+         "time, trial bank te_gg_fp8 against te_gg (H200, moe_proxy shapes)"),
 )
 OVERLAP: tuple[Rate, ...] = (
     Rate("tp_overlap_hidden", 0.8, "share", "assumed share of TP collectives --tp-comm-overlap hides"),
@@ -61,13 +70,21 @@ OVERLAP: tuple[Rate, ...] = (
          "--overlap-moe-expert-parallel-comm hides behind the other micro-batch's compute"),
 )
 HOST: tuple[Rate, ...] = (
-    Rate("kernels_per_layer", 176, "kernels", "moetune's one-GPU study of qwen3_30b_a3b on an H100 "
-         "(benchmarks/one_gpu_tuning, baseline trial: 33,871 kernels a step of 4 micro-batches, 48 "
-         "layers), forward and backward"),
-    Rate("host_us_per_kernel", 20.0, "us", "assumed for a DGX-class host; the GPU machine's 16 vCPUs "
-         "launched one kernel every 88 us (the same trial), which the cluster's calibration replaces"),
-    Rate("min_cpus_per_rank", 4, "cpus", "assumed: a rank's Python thread, its data loader and NCCL's "
-         "proxy threads; fewer slow the host in proportion"),
+    # measured by moetune (benchmarks/predict_calibration.py over the trial bank's traces; its
+    # output benchmarks/results/predict_calibration.json)
+    Rate("kernels_per_layer", 109.2207, "kernels", f"{_MEASURED}: launches a step per micro-batch and layer, "
+         "median of the H100 one-GPU trials without CUDA graphs (99-176)"),
+    Rate("host_us_per_kernel", 100.4229, "us", f"{_MEASURED}: step time over launches of the host-bound "
+         "(GPU busy under half) H100 one-GPU trials, 16 CPU cores a rank (88-147)"),
+    Rate("cuda_graph_te_launches_removed", 0.4251, "share", f"{_MEASURED}: launches TE CUDA graphs of attn, "
+         "moe_router and moe_preprocess remove, qwen3_30b_a3b one-GPU trials 1 and 2 (split evenly "
+         "among the scopes where fewer are graphed: assumed)"),
+    Rate("fp8_launch_factor", 1.2059, "share", f"{_MEASURED}: launches with FP8 over BF16, trial bank "
+         "te_gg_fp8 against te_gg (H200)"),
+    Rate("host_cpus_per_rank", 16, "cpus", f"{_MEASURED}: the CPU cores a rank had in host_us_per_kernel's "
+         "trials (the H100 device machine); a launch's cost is taken to scale inversely with a rank's "
+         "CPUs (assumed: the launching thread, autograd's backward thread, NCCL's proxies and the data "
+         "loader share them)"),
 )
 PUBLISHED: tuple[Rate, ...] = LINKS + COMPUTE + HOST + OVERLAP
 

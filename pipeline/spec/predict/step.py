@@ -25,9 +25,9 @@ OPTIMIZER_BYTES = 4 * 4 + 3 * 4 + 2
 ASSUMPTIONS = (
     "routing balanced: every rank's experts get top-k times its tokens, and send as much as they receive",
     "tokens cross the all-to-all in BF16",
-    "a stage's micro-batch time is the larger of its GPU time and its host's launch time (kernels "
-    "queue ahead), plus what its communication leaves exposed",
-    "every CUDA graph implementation removes the host's launch time",
+    "a stage's micro-batch time is the larger of its host's launch time and its stream's time (compute "
+    "plus the communication left exposed): kernels queue ahead of the GPU",
+    "CUDA graphs remove the launches of the scopes they capture (all of them for a whole-iteration graph)",
     "the data-parallel reduce overlaps at most one micro-batch's backward, the gather one forward",
 )
 
@@ -89,12 +89,28 @@ def bubble_fraction(c: TrainingConfig, m: int) -> float:
     return (c.pp - 1) / ((c.vpp or 1) * m)
 
 
-def host_ms(kernels: float, c: TrainingConfig, node: Node, rates: Rates) -> float:
-    """Launch time of a stage's kernels for one micro-batch; CUDA graphs launch them as one."""
-    if c.cuda_graph_impl not in (None, "none"):
+# the scopes TE's partial CUDA graphs capture in the measurement of `cuda_graph_te_launches_removed`
+GRAPHED_SCOPES = ("attn", "moe_router", "moe_preprocess")
+
+
+def graphed_share(c: TrainingConfig, rates: Rates) -> float:
+    """Share of a micro-batch's launches CUDA graphs replay instead of the host: all of them for a
+    whole-iteration graph (or one without scopes), the measured share for TE's partial graphs,
+    split evenly among the measured scopes where fewer are graphed."""
+    if c.cuda_graph_impl in (None, "none"):
         return 0.0
-    slower = max(1.0, rates["min_cpus_per_rank"] / node.cpus_per_rank)
-    return kernels * rates["host_us_per_kernel"] * slower / 1e3
+    if c.cuda_graph_impl == "full_iteration" or not c.cuda_graph_modules:
+        return 1.0
+    scopes = sum(m in c.cuda_graph_modules for m in GRAPHED_SCOPES)
+    return rates["cuda_graph_te_launches_removed"] * scopes / len(GRAPHED_SCOPES)
+
+
+def host_ms(kernels: float, c: TrainingConfig, node: Node, rates: Rates) -> float:
+    """The host's time to launch a stage's kernels for one micro-batch: those CUDA graphs leave to
+    it, more under FP8 (its casts), at the measured cost a launch scaled by the CPUs a rank has
+    against those it had when measured."""
+    launched = kernels * (1 - graphed_share(c, rates)) * (rates["fp8_launch_factor"] if c.fp8_format else 1.0)
+    return launched * rates["host_us_per_kernel"] * rates["host_cpus_per_rank"] / node.cpus_per_rank / 1e3
 
 
 def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rates | None = None,
@@ -123,14 +139,17 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
     for s in stages:
         w = s["work"]
         s["compute"] = s["gpu"]
-        s["host_exposed"] = max(0.0, s["host"] - s["gpu"])
         a2a_ms = a2a["ms"] * w.moe_layers if a2a else 0.0
         hidden = min(a2a_ms * rates["ep_overlap_hidden"], s["gpu"]) if c.overlap_ep_a2a else 0.0
         s["a2a"], s["a2a_total"] = a2a_ms - hidden, a2a_ms
         tp = comm.tp_collectives(m, c, w.layers, w.moe_layers, node.gpu_type, node.nvlink_domain, rates)
         s["tp"] = tp["ms"] * (1 - rates["tp_overlap_hidden"] if c.tp_comm_overlap else 1.0)
         s["pp"] = comm.pp_sends(m, c, node.gpus_per_node, rates)["ms"]
-        s["micro_batch"] = s["compute"] + s["host_exposed"] + s["a2a"] + s["tp"] + s["pp"]
+        # the host queues launches ahead of the GPU's stream, communication included: it shows
+        # only where it takes longer than all of them
+        stream = s["compute"] + s["a2a"] + s["tp"] + s["pp"]
+        s["host_exposed"] = max(0.0, s["host"] - stream)
+        s["micro_batch"] = stream + s["host_exposed"]
         dense, experts = stage_params(m, c, w.layers, w.moe_layers, w.index == 0, w.index == c.pp - 1)
         dp = comm.dp_sync(dense, experts, c, world, node.gpu_type, node.nvlink_domain, rates)
         backward, forward = s["gpu"] * 2 / 3, s["gpu"] / 3

@@ -1,0 +1,172 @@
+"""The step-time model's free rates, calibrated only on what moetune measured itself: the one-GPU
+trials and trial-bank runs in benchmarks/trial_bank/bank.jsonl (each with its trace analysis:
+kernel time per class, launches a step, GPU busy share), against the model's own FLOPs and bytes
+for that rank and the GPU table's data-sheet figures (spec/gpus.py). No public throughput figure
+is read here.
+
+    .venv/bin/python benchmarks/predict_calibration.py [--out benchmarks/results/predict_calibration.json]
+
+prints each rate with the trials it came from; rates.py's efficiency rows carry these values
+(tests/test_predict_rates.py keeps the two equal)."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+from moetune.pipeline.spec import gpus
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.experiment import load_experiment
+from moetune.pipeline.spec.predict import flops
+from moetune.pipeline.spec.predict.rates import Rates
+
+BANK = ROOT / "benchmarks" / "trial_bank" / "bank.jsonl"
+OUT = ROOT / "benchmarks" / "results" / "predict_calibration.json"
+# the bank's one-GPU studies of production models ran on the H100 device machine (16 CPU cores,
+# docs/benchmarks.md); the moe_proxy entries on the H200 pair (16 cores a GPU)
+STUDIES = {"qwen3_30b_a3b-1gpu": ("qwen3_30b_a3b", "H100"), "qwen3_235b-1gpu": ("qwen3_235b", "H100")}
+TE_PAIR = ("te_gg", "te_gg_fp8")  # the same moe_proxy_te run without and with FP8 (blockwise)
+GRAPHS_PAIR = ("qwen3_30b_a3b-1gpu_t1_baseline", "qwen3_30b_a3b-1gpu_t2_cuda_graphs_te")
+MATRIX = ("gemm", "grouped_gemm")  # TE's grouped GEMM runs cuBLAS GEMMs: classed `gemm`
+ATTENTION = ("attention",)
+COMM = ("a2a", "nccl_other", "deepep", "hybridep")
+HOST_BOUND_BUSY = 0.5  # a trial whose GPU is busy less than half the step is paced by its host
+CPUS_PER_RANK = 16  # the device machines' CPU cores per GPU
+
+
+def bank() -> dict[str, dict]:
+    return {d["name"]: d for d in map(json.loads, BANK.read_text().splitlines())}
+
+
+def arg(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def trial_config(entry: dict) -> TrainingConfig:
+    """The config as run: the bank's config with the global batch of its argv (the one-GPU runs
+    take a step of 4 sequences a data-parallel rank, not the experiment's global batch)."""
+    c = TrainingConfig.from_dict(entry["config"])
+    return c.replace(global_batch=int(arg(entry["args"], "--global-batch-size") or c.global_batch))
+
+
+def per_step(entry: dict) -> dict:
+    m = entry["analysis"]["metrics"]["combined"]
+    steps = m["steps"]
+    return {k: v / steps for k, v in m["kernel_class_ms"].items()}, m
+
+
+def one_gpu_rows(b: dict) -> list[dict]:
+    """Each completed, un-graphed one-GPU trial of a production model: the model's FLOPs and bytes
+    of rank 0 (stage 0) against the trace's kernel time by class."""
+    rows = []
+    for name, e in b.items():
+        study = next((s for s in STUDIES if name.startswith(s + "_")), None)
+        if not study or e["state"] != "COMPLETED" or not e.get("analysis"):
+            continue
+        exp_name, gpu = STUDIES[study]
+        c = trial_config(e)
+        model = load_experiment(exp_name).model
+        classes, m = per_step(e)
+        mb = 4  # a step of 4 sequences a data-parallel rank, micro batch 1
+        w = flops.stage_work(model, c, Rates())[0]
+        g = gpus.GPUS[gpu]
+        matrix = sum(v for k, v in w.flops.items() if k not in flops.ATTENTION) * mb
+        attention = sum(v for k, v in w.flops.items() if k in flops.ATTENTION) * mb
+        matrix_ms = sum(classes[k] for k in MATRIX)
+        attention_ms = sum(classes[k] for k in ATTENTION)
+        elementwise_ms = sum(v for k, v in classes.items() if k not in MATRIX + ATTENTION + COMM)
+        graphed = c.cuda_graph_impl not in (None, "none")
+        kinds = [k for k, v in w.flops.items() if v and k not in flops.ATTENTION + ("recompute",)]
+        # seconds of this rank's GEMMs at efficiency 1 for large ones, as a function of the half size
+        unit = lambda half, w=w, kinds=kinds, mb=mb, g=g: mb * flops.matrix_seconds(  # noqa: E731
+            w, kinds, g.bf16_tflops * 1e12, 1.0, half)
+        rows.append({
+            "trial": name, "gpu": gpu, "layers": w.layers, "micro_batches": mb, "graphed": graphed,
+            "step_ms": m["step_time_ms"], "gpu_busy_share": m["gpu_busy_share"],
+            "launches_per_step": m["kernels_per_step"],
+            "matrix_tflop": matrix / 1e12, "matrix_ms": matrix_ms,
+            "attention_tflop": attention / 1e12, "attention_ms": attention_ms,
+            "elementwise_gb": w.bytes * mb / 1e9, "elementwise_ms": elementwise_ms,
+            "study": study, "unit": None if graphed else unit,
+            "matrix_share_of_peak": None if graphed else matrix / (matrix_ms / 1e3) / (g.bf16_tflops * 1e12),
+            "attention_efficiency": None if graphed else attention / (attention_ms / 1e3) / (g.bf16_tflops * 1e12),
+            "hbm_efficiency": None if graphed else w.bytes * mb / (elementwise_ms / 1e3) / (g.hbm_tb_s * 1e12),
+            "kernels_per_layer": None if graphed else m["kernels_per_step"] / mb / w.layers,
+            "host_us_per_kernel": (1e3 * m["step_time_ms"] / m["kernels_per_step"]
+                                   if m["gpu_busy_share"] < HOST_BOUND_BUSY else None),
+        })
+    return rows
+
+
+def gemm_curve(rows: list[dict]) -> tuple[float, float]:
+    """(top, half GFLOP) of flops.gemm_efficiency that give each study's median measured GEMM
+    time exactly: two studies, two unknowns; the ratio of their times fixes the half size."""
+    studies = sorted({r["study"] for r in rows if r["unit"]})
+    assert len(studies) == 2, studies
+    pick = [next(r for r in rows if r["study"] == s and r["unit"]) for s in studies]
+    measured = [statistics.median(r["matrix_ms"] for r in rows if r["study"] == s and r["unit"]) / 1e3
+                for s in studies]
+    ratio = lambda half: pick[0]["unit"](half) / pick[1]["unit"](half) - measured[0] / measured[1]  # noqa: E731
+    lo, hi = 1e-3, 1e4  # GFLOP, bisected in log space
+    assert ratio(lo) * ratio(hi) < 0, "no half size fits both studies"
+    for _ in range(200):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if ratio(lo) * ratio(mid) > 0 else (lo, mid)
+    half = (lo * hi) ** 0.5
+    return pick[0]["unit"](half) / measured[0], half
+
+
+def calibrate() -> dict:
+    b = bank()
+    rows = one_gpu_rows(b)
+    top, half = gemm_curve(rows)
+    med = lambda key: round(statistics.median(r[key] for r in rows if r[key] is not None), 4)  # noqa: E731
+    used = lambda key: [r["trial"] for r in rows if r[key] is not None]  # noqa: E731
+    off, on = (per_step(b[n]) for n in GRAPHS_PAIR)
+    bf16, fp8 = (per_step(b[n]) for n in TE_PAIR)
+    rates = {k: {"value": med(k), "trials": used(k)} for k in
+             ("attention_efficiency", "hbm_efficiency", "kernels_per_layer", "host_us_per_kernel")}
+    curve = used("unit")
+    rates["gemm_efficiency"] = {"value": round(top, 4), "trials": curve}
+    rates["gemm_half_gflop"] = {"value": round(half, 3), "trials": curve}
+    for r in rows:
+        unit = r.pop("unit")
+        r["matrix_ms_fitted"] = None if unit is None else round(1e3 * unit(half) / top, 1)
+    rates["host_us_per_kernel"]["cpus_per_rank"] = CPUS_PER_RANK
+    rates["cuda_graph_te_launches_removed"] = {
+        "value": round(1 - on[1]["kernels_per_step"] / off[1]["kernels_per_step"], 4), "trials": list(GRAPHS_PAIR),
+        "scopes": list(b[GRAPHS_PAIR[1]]["config"]["cuda_graph_modules"])}
+    rates["fp8_launch_factor"] = {"value": round(fp8[1]["kernels_per_step"] / bf16[1]["kernels_per_step"], 4),
+                                  "trials": list(TE_PAIR)}
+    rates["fp8_matrix_time_factor"] = {
+        "value": round((sum(fp8[0][k] for k in MATRIX) + fp8[0]["fp8_cast"]) / sum(bf16[0][k] for k in MATRIX), 4),
+        "trials": list(TE_PAIR), "note": "FP8 GEMMs plus their casts over BF16 GEMMs, moe_proxy_te shapes on H200"}
+    return {"source": str(BANK.relative_to(ROOT)), "trials": rows, "rates": rates}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=OUT)
+    a = p.parse_args(argv)
+    result = calibrate()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{'trial':<40} {'GEMM ms':>8} {'fitted':>7} {'of peak':>7} {'attn eff':>8} {'hbm eff':>8} "
+          f"{'kern/layer':>10} {'host us':>8}")
+    for r in result["trials"]:
+        f = lambda v: "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.1f}"  # noqa: E731
+        print(f"{r['trial']:<40} {r['matrix_ms']:>8.1f} {f(r['matrix_ms_fitted']):>7} "
+              f"{f(r['matrix_share_of_peak']):>7} {f(r['attention_efficiency']):>8} "
+              f"{f(r['hbm_efficiency']):>8} {f(r['kernels_per_layer']):>10} {f(r['host_us_per_kernel']):>8}")
+    for k, v in result["rates"].items():
+        print(f"{k}: {v['value']}  ({len(v['trials'])} trials)")
+    print(f"written: {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Predicted against measured, for docs/prediction.md: (a) every completed multi-GPU trial of the
+trial bank (benchmarks/trial_bank: moe_proxy on 2x H200), (b) the public H100 MoE figures listed
+with their sources in benchmarks/predict_validation.yaml. Analytic compute with the rate table as
+shipped (its efficiencies calibrated on moetune's own trials, benchmarks/predict_calibration.py);
+nothing here is fitted to the figures it is compared with.
+
+    .venv/bin/python benchmarks/predict_validation.py [--format text|json]
+
+Step-time error: predicted step / measured step - 1 (for the public rows, measured tokens/s/GPU
+over predicted). Pairs: every two rows of one model with different layouts whose measurements
+differ by more than 10 %, and whether the prediction orders them the same way."""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.experiment import load_experiment
+from moetune.pipeline.spec.memory import plan_cluster
+from moetune.pipeline.spec.predict import Node, predict
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLIC = ROOT / "benchmarks" / "predict_validation.yaml"
+BANK = ROOT / "benchmarks" / "trial_bank" / "bank.jsonl"
+LAYOUT = ("tp", "pp", "vpp", "ep", "etp", "micro_batch", "global_batch", "seq_length")
+PAIR_GAP = 0.10
+BANK_CPUS_PER_RANK = 16.0  # the nvidia-h200-x2 device machine: 32 cores, 2 GPUs
+
+
+def public_rows(path: Path = PUBLIC) -> list[dict]:
+    data = yaml.safe_load(path.read_text())
+    out = []
+    for row in data["rows"]:
+        exp = load_experiment(row["model"])
+        cluster, world, _ = plan_cluster(exp, row["gpus"], "H100")
+        config = exp.baseline.replace(**{**data["common"], **row["settings"], **row["layout"]})
+        p = predict(exp.model, config, Node.of(cluster), world)
+        seq = row["layout"]["seq_length"]
+        measured = row.get("tokens_per_s_per_gpu") or round(
+            row["layout"]["global_batch"] * seq / row["gpus"] / row["step_time_s"], 1)
+        out.append({"id": row["id"], "model": row["model"], "release": row["release"],
+                    "table": row.get("table") or row["release"],
+                    "hardware": row["hardware"], "source": row["source"], "section": row["section"],
+                    "layout": {k: row["layout"].get(k) for k in LAYOUT}, "settings": row["settings"],
+                    "measured": measured, "predicted": round(p.tokens_per_s_per_gpu, 1),
+                    "error": measured / p.tokens_per_s_per_gpu - 1,
+                    "terms": {k: round(v, 1) for k, v in p.terms.items()}})
+    return out
+
+
+def bank_rows(path: Path = BANK) -> list[dict]:
+    """The bank's completed trials on 2 GPUs: one node of 2 H200 joined by NVLink."""
+    out = []
+    for e in map(json.loads, path.read_text().splitlines()):
+        if e["gpus"] < 2 or e["state"] != "COMPLETED" or not e.get("step_time_ms"):
+            continue
+        exp = load_experiment("moe_proxy_te" if e["name"].startswith("te_") else "moe_proxy")
+        c = TrainingConfig.from_dict(e["config"])
+        p = predict(exp.model, c, Node("H200", 2, 2, BANK_CPUS_PER_RANK), e["gpus"])
+        out.append({"id": e["name"], "measured_ms": e["step_time_ms"], "log_median_ms": e.get("log_step_time_ms"),
+                    "predicted_ms": round(p.step_time_ms, 1), "error": p.step_time_ms / e["step_time_ms"] - 1,
+                    "terms": {k: round(v, 1) for k, v in p.terms.items()}})
+    return out
+
+
+def pairs(rows: list[dict]) -> list[dict]:
+    out = []
+    for a, b in itertools.combinations(rows, 2):
+        if a["model"] != b["model"] or a["layout"] == b["layout"]:
+            continue
+        gap = max(a["measured"], b["measured"]) / min(a["measured"], b["measured"]) - 1
+        if gap <= PAIR_GAP:
+            continue
+        right = (a["measured"] > b["measured"]) == (a["predicted"] > b["predicted"])
+        same = a["table"] == b["table"]
+        out.append({"faster": a["id"] if a["measured"] > b["measured"] else b["id"],
+                    "slower": b["id"] if a["measured"] > b["measured"] else a["id"],
+                    "gap": gap, "ranked_right": right, "one_table": same,
+                    "layouts": sorted((key(a), key(b)))})
+    for p in out:  # the same two layouts measured the other way round in another pair of tables
+        p["measurements_disagree"] = any(q["layouts"] == p["layouts"] and q["faster"] != p["faster"]
+                                         and key_of(rows, q["faster"]) != key_of(rows, p["faster"]) for q in out)
+    return out
+
+
+def key(row: dict) -> str:
+    return json.dumps(row["layout"], sort_keys=True)
+
+
+def key_of(rows: list[dict], row_id: str) -> str:
+    return key(next(r for r in rows if r["id"] == row_id))
+
+
+def pair_summary(ps: list[dict]) -> dict:
+    one = [p for p in ps if p["one_table"]]
+    consistent = [p for p in ps if not p["one_table"] and not p["measurements_disagree"]]
+    right = lambda group: sum(p["ranked_right"] for p in group)  # noqa: E731
+    return {"all": len(ps), "all_right": right(ps), "one_table": len(one), "one_table_right": right(one),
+            "consistent": len(consistent), "consistent_right": right(consistent)}
+
+
+def median_abs(rows: list[dict]) -> float:
+    return statistics.median(abs(r["error"]) for r in rows)
+
+
+def report() -> dict:
+    pub, bank = public_rows(), bank_rows()
+    ps = pairs(pub)
+    return {"public": pub, "public_median_abs_error": round(median_abs(pub), 3), "pairs": ps,
+            "pair_summary": pair_summary(ps),
+            "bank": bank, "bank_median_abs_error": round(median_abs(bank), 3)}
+
+
+def render(r: dict) -> str:
+    lay = lambda l: (f"TP{l['tp']} PP{l['pp']}" + (f" VP{l['vpp']}" if l["vpp"] else "")  # noqa: E731
+                     + f" EP{l['ep']} MBS{l['micro_batch']} GBS{l['global_batch']}")
+    lines = ["| row | release | layout | settings | measured tok/s/GPU | predicted | step-time error |",
+             "|---|---|---|---|---|---|---|"]
+    for p in r["public"]:
+        s = ", ".join(f"{k}={v}" for k, v in p["settings"].items())
+        lines.append(f"| {p['id']} | {p['release']} | {lay(p['layout'])} | {s} | {p['measured']} | "
+                     f"{p['predicted']:.0f} | {p['error']:+.1%} |")
+    lines.append(f"\npublic: median absolute step-time error {r['public_median_abs_error']:.1%} "
+                 f"over {len(r['public'])} rows\n")
+    lines += ["| faster (measured) | slower | measured gap | one table | measured the other way elsewhere | "
+              "model ranks them |", "|---|---|---|---|---|---|"]
+    for p in r["pairs"]:
+        lines.append(f"| {p['faster']} | {p['slower']} | {p['gap']:.0%} | {'yes' if p['one_table'] else 'no'} | "
+                     f"{'yes' if p['measurements_disagree'] else 'no'} | {'right' if p['ranked_right'] else 'WRONG'} |")
+    s = pair_summary(r["pairs"])
+    lines.append(f"\npairs more than {PAIR_GAP:.0%} apart: {s['all']} ({s['all_right']} ranked right); "
+                 f"within one table: {s['one_table']} ({s['one_table_right']} right); across tables and not "
+                 f"contradicted by another measurement of the same two layouts: {s['consistent']} "
+                 f"({s['consistent_right']} right)\n")
+    lines += ["| bank trial (2x H200) | measured ms (trace) | log median ms | predicted ms | error |",
+              "|---|---|---|---|---|"]
+    for b in r["bank"]:
+        lines.append(f"| {b['id']} | {b['measured_ms']:.0f} | {b['log_median_ms']:.0f} | {b['predicted_ms']:.0f} | "
+                     f"{b['error']:+.1%} |")
+    lines.append(f"\ntrial bank: median absolute step-time error {r['bank_median_abs_error']:.1%} "
+                 f"over {len(r['bank'])} trials")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    a = p.parse_args(argv)
+    r = report()
+    print(json.dumps(r, indent=1) if a.format == "json" else render(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

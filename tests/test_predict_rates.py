@@ -1,0 +1,46 @@
+"""spec/predict/rates.py: the rate table's calibrated rows are what moetune's own measurements
+give (benchmarks/predict_calibration.py over the trial bank), each says so, and a measured row
+replaces a published one by name."""
+import sys
+
+import pytest
+
+from moetune.pipeline.paths import ROOT
+from moetune.pipeline.spec.predict import PUBLISHED, Rates
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import predict_calibration  # noqa: E402
+
+CALIBRATED = ("gemm_efficiency", "gemm_half_gflop", "attention_efficiency", "hbm_efficiency", "kernels_per_layer",
+              "host_us_per_kernel", "cuda_graph_te_launches_removed", "fp8_launch_factor", "fp8_matrix_time_factor")
+
+
+def test_calibrated_rows_equal_the_calibration_script():
+    """Each calibrated row holds the value the calibration computes now from the trial bank (so
+    neither can drift), and its source names moetune's measurement; grouped GEMMs share the GEMM
+    rate (TE times them as GEMMs) and the CPU count is that of the measured trials."""
+    result = predict_calibration.calibrate()["rates"]
+    r = Rates()
+    for name in CALIBRATED:
+        assert r[name] == result[name]["value"], name
+        assert r.rows[name].source.startswith("measured by moetune: "), name
+    assert r["grouped_gemm_efficiency"] == r["gemm_efficiency"]
+    assert r["host_cpus_per_rank"] == result["host_us_per_kernel"]["cpus_per_rank"]
+
+
+def test_calibration_reads_no_public_figure():
+    """The calibration's trials are moetune's own (trial bank entries), none of the public rows."""
+    result = predict_calibration.calibrate()
+    assert result["source"] == "benchmarks/trial_bank/bank.jsonl"
+    for v in result["rates"].values():
+        assert v["trials"] and all("/" not in t for t in v["trials"])
+
+
+def test_a_measured_row_replaces_a_published_one():
+    """A calibration's row replaces the published one by name, with its own source; an unknown
+    name is refused."""
+    r = Rates(measured={"nic_gb_s": (25.0, "calibration of cluster x")})
+    assert r["nic_gb_s"] == 25.0 and r.rows["nic_gb_s"].source == "calibration of cluster x"
+    assert Rates()["nic_gb_s"] == next(p.value for p in PUBLISHED if p.name == "nic_gb_s")
+    with pytest.raises(KeyError, match="no such rate"):
+        Rates(measured={"warp_speed": (1.0, "x")})
