@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import secrets
 import time
 from pathlib import Path
@@ -94,11 +95,13 @@ def read_record(s: render.JobSpec) -> dict | None:
     return None
 
 
-def _last_lines(path: Path, n: int = 2) -> str:
+def _why(path: Path) -> str:
+    """The log's last Python error line (srun's own lines come after it), else its last line."""
     if not path.exists():
-        return "no log"
+        return "no log: is the runs folder shared with the compute nodes?"
     lines = [x.strip() for x in path.read_text(errors="replace").splitlines() if x.strip()]
-    return " | ".join(lines[-n:])[:300] or "empty log"
+    errors = [x for x in lines if re.match(r"^[\w.]*(Error|Exception)\b", x)]
+    return ((errors or lines)[-1:] or ["empty log"])[0][:300]
 
 
 def run(exp, *, gpus: int | None = None, nodes: int | None = None, executor: str = "auto", runs_root="runs",
@@ -119,7 +122,7 @@ def run(exp, *, gpus: int | None = None, nodes: int | None = None, executor: str
     record = read_record(s)
     if record is None or st.state != "COMPLETED":
         raise CalibrationError(f"calibration job {ref.job_id} ended {st.state} without its record; "
-                               f"{s.log}: {_last_lines(Path(s.log))}")
+                               f"{s.log}: {_why(Path(s.log))}")
     record["job"] = {"kind": kind, "job_id": ref.job_id, "state": st.state, "node": st.node,
                      "nodes": n, "ranks_per_node": per_node}
     out = Outcome(record, ref.job_id, str(folder))
