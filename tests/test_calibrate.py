@@ -43,7 +43,7 @@ def _err_lines(capsys) -> list[str]:
 @pytest.mark.slurm
 def test_calibration_through_slurm_is_stored_and_replaces_the_published_link_rates(slurm, tmp_path, capsys):
     """Two nodes of two ranks each: the record holds all four collectives over a node's ranks and
-    over one rank of each node, from both nodes, and names what it skipped on CPU (copies, DeepEP);
+    over one rank of each node, from both nodes, and names what it skipped on CPU (copies, DeepEP, HybridEP);
     it is stored under the cluster's name; predict then names each link rate it replaced
     "measured" (GEMM efficiency stays published) and its all-to-all per layer is the bytes over the
     measured all-to-all bus bandwidth of the size nearest the layout's message."""
@@ -64,7 +64,7 @@ def test_calibration_through_slurm_is_stored_and_replaces_the_published_link_rat
     for group, nodes in (("node", 1), ("across", 2)):
         got = {r["op"] for r in rows if r.get("group") == group and r["ranks"] == 2 and r["nodes"] == nodes}
         assert got == {"all_to_all", "all_gather", "reduce_scatter", "all_reduce"}, group
-    assert {s["what"] for s in rec["skipped"]} == {"copy", "deep_ep"}
+    assert {s["what"] for s in rec["skipped"]} == {"copy", "deep_ep", "hybrid_ep"}
     assert f"calibration {row.id} of cluster cpu-2node" in out
 
     after = _predict(capsys, db, exp)

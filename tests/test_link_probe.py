@@ -29,7 +29,7 @@ def test_two_gloo_ranks_on_one_node_write_one_record_of_rows(tmp_path):
     """Two processes of the probe, as a job's two ranks on one node: rank 0's record (file and the
     line after MARKER agree) has each collective at each size asked for over the node's two ranks,
     bus bandwidth as nccl-tests counts it, a CPU GEMM row, and says it skipped the copies and DeepEP
-    for want of a GPU."""
+    and HybridEP for want of a GPU."""
     py = venv_python()
     if not py.exists():
         pytest.skip(f"{py}: no Python with torch here (MEGATRON_VENV)")
@@ -56,5 +56,5 @@ def test_two_gloo_ranks_on_one_node_write_one_record_of_rows(tmp_path):
         assert r["algbw_gb_s"] == pytest.approx(r["bytes"] / r["us"] / 1e3, rel=0.01, abs=2e-4)
     (gemm,) = [r for r in rec["rows"] if r["kind"] == "gemm"]
     assert gemm["dtype"] == "float32" and gemm["tflop_s"] > 0
-    assert {s["what"] for s in rec["skipped"]} == {"copy", "deep_ep"}
+    assert {s["what"] for s in rec["skipped"]} == {"copy", "deep_ep", "hybrid_ep"}
     assert all("no GPU" in s["why"] for s in rec["skipped"])

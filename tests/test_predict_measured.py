@@ -26,6 +26,8 @@ RECORD = {"backend": "nccl", "device": "NVIDIA H100 80GB HBM3", "rows": [
     {"kind": "gemm", "op": "matmul", "tflop_s": 700.0, "us": 1.0, "n": 8192},
     {"kind": "copy", "op": "d2d", "bytes": 1 << 28, "gb_s": 2680.0, "us": 1.0},
     {"kind": "deep_ep", "op": "dispatch", "group": "node", "bytes": 1 << 26, "gb_s": 150.0, "us": 1.0},
+    {"kind": "hybrid_ep", "op": "dispatch", "group": "node", "bytes": 1 << 26, "gb_s": 120.0, "us": 1.0},
+    {"kind": "hybrid_ep", "op": "combine", "group": "node", "bytes": 1 << 26, "gb_s": 140.0, "us": 1.0},
 ]}
 
 
@@ -33,10 +35,12 @@ def test_each_rate_is_the_measurement_over_its_hardware_figure():
     """H100 (450 GB/s NVLink a direction, 989 BF16 TFLOP/s, 3.35 TB/s): NIC 40 GB/s (all-reduce
     across, largest size); all-to-all across 30/40 of it; inside a node 300/450 at 64 MiB, 100/450
     for a 1 MiB message; all-gather/reduce-scatter their mean; GEMM 700/989; HBM 2680/3350; DeepEP's
-    dispatch 150/450; its combine, unmeasured, absent; every source says measured and names the label."""
+    dispatch 150/450 (its combine, unmeasured, absent); HybridEP the mean of its two, 130/450;
+    every source says measured and names the label."""
     got = measured_rates(RECORD, "H100", 48.5, 64 << 20, "cal 1")
     want = {"nic_gb_s": 40.0, "alltoall_rdma": 30 / 40, "alltoall_nvlink": 300 / 450, "collective_nvlink": 340 / 450,
-            "gemm_efficiency": 700 / 989, "hbm_efficiency": 2680 / 3350, "deepep_nvlink_dispatch": 150 / 450}
+            "gemm_efficiency": 700 / 989, "hbm_efficiency": 2680 / 3350, "deepep_nvlink_dispatch": 150 / 450,
+            "hybridep_nvlink": 130 / 450}
     assert {k: v for k, (v, _) in got.items()} == pytest.approx(want)
     assert all(s.startswith("measured: cal 1: ") for _, s in got.values())
     small = measured_rates(RECORD, "H100", 48.5, 900_000, "cal 1")
@@ -44,11 +48,11 @@ def test_each_rate_is_the_measurement_over_its_hardware_figure():
 
 
 def test_rows_of_another_gpu_or_of_cpu_leave_the_gpu_rates_published():
-    """The same rows from an H200, and from gloo on CPU: the links are taken, the GEMM, HBM and
-    DeepEP rates are not."""
+    """The same rows from an H200, and from gloo on CPU: the links are taken, the GEMM, HBM, DeepEP
+    and HybridEP rates are not."""
     for record in ({**RECORD, "device": "NVIDIA H200"}, {**RECORD, "backend": "gloo", "device": "cpu"}):
         got = measured_rates(record, "H100", 48.5, None, "x")
-        assert not {"gemm_efficiency", "hbm_efficiency", "deepep_nvlink_dispatch"} & set(got)
+        assert not {"gemm_efficiency", "hbm_efficiency", "deepep_nvlink_dispatch", "hybridep_nvlink"} & set(got)
         assert {"nic_gb_s", "alltoall_nvlink", "alltoall_rdma", "collective_nvlink"} <= set(got)
 
 

@@ -14,7 +14,8 @@ Rows (rank 0 writes them):
   `bytes` is the whole tensor (all-gather's output, reduce-scatter's input, a rank's all-to-all
   send buffer); bus bandwidth as nccl-tests counts it.
 - copy: host to device (pinned), device to host, device to device; gemm: a BF16 matrix product
-  (GPU) or FP32 (CPU); deep_ep: DeepEP's dispatch and combine inside a node where the image has it.
+  (GPU) or FP32 (CPU); deep_ep, hybrid_ep: DeepEP's and HybridEP's dispatch and combine over a
+  node's ranks where the image has them (`gb_s`: the bytes a rank sends over the time).
 What could not be measured is listed under `skipped` with the reason.
 """
 from __future__ import annotations
@@ -120,7 +121,7 @@ def copies(torch, device) -> tuple[list, list]:
         return [], [{"what": "copy", "why": "no GPU: host/device copies not measured"}]
     timer = Timer(torch, device)
     host = torch.empty(COPY_BYTES, dtype=torch.uint8, pin_memory=True)
-    dev, dev2 = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device), torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
+    dev, dev2 = (torch.empty(COPY_BYTES, dtype=torch.uint8, device=device) for _ in range(2))
     rows = []
     # device to device reads and writes each byte: counted twice, as HBM bandwidth is
     for op, fn, moved in (("h2d", lambda: dev.copy_(host, non_blocking=True), COPY_BYTES),
@@ -141,43 +142,85 @@ def gemm(torch, device) -> list:
              "us": round(s * 1e6, 3), "tflop_s": round(2 * n ** 3 / s / 1e12, 4)}]
 
 
+# one MoE layer's exchange, as DeepEP's own tests size it: 4096 tokens of hidden 7168 in BF16,
+# top-8 of 256 experts, routing balanced in expectation
+EP_TOKENS, EP_HIDDEN, EP_TOPK, EP_EXPERTS = 4096, 7168, 8, 256
+
+
+def _deepep(deep_ep, torch, group, n, x, idx, weights, timer, iters) -> tuple[float, float, int]:
+    """(dispatch s, combine s, bytes sent) of DeepEP's normal kernels, its buffer sized as Megatron sizes it."""
+    hidden_bytes = x.size(1) * max(x.element_size(), 2)
+    nvl = max(cfg.get_nvl_buffer_size_hint(hidden_bytes, n) for cfg in
+              (deep_ep.Buffer.get_dispatch_config(n), deep_ep.Buffer.get_combine_config(n)))
+    buf = deep_ep.Buffer(group, nvl, 0)
+    per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, EP_EXPERTS)
+    args = dict(topk_idx=idx, topk_weights=weights, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma,
+                is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+    recv, _, _, _, handle, _ = buf.dispatch(x, **args)
+    d = timer.mean_s(lambda: buf.dispatch(x, **args), iters)
+    c = timer.mean_s(lambda: buf.combine(recv, handle), iters)
+    return d, c, int(in_rank.sum().item()) * x.size(1) * x.element_size()
+
+
+def _hybridep(deep_ep, torch, group, n, x, idx, weights, timer, iters) -> tuple[float, float, int]:
+    """(dispatch s, combine s, bytes sent) of HybridEP's dispatch and combine with permute, called as
+    Megatron-Core's flex dispatcher calls them (a routing map and probabilities over all experts)."""
+    local = EP_EXPERTS // n
+    routing = torch.zeros(x.size(0), EP_EXPERTS, dtype=torch.bool, device=x.device).scatter_(1, idx, True)
+    probs = torch.zeros(x.size(0), EP_EXPERTS, dtype=torch.float32, device=x.device).scatter_(1, idx, weights)
+    buf = deep_ep.HybridEPBuffer(group=group, hidden_dim=x.size(1), max_num_of_tokens_per_rank=x.size(0),
+                                 num_local_experts=local, use_fp8=False)
+    call = dict(hidden=x, routing_map=routing, probs=probs, scaling_factor=None, num_of_experts_per_rank=local)
+    out, out_probs, _, _, handle = buf.dispatch_with_permute(**call)
+    d = timer.mean_s(lambda: buf.dispatch_with_permute(**call), iters)
+    c = timer.mean_s(lambda: buf.combine_with_unpermute(hidden=out, probs=out_probs, handle=handle), iters)
+    ranks = routing.view(x.size(0), n, local).any(-1).sum().item()  # tokens x ranks they go to
+    return d, c, int(ranks) * x.size(1) * x.element_size()
+
+
+EP_BACKENDS = {"deep_ep": ("Buffer", _deepep), "hybrid_ep": ("HybridEPBuffer", _hybridep)}
+
+
 def deep_ep(dist, torch, device, nodes, rank, iters) -> tuple[list, list]:
-    """DeepEP's normal (intranode) dispatch and combine over a node's ranks, as its own tests call
-    them: 4096 tokens of hidden 7168 in BF16, top-8 of 256 experts, balanced."""
+    """DeepEP's and HybridEP's dispatch and combine over a node's ranks (every node's at once)."""
     if device.type != "cuda":
-        return [], [{"what": "deep_ep", "why": "no GPU (gloo): DeepEP not measured"}]
+        return [], [{"what": k, "why": "no GPU (gloo): not measured"} for k in EP_BACKENDS]
     try:
         import deep_ep
     except Exception as e:  # an image without it, or one whose build does not load
-        return [], [{"what": "deep_ep", "why": f"not importable: {type(e).__name__}: {str(e)[:200]}"}]
-    mine = [r for r, n in enumerate(nodes) if n == nodes[rank]]
-    if len(mine) < 2 or len(set(nodes)) > 1:
-        return [], [{"what": "deep_ep", "why": "measured inside one node of two or more ranks only; "
-                                              f"this job has {len(mine)} rank(s) on a node, {len(set(nodes))} node(s)"}]
-    try:
-        tokens, hidden, topk, experts = 4096, 7168, 8, 256
-        n = dist.get_world_size()
-        buf = deep_ep.Buffer(dist.group.WORLD, int(1e9), 0)
-        x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device=device)
-        scores = torch.randn(tokens, experts, device=device).abs()
-        idx = scores.topk(topk, dim=-1).indices.to(torch.int64)
-        weights = torch.ones(tokens, topk, dtype=torch.float32, device=device)
-        per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, experts)
-        args = dict(topk_idx=idx, topk_weights=weights, num_tokens_per_rank=per_rank,
-                    num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
-        recv, _, _, _, handle, _ = buf.dispatch(x, **args)
-        timer = Timer(torch, device)
-        d = timer.mean_s(lambda: buf.dispatch(x, **args), iters)
-        c = timer.mean_s(lambda: buf.combine(recv, handle), iters)
-        sent = int(in_rank.sum().item()) * hidden * 2  # tokens this rank sends, once per rank they go to
-        t = torch.tensor([d, c], dtype=torch.float64, device=device)
+        return [], [{"what": k, "why": f"deep_ep not importable: {type(e).__name__}: {str(e)[:200]}"} for k in EP_BACKENDS]
+    groups = shapes(nodes).get("node")
+    if not groups or len({len(g) for g in groups}) > 1:
+        return [], [{"what": k, "why": "needs two or more ranks on each node, as many on each"} for k in EP_BACKENDS]
+    handles = [dist.new_group(g) for g in groups]
+    mine = next(i for i, g in enumerate(groups) if rank in g)
+    group, n = handles[mine], len(groups[mine])
+    os.environ.setdefault("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", str(n))  # HybridEP reads the domain here
+    torch.manual_seed(rank)
+    x = torch.randn(EP_TOKENS, EP_HIDDEN, dtype=torch.bfloat16, device=device)
+    idx = torch.rand(EP_TOKENS, EP_EXPERTS, device=device).topk(EP_TOPK, dim=-1).indices.to(torch.int64)
+    weights = torch.full((EP_TOKENS, EP_TOPK), 1.0 / EP_TOPK, dtype=torch.float32, device=device)
+    timer = Timer(torch, device)
+    rows, skipped = [], []
+    for kind, (cls, bench) in EP_BACKENDS.items():
+        if not hasattr(deep_ep, cls):
+            skipped.append({"what": kind, "why": f"this deep_ep has no {cls}"})
+            continue
+        d = c = sent = failed = 0.0
+        try:
+            d, c, sent = bench(deep_ep, torch, group, n, x, idx, weights, timer, iters)
+        except Exception as e:
+            skipped.append({"what": kind, "why": f"rank {rank}: {type(e).__name__}: {str(e)[:300]}"})
+            failed = 1.0
+        # every rank joins, measured or not, so that none waits on another; the slowest sets the time
+        t = torch.tensor([d, c, float(sent), failed], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        d, c = (float(v) for v in t.tolist())
-        return [{"kind": "deep_ep", "op": op, "group": "node", "ranks": n, "nodes": 1, "bytes": sent,
-                 "us": round(s * 1e6, 3), "gb_s": round(sent / s / 1e9, 3)} for op, s in
-                (("dispatch", d), ("combine", c))], []
-    except Exception as e:
-        return [], [{"what": "deep_ep", "why": f"{type(e).__name__}: {str(e)[:300]}"}]
+        d, c, sent, failed = t.tolist()
+        if not failed:
+            rows += [{"kind": kind, "op": op, "group": "node", "ranks": n, "nodes": 1, "groups": len(groups),
+                      "bytes": int(sent), "us": round(s * 1e6, 3), "gb_s": round(sent / s / 1e9, 3)}
+                     for op, s in (("dispatch", d), ("combine", c))]
+    return rows, skipped
 
 
 def nccl_version(torch) -> str:

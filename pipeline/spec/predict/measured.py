@@ -38,11 +38,12 @@ MEASURED_BY: dict[str, Source] = {
     "collective_rdma": Source("collective", ("all_gather", "reduce_scatter"), "across", "largest", "nic"),
     "deepep_nvlink_dispatch": Source("deep_ep", ("dispatch",), "node", "largest", "nvlink", "gb_s"),
     "deepep_nvlink_combine": Source("deep_ep", ("combine",), "node", "largest", "nvlink", "gb_s"),
+    "hybridep_nvlink": Source("hybrid_ep", ("dispatch", "combine"), "node", "largest", "nvlink", "gb_s"),
     "gemm_efficiency": Source("gemm", ("matmul",), None, "largest", "bf16_tflops", "tflop_s"),
     "hbm_efficiency": Source("copy", ("d2d",), None, "largest", "hbm", "gb_s"),
 }
 # rows measured on the GPU itself carry over only from a GPU of the cluster's type
-ON_GPU = {"gemm", "copy", "deep_ep"}
+ON_GPU = {"gemm", "copy", "deep_ep", "hybrid_ep"}
 
 
 def a2a_bytes(m: ModelArch, c: TrainingConfig) -> int:
