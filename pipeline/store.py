@@ -140,7 +140,20 @@ class Preflight(Base):
     created_at: Mapped[str] = mapped_column(String(32), default=now)
 
 
-SCHEMA_VERSION = 2
+class Calibration(Base):
+    """What a calibration job measured on a cluster's links and GPUs (pipeline/job/link_probe.py's
+    rows); the latest per cluster is what predictions read (spec/predict/measured.py)."""
+    __tablename__ = "calibrations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(200), index=True)
+    gpu_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    record: Mapped[dict] = mapped_column(JSON, default=dict)
+    job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    folder: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[str] = mapped_column(String(32), default=now)
+
+
+SCHEMA_VERSION = 3
 
 
 def _migrate_v1(conn) -> None:
@@ -151,8 +164,12 @@ def _migrate_v2(conn) -> None:
     """v1 → v2: the preflights table, created by create_all."""
 
 
+def _migrate_v3(conn) -> None:
+    """v2 → v3: the calibrations table, created by create_all."""
+
+
 # (version it brings the database to, function of a connection). Append, never edit.
-MIGRATIONS: list[tuple[int, Any]] = [(1, _migrate_v1), (2, _migrate_v2)]
+MIGRATIONS: list[tuple[int, Any]] = [(1, _migrate_v1), (2, _migrate_v2), (3, _migrate_v3)]
 
 
 def database_url(url: str | None = None, read_only: bool = False) -> str:
@@ -424,6 +441,24 @@ class Store:
         with self.session() as s:
             return s.scalar(select(Preflight).where(Preflight.cluster == cluster, Preflight.image == image)
                             .order_by(Preflight.id.desc()).limit(1))
+
+    # -- calibrations --------------------------------------------------------------------
+    def add_calibration(self, cluster: str, gpu_type: str | None, record: dict, job_id: str | None = None,
+                        folder: str | None = None) -> Calibration:
+        with self.session() as s:
+            row = Calibration(cluster=cluster, gpu_type=gpu_type, record=json.loads(json.dumps(record, default=str)),
+                              job_id=job_id, folder=folder)
+            s.add(row)
+            s.flush()
+            return row
+
+    def latest_calibration(self, cluster: str) -> Calibration | None:
+        """None where there is none, also in a store older than the table (opened read-only)."""
+        if not inspect(self.engine).has_table(Calibration.__tablename__):
+            return None
+        with self.session() as s:
+            return s.scalar(select(Calibration).where(Calibration.cluster == cluster)
+                            .order_by(Calibration.id.desc()).limit(1))
 
     def ping(self) -> None:
         with self.engine.connect() as conn:

@@ -163,3 +163,24 @@ def test_frozen_v1_database_reads_read_only_with_its_job_ids(tmp_path):
     assert store.schema_version() == 1
     t1, _ = store.trials(store.study("qwen3_30b_a3b-h100").id)
     assert t1.job_id == "4242"
+
+
+def test_calibrations_are_kept_per_cluster_and_a_v2_store_reads_without_them(tmp_path):
+    """The latest calibration of a cluster is its newest row; a store of schema 2 (no calibrations
+    table) opened read-only stays at 2 and has none, and opened to write it gains the table."""
+    path = tmp_path / "v2.db"
+    store = Store(str(path))
+    store.add_calibration("c1", "H100", {"rows": [1]}, job_id="1")
+    store.add_calibration("c2", "H200", {"rows": [2]})
+    store.add_calibration("c1", "H100", {"rows": [3]}, job_id="3")
+    assert store.latest_calibration("c1").record == {"rows": [3]} and store.latest_calibration("none") is None
+    con = sqlite3.connect(path)
+    con.execute("DROP TABLE calibrations")
+    con.execute("UPDATE moetune_meta SET value='2' WHERE key='schema_version'")
+    con.commit()
+    con.close()
+    old = Store(str(path), read_only=True)
+    assert old.schema_version() == 2 and old.latest_calibration("c1") is None
+    again = Store(str(path))
+    assert again.schema_version() == SCHEMA_VERSION == 3
+    assert again.add_calibration("c1", "H100", {"rows": [4]}).id == again.latest_calibration("c1").id

@@ -39,6 +39,11 @@ def cmd_predict(args, rest):
     return predict_cli.main(rest, db=args.db)
 
 
+def cmd_calibrate(args, rest):
+    from moetune.pipeline.cli import calibrate as calibrate_cli
+    return calibrate_cli.main(rest, db=args.db)
+
+
 def cmd_render(args, rest):
     from moetune.pipeline.cli import render as render_cli  # not for `moetune --help` (above)
     return render_cli.main(rest)
@@ -185,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
         "first (moetune plan MODEL [--gpus N --gpu-type T] [--format text|json])", True)
     add("predict", cmd_predict, "a layout's predicted step time and tokens/s/GPU, term by term "
         "(moetune predict MODEL [--gpus N] [--tp N --pp N --ep N ...] [--format text|json])", True)
+    add("calibrate", cmd_calibrate, "measure the cluster's links and a GPU's rates in one short job; "
+        "stored, predict and plan use them (moetune calibrate MODEL [--gpus N] [--nodes N])", True)
     add("render", cmd_render, "write exactly what a trial would submit (job.sbatch, job.sh, the "
         "export job), without a store (moetune render MODEL [--gpus N] [--fix RULE ...] --out DIR)", True)
     add("check", cmd_check, "check a Megatron command line against Megatron's and the MoE "
@@ -265,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-PASSTHROUGH = ("plan", "predict", "render", "check", "analyze")
+PASSTHROUGH = ("plan", "predict", "calibrate", "render", "check", "analyze")
 
 
 def _first_command(argv: list[str]) -> int | None:

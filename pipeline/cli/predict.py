@@ -15,6 +15,7 @@ from moetune.pipeline.spec.config import RECOMPUTE_MODULES, TrainingConfig
 from moetune.pipeline.spec.experiment import ConfigError
 from moetune.pipeline.spec.memory import min_gpus, plan_cluster
 from moetune.pipeline.spec.predict import Node, Prediction, predict
+from moetune.pipeline.spec.predict.measured import rates_for
 from moetune.pipeline.store import NoStore, Store
 
 # the fields a rank's compute and host time depend on: a measurement of a layout stands for
@@ -69,6 +70,16 @@ def measured_compute(exp, config: TrainingConfig, gpu_type: str, db: str | None 
                 found.append((m["judged_step_time_ms"] / n, f"one-GPU trial {t.id} ({study.name}): "
                               f"{m['judged_step_time_ms']:.0f} ms a step of {n} micro-batches"))
     return min(found) if found else None
+
+
+def calibrated_rates(cluster, model, config: TrainingConfig, db: str | None):
+    """The rate table with the latest calibration of the cluster in the store over the published
+    rows (`moetune calibrate`), and which calibration; the published rows alone without one."""
+    try:
+        row = Store(db, read_only=True).latest_calibration(cluster.name)
+    except NoStore:
+        row = None
+    return rates_for(row, cluster, model, config)
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:
@@ -129,7 +140,11 @@ def run_prediction(exp, config: TrainingConfig, gpus: int | None, gpu_type: str 
     if compute == "fit" and measured is None:
         raise ValueError(f"--compute fit: the store holds no fit or one-GPU trial of this layout of {exp.name} "
                          f"on {cluster.gpu_type}; run `moetune fit` or use --compute analytic")
-    p = predict(exp.model, config, Node.of(cluster), world, measured_ms=measured[0] if measured else None)
+    rates, calibration = calibrated_rates(cluster, exp.model, config, db)
+    p = predict(exp.model, config, Node.of(cluster), world, rates=rates, measured_ms=measured[0] if measured else None)
+    if calibration:
+        p.inputs["calibration"] = calibration
+        p.inputs["rates_measured"] = sorted(n for n, r in rates.rows.items() if r.source.startswith("measured"))
     if measured:
         p.inputs["measured_compute"] = measured[1]
     return p
@@ -147,6 +162,9 @@ def render_text(name: str, c: TrainingConfig, p: Prediction) -> str:
         lines.append(f"  {k:<16} {v:>10.1f} {v / p.step_time_ms:>6.1%}")
     lines.append(f"  {i['micro_batches']} micro-batches a step, bubble fraction {i['bubble_fraction']:.3f}; "
                  "routing assumed balanced")
+    if "calibration" in i:
+        lines.append(f"  rates measured ({i['calibration']}): {', '.join(i['rates_measured']) or 'none'}; "
+                     "the rest published (--format json: each rate's source)")
     if "measured_compute" in i:
         lines.append(f"  compute measured: {i['measured_compute']}")
     return "\n".join(lines)

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The calibration's probe (pipeline/job/link_probe.py) on the GPU machine, no Slurm there: one rank
+# a GPU through torchrun, NCCL; with one GPU the copy rates (host to device, device to host, device
+# to device) and a BF16 GEMM, with two or more also the collectives inside the node and DeepEP's
+# dispatch and combine where it imports (after `benchmarks/device_setup.sh deepep` in the same call:
+# /tmp/site-gpu is on the path). Leaves $OUT/calibration.json (the record `moetune calibrate` stores)
+# and $OUT/calibration.log. From the repo root:
+#   bash benchmarks/device/calibrate.sh [NPROC]          # default: every GPU there
+#   bash benchmarks/device/calibrate.sh [NPROC] MODEL    # then, where moetune's dependencies import
+#                                                        # (carry .whl as benchmarks/device/tune.sh
+#                                                        # says), store it as a calibration of MODEL's
+#                                                        # cluster on this GPU type and print what
+#                                                        # `moetune predict MODEL` makes of it
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+PYTHON=${PYTHON:-python3}
+NPROC=${1:-$(nvidia-smi -L 2> /dev/null | wc -l)}
+[ "$NPROC" -ge 1 ] 2> /dev/null || NPROC=1
+MODEL=${2:-}
+W=/tmp/moetune-calibrate; mkdir -p "$W"
+export PYTHONPATH="/tmp/site-gpu:${PYTHONPATH:-}"
+
+t0=$SECONDS
+"$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" pipeline/job/link_probe.py \
+  --out "$OUT/calibration.json" --iters "${ITERS:-20}" ${SIZES:+--sizes "$SIZES"} > "$OUT/calibration.log" 2>&1
+rc=$?
+echo "probe: $NPROC rank(s), exit $rc, $((SECONDS - t0)) s"
+[ "$rc" -eq 0 ] || { tail -n 20 "$OUT/calibration.log"; exit "$rc"; }
+"$PYTHON" - "$OUT/calibration.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"{r['device']}, {r['world_size']} rank(s), {r['backend']} {r.get('nccl')}, torch {r['torch']}")
+for row in r["rows"]:
+    rate = row.get("busbw_gb_s", row.get("gb_s", row.get("tflop_s")))
+    print(f"  {row['kind']:<10} {row['op']:<15} {row.get('group', '-'):<6} {row.get('ranks', 1):>3} "
+          f"{row.get('bytes', row.get('n', '-')):>10} {row['us']:>10.1f} us {rate:>9.4g} {'TFLOP/s' if 'tflop_s' in row else 'GB/s'}")
+for s in r["skipped"]:
+    print(f"  skipped {s['what']}: {s['why']}")
+EOF
+[ -n "$MODEL" ] || exit 0
+
+if ! "$PYTHON" -c 'import submitit, pydantic, sqlalchemy, yaml, jinja2' 2> /dev/null; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+# `moetune` is not installed there: a link named moetune to this checkout makes it importable
+mkdir -p "$W/src" && ln -sfn "$PWD" "$W/src/moetune"
+export PYTHONPATH="/tmp/site:$W/src:$PYTHONPATH"
+GPU=$("$PYTHON" - "$OUT/calibration.json" "$MODEL" "$W/db.sqlite" <<'EOF'
+import json, sys
+from moetune.pipeline.spec.experiment import load_experiment
+from moetune.pipeline.spec.gpus import GPU_TYPES
+from moetune.pipeline.store import Store
+record, model, db = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+# the data sheet's name in the device's (longest first: GH200 before H200)
+gpu = next((g for g in sorted(GPU_TYPES, key=len, reverse=True) if g in record["device"]), None)
+exp = load_experiment(model)
+row = Store(db).add_calibration(exp.cluster.name, gpu, record, job_id="device")
+print(gpu or "")
+EOF
+)
+[ -n "$GPU" ] || { echo "no GPU type of spec/gpus.py in the device's name: not stored"; exit 0; }
+"$PYTHON" -m moetune.pipeline.cli.main --db "$W/db.sqlite" predict "$MODEL" --gpu-type "$GPU" | tee "$OUT/predict.txt"
+"$PYTHON" -m moetune.pipeline.cli.main --db "$W/db.sqlite" predict "$MODEL" --gpu-type "$GPU" --format json > "$OUT/predict.json"

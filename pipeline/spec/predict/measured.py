@@ -1,0 +1,115 @@
+"""A calibration's measured rows (job/link_probe.py) as rows of the rate table (rates.py): which
+measurement stands for which rate, the message sizes the probe is asked to measure, and the
+measured value with its source. A rate no measured row covers keeps its published value.
+
+Shares are of the same hardware figure the model multiplies them by (comm.py: the GPU's NVLink
+rate a direction, the NIC's rate), so the model's link time equals the measured one."""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from moetune.pipeline.spec import gpus
+from moetune.pipeline.spec.config import TrainingConfig
+from moetune.pipeline.spec.model import ModelArch
+from moetune.pipeline.spec.predict.flops import BF16, tokens
+from moetune.pipeline.spec.predict.rates import PUBLISHED, Rates
+
+LATENCY_BYTES = 4096  # a small message: its time is the link's latency
+BANDWIDTH_BYTES = 64 << 20  # a gradient bucket's order: the link's bandwidth
+
+
+class Source(NamedTuple):
+    """One rate from measured rows: rows of `kind` and `ops` over group shape `group`, their bus
+    bandwidth (mean of the ops), at the size `size` picks, divided by the hardware figure `of`."""
+    kind: str
+    ops: tuple[str, ...]
+    group: str | None
+    size: str  # "a2a": nearest the layout's all-to-all message; "largest"
+    of: str | None  # "nvlink" | "nic" | "bf16_tflops" | "hbm" | None (the value itself)
+    field: str = "busbw_gb_s"
+
+
+MEASURED_BY: dict[str, Source] = {
+    "nic_gb_s": Source("collective", ("all_reduce",), "across", "largest", None),
+    "alltoall_nvlink": Source("collective", ("all_to_all",), "node", "a2a", "nvlink"),
+    "alltoall_rdma": Source("collective", ("all_to_all",), "across", "a2a", "nic"),
+    "collective_nvlink": Source("collective", ("all_gather", "reduce_scatter"), "node", "largest", "nvlink"),
+    "collective_rdma": Source("collective", ("all_gather", "reduce_scatter"), "across", "largest", "nic"),
+    "deepep_nvlink_dispatch": Source("deep_ep", ("dispatch",), "node", "largest", "nvlink", "gb_s"),
+    "deepep_nvlink_combine": Source("deep_ep", ("combine",), "node", "largest", "nvlink", "gb_s"),
+    "hybridep_nvlink": Source("hybrid_ep", ("dispatch", "combine"), "node", "largest", "nvlink", "gb_s"),
+    "gemm_efficiency": Source("gemm", ("matmul",), None, "largest", "bf16_tflops", "tflop_s"),
+    "hbm_efficiency": Source("copy", ("d2d",), None, "largest", "hbm", "gb_s"),
+}
+# rows measured on the GPU itself carry over only from a GPU of the cluster's type
+ON_GPU = {"gemm", "copy", "deep_ep", "hybrid_ep"}
+
+
+def a2a_bytes(m: ModelArch, c: TrainingConfig) -> int:
+    """A rank's expert all-to-all send buffer of one micro-batch and layer (comm.a2a's)."""
+    return int(tokens(m, c) / c.tp * m.moe_router_topk * m.hidden_size * BF16)
+
+
+def probe_sizes(m: ModelArch, configs, cap: int) -> list[int]:
+    """The message sizes to measure: the latency size, each layout's all-to-all and sequence-parallel
+    messages and a bucket's, rounded to a power of two and at most `cap` bytes."""
+    sizes = {LATENCY_BYTES, BANDWIDTH_BYTES}
+    for c in configs:
+        sizes.add(a2a_bytes(m, c))
+        sizes.add(int(tokens(m, c) * m.hidden_size * BF16))
+    return sorted({min(cap, 1 << max(0, round(math.log2(max(s, 1))))) for s in sizes})
+
+
+def _pick(rows: list[dict], size: str, want: int | None) -> list[dict]:
+    """The rows at the one size the rate reads: the largest, or the nearest `want` (log scale)."""
+    sizes = sorted({r.get("bytes", 0) for r in rows})
+    if size == "a2a" and want:
+        at = min(sizes, key=lambda s: abs(math.log(max(s, 1) / want)))
+    else:
+        at = sizes[-1]
+    return [r for r in rows if r.get("bytes", 0) == at]
+
+
+def _on_cluster_gpu(record: dict, gpu_type: str) -> bool:
+    return record.get("backend") == "nccl" and gpu_type.lower() in str(record.get("device", "")).lower()
+
+
+def measured_rates(record: dict, gpu_type: str, nic_published: float, want_a2a: int | None,
+                   label: str) -> dict[str, tuple[float, str]]:
+    """{rate name: (value, source)} of the rates the record's rows measure, for a cluster of
+    `gpu_type`; `label` names the calibration in each source."""
+    g = gpus.GPUS[gpu_type]
+    rows = record.get("rows") or []
+    out: dict[str, tuple[float, str]] = {}
+    nic = nic_published
+    for name, src in MEASURED_BY.items():  # nic_gb_s first: the shares of the NIC read it
+        if src.kind in ON_GPU and not _on_cluster_gpu(record, gpu_type):
+            continue
+        found = [r for r in rows if r.get("kind") == src.kind and r.get("op") in src.ops
+                 and (src.group is None or r.get("group") == src.group) and r.get(src.field)]
+        if not found:
+            continue
+        found = _pick(found, src.size, want_a2a)
+        value = sum(r[src.field] for r in found) / len(found)
+        hw = {"nvlink": g.nvlink_gb_s, "nic": nic, "bf16_tflops": g.bf16_tflops, "hbm": g.hbm_tb_s * 1e3,
+              None: 1.0}[src.of]
+        r = found[0]
+        what = (f"{'/'.join(src.ops)} {r.get('ranks', 1)} rank(s) on {r.get('nodes', 1)} node(s)"
+                f"{', %d bytes' % r['bytes'] if 'bytes' in r else ''}: {value:.4g} {src.field}")
+        of = f" of {hw:.4g} ({src.of})" if src.of else ""
+        out[name] = (value / hw, f"measured: {label}: {what}{of}")
+        if name == "nic_gb_s":
+            nic = value
+    return out
+
+
+def rates_for(row, cluster, model: ModelArch, config: TrainingConfig) -> tuple[Rates, str | None]:
+    """(the rate table with a stored calibration's rows (the store's Calibration, or None) over the
+    published ones, which calibration or None); one taken on another GPU type is not used."""
+    if row is None or (row.gpu_type and row.gpu_type != cluster.gpu_type):
+        return Rates(), None
+    label = f"calibration {row.id} of cluster {cluster.name} (job {row.job_id}, {row.created_at})"
+    nic = next(r.value for r in PUBLISHED if r.name == "nic_gb_s")
+    found = measured_rates(row.record, cluster.gpu_type, nic, a2a_bytes(model, config), label)
+    return Rates(measured=found), label
