@@ -50,7 +50,7 @@ def test_calibration_through_slurm_is_stored_and_replaces_the_published_link_rat
     db = str(tmp_path / "db.sqlite")
     exp = stand_in_experiment(tmp_path, "calib", cluster={**CLUSTER, "python": _torch_python()})
     before = _predict(capsys, db, exp)
-    assert all(not r["source"].startswith("measured") for r in before["rates"].values())
+    assert all(not r["source"].startswith("measured:") for r in before["rates"].values())
     code = main(["--db", db, "calibrate", exp, "--executor", "slurm", "--runs", str(tmp_path / "runs"),
                  "--nodes", "2", "--gpus", "4", "--timeout", "300"])
     out = capsys.readouterr().out
@@ -68,7 +68,7 @@ def test_calibration_through_slurm_is_stored_and_replaces_the_published_link_rat
     assert f"calibration {row.id} of cluster cpu-2node" in out
 
     after = _predict(capsys, db, exp)
-    measured = {n for n, r in after["rates"].items() if r["source"].startswith("measured")}
+    measured = {n for n, r in after["rates"].items() if r["source"].startswith("measured:")}
     assert measured == LINK_RATES
     assert after["inputs"]["rates_measured"] == sorted(LINK_RATES)
     a2a = after["inputs"]["ep_a2a_per_layer"]

@@ -87,5 +87,5 @@ def test_plan_ranks_the_predicted_fastest_first(capsys, no_store):
     d = _json(capsys, ["predict", "qwen3_30b_a3b", "--format", "json"] + flags)
     assert round(d["tokens_per_s_per_gpu"]) == speeds[0]
     old = _json(capsys, ["plan", "qwen3_30b_a3b", "--format", "json", "--order", "memory"])
-    mp = [r["model_parallel"] for r in old]
+    mp = [r["tp_pp"] for r in old]
     assert mp == sorted(mp) and all("predicted" not in r for r in old)

@@ -67,8 +67,8 @@ def test_a_stored_calibration_applies_to_its_gpu_type_only():
     assert rates_for(other, cluster, exp.model, exp.baseline)[1] is None
     rates, label = rates_for(row, cluster, exp.model, exp.baseline)
     assert label.startswith(f"calibration 7 of cluster {cluster.name}")
-    assert rates["nic_gb_s"] == 40.0 and rates.rows["nic_gb_s"].source.startswith("measured")
-    assert not rates.rows["attention_efficiency"].source.startswith("measured")
+    assert rates["nic_gb_s"] == 40.0 and rates.rows["nic_gb_s"].source.startswith("measured:")
+    assert not rates.rows["attention_efficiency"].source.startswith("measured:")
 
 
 def test_probe_sizes_are_the_layouts_messages_as_powers_of_two_under_the_cap():

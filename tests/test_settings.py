@@ -119,7 +119,7 @@ def test_the_command_refuses_an_unknown_trace_reader_in_one_line():
 # that run inside the job by path, where moetune is not installed to ask (the workloads, and the
 # preflight probe reporting what the job got). Programs held as text and run in another
 # interpreter (megatron_validate's, in Megatron's venv) are not this process's code.
-READERS = {"analysis/settings.py", "pipeline/settings.py", "pipeline/job/train_moe.py",
+READERS = {"analysis/settings.py", "pipeline/settings.py", "pipeline/job/train_moe.py", "pipeline/job/link_probe.py",
            "pipeline/job/cpu_workload.py", "pipeline/job/preflight_probe.py"}
 OS_ENV = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 

@@ -144,7 +144,7 @@ def run_prediction(exp, config: TrainingConfig, gpus: int | None, gpu_type: str 
     p = predict(exp.model, config, Node.of(cluster), world, rates=rates, measured_ms=measured[0] if measured else None)
     if calibration:
         p.inputs["calibration"] = calibration
-        p.inputs["rates_measured"] = sorted(n for n, r in rates.rows.items() if r.source.startswith("measured"))
+        p.inputs["rates_measured"] = sorted(n for n, r in rates.rows.items() if r.source.startswith("measured:"))
     if measured:
         p.inputs["measured_compute"] = measured[1]
     return p

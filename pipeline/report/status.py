@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from moetune.pipeline.store import NoStore, Store
-from moetune.pipeline.tune.summary import summary
+from moetune.pipeline.tune.summary import one_gpu_ranks, summary
 
 
 def _ms(v) -> str:
@@ -60,8 +60,6 @@ def render_study(store, name: str) -> str:
 
 def one_gpu_lines(store, study) -> list[str]:
     """In a one-GPU study, the rank that stood for each trial's layout, and why."""
-    # imported here: report.study loads pandas and the trial stages, which other studies' status needs not
-    from moetune.pipeline.report.study import one_gpu_ranks
     if not ((study.experiment or {}).get("tuning") or {}).get("one_gpu"):
         return []
     trials = ((t.number, t.folder) for t in store.trials(study.id))

@@ -32,7 +32,7 @@ from moetune.pipeline.spec.experiment import tuning_value
 from moetune.pipeline.job.paths import TrialPaths
 from moetune.pipeline.decide.judge import MIN_LOG_STEPS, faster_p, judged_step, steady_iterations
 from moetune.pipeline.tune.state import JUDGED
-from moetune.pipeline.tune.summary import summary
+from moetune.pipeline.tune.summary import one_gpu_ranks, summary
 
 CLASS_COLORS = {"gemm": "#4c72b0", "grouped_gemm": "#3a5a8c", "attention": "#8172b3",
                 "te": "#64b5cd", "other": "#9fa8b3", "moe_permute": "#ccb974",
@@ -722,17 +722,6 @@ def one_gpu_sentence(study, views: list[TrialView] = ()) -> str | None:
                if stood else ""))
 
 
-def one_gpu_ranks(trials) -> list[tuple[dict, list[int]]]:
-    """(the rank a one-GPU trial ran and why, the trials that ran it) of (number, folder) pairs,
-    in trial order; trials that ran the same rank share the first one's why, its fit's figures."""
-    out: dict[int, tuple[dict, list[int]]] = {}
-    for number, folder in trials:
-        path = TrialPaths(folder).one_gpu_rank if folder else None
-        if path and path.exists():
-            bound = json.loads(path.read_text())
-            out.setdefault(bound["rank"], (bound, []))[1].append(number)
-    return [({**b, "why": b["why"] + f", trial {n[0]}'s fit"} if len(n) > 1 else b, n)
-            for b, n in out.values()]
 
 
 def _trials_word(numbers: list[int]) -> str:

@@ -1,6 +1,7 @@
 """A study in one dict: budget used, baseline and best, how it stopped (what `moetune status`,
 the reports and `moetune tune` print)."""
 from __future__ import annotations
+import json
 
 from pathlib import Path
 
@@ -52,3 +53,15 @@ def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
         cmd = TrialPaths(trial_folder(runs_root, study_name, store.trial(best.id))).command
         out["best_command"] = cmd.read_text().strip() if cmd.exists() else None
     return out
+
+def one_gpu_ranks(trials) -> list[tuple[dict, list[int]]]:
+    """(the rank a one-GPU trial ran and why, the trials that ran it) of (number, folder) pairs,
+    in trial order; trials that ran the same rank share the first one's why, its fit's figures."""
+    out: dict[int, tuple[dict, list[int]]] = {}
+    for number, folder in trials:
+        path = TrialPaths(folder).one_gpu_rank if folder else None
+        if path and path.exists():
+            bound = json.loads(path.read_text())
+            out.setdefault(bound["rank"], (bound, []))[1].append(number)
+    return [({**b, "why": b["why"] + f", trial {n[0]}'s fit"} if len(n) > 1 else b, n)
+            for b, n in out.values()]
