@@ -42,18 +42,19 @@ BANK_TRACES = {"qwen3_30b_a3b-1gpu": "all", "qwen3_235b-1gpu": {3}}
 SMALL = (".json", ".md", ".sh")  # a trial's files copied as they are; logs go in xz'd
 
 
-def import_run(src: Path) -> None:
-    """The packed run into benchmarks/one_gpu_tuning/ (store, reports, per-trial small files and
-    logs), and its trials that ran into the trial bank."""
-    if RUN.exists():
-        shutil.rmtree(RUN)
-    RUN.mkdir(parents=True)
+def import_run(src: Path, run: Path = RUN, studies: set[str] | None = None,
+               bank_traces: dict | None = None) -> None:
+    """The packed run into `run` (store, reports, per-trial small files and logs), and its trials
+    that ran into the trial bank (of `studies` only, where given)."""
+    if run.exists():
+        shutil.rmtree(run)
+    run.mkdir(parents=True)
     for name in ("moetune.db", "tune.log", "started", "ended"):
         if (src / name).exists():
-            shutil.copyfile(src / name, RUN / name)
-    shutil.copytree(src / "reports", RUN / "reports", ignore=shutil.ignore_patterns("*.html"))
-    for trial in sorted((src / "runs").iterdir(), key=lambda p: int(p.name)):
-        dst = RUN / "runs" / trial.name
+            shutil.copyfile(src / name, run / name)
+    shutil.copytree(src / "reports", run / "reports", ignore=shutil.ignore_patterns("*.html"))
+    for trial in sorted((p for p in (src / "runs").iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
+        dst = run / "runs" / trial.name
         for f in list(trial.glob("*")) + list(trial.glob("fit/*")):
             rel = f.relative_to(trial)
             if f.is_file() and f.suffix in SMALL or f.name == "command.txt":
@@ -61,20 +62,21 @@ def import_run(src: Path) -> None:
                 shutil.copyfile(f, dst / rel)
             elif f.is_file() and f.suffix == ".txt":
                 xz_copy(f, dst / rel.with_name(rel.name + ".xz"))
-    add_to_bank(src)
+    add_to_bank(src, studies, BANK_TRACES if bank_traces is None else bank_traces)
 
 
 def bank_name(study: str, trial) -> str:
     return f"{study}_t{trial.number}_{trial.fix or 'baseline'}"
 
 
-def add_to_bank(src: Path) -> None:
+def add_to_bank(src: Path, only: set[str] | None = None, bank_traces: dict = BANK_TRACES) -> None:
     from trial_bank_build import _analyse, _timing, first_error
     store = Store(str(src / "moetune.db"))
     entries = [json.loads(x) for x in (BANK / "bank.jsonl").read_text().splitlines()]
-    studies = {s.name for s in store.studies()}
+    chosen = [s for s in store.studies() if only is None or s.name in only]
+    studies = {s.name for s in chosen}
     entries = [e for e in entries if e.get("study") not in studies]  # this run's replace earlier ones
-    for study in store.studies():
+    for study in chosen:
         for t in store.trials(study.id):
             folder = src / "runs" / str(t.id)
             log = folder / "log.txt"
@@ -83,8 +85,8 @@ def add_to_bank(src: Path) -> None:
             name = bank_name(study.name, t)
             parsed = parse_log(log)
             xz_copy(log, BANK / "logs" / f"{name}.log.xz")
-            keep = BANK_TRACES.get(study.name)
-            trace = folder / "trace_0.sqlite.xz"
+            keep = bank_traces.get(study.name)
+            trace = next(iter(sorted(folder.glob("trace_*.sqlite.xz"))), folder / "trace_0.sqlite.xz")
             rel = None
             if trace.exists() and (keep == "all" or t.number in (keep or ())):
                 rel = f"traces/{name}.sqlite.xz"
@@ -116,14 +118,14 @@ def add_to_bank(src: Path) -> None:
 
 
 # -- the tables ---------------------------------------------------------------------------------
-def _analysis(trial_id: int) -> dict | None:
+def _analysis(trial_id: int, run: Path = RUN) -> dict | None:
     """The trial's analysis, its log parsed by the current parser (which names the unsteady
     iterations the judge leaves out; the run's own analysis.json predates that)."""
-    p = RUN / "runs" / str(trial_id) / "analysis.json"
+    p = run / "runs" / str(trial_id) / "analysis.json"
     if not p.exists():
         return None
     an = json.loads(p.read_text())
-    log = RUN / "runs" / str(trial_id) / "log.txt.xz"
+    log = run / "runs" / str(trial_id) / "log.txt.xz"
     if log.exists():
         an["log"] = parse_log(log)
     return an
@@ -153,16 +155,16 @@ def as_run(an: dict) -> np.ndarray:
     return np.array(its[max(3, len(its) // 5):], dtype=float)
 
 
-def study_rows(store, study) -> dict:
+def study_rows(store, study, run: Path = RUN) -> dict:
     trials = store.trials(study.id)
     number = {t.id: t.number for t in trials}
     decisions = [d for d in store.decisions(study.id)]
     rows, noise = [], []
     for t in trials:
-        an = _analysis(t.id)
+        an = _analysis(t.id, run)
         j = judged_step(an) if an and t.state == "completed" else {}
-        fit = json.loads((RUN / "runs" / str(t.id) / "fit" / "fit.json").read_text()) \
-            if (RUN / "runs" / str(t.id) / "fit" / "fit.json").exists() else {}
+        fit = json.loads((run / "runs" / str(t.id) / "fit" / "fit.json").read_text()) \
+            if (run / "runs" / str(t.id) / "fit" / "fit.json").exists() else {}
         verdict = next((d for d in decisions if d.trial_id == t.id and d.kind != "apply"), None)
         applied = next((d for d in decisions if d.trial_id == t.id and d.kind == "apply"), None)
         ev = (verdict.evidence or {}) if verdict else {}
@@ -170,7 +172,7 @@ def study_rows(store, study) -> dict:
         parent = next((x for x in trials if x.id == t.parent_id), None)
         if an and parent is not None and t.state == "completed" and parent.state == "completed" and \
                 verdict is not None and verdict.kind in ("keep", "revert") and "first layout" not in (verdict.reason or ""):
-            c = compare(_analysis(parent.id), an, 0.02, 0.05)
+            c = compare(_analysis(parent.id, run), an, 0.02, 0.05)
             now = f"{'keep' if c.keep else 'revert'}, p = {c.p_faster:.4f}" if c.p_faster is not None else ("keep" if c.keep else "revert")
         rows.append({"trial": t.number, "parent": number.get(t.parent_id), "fix": t.fix or "baseline", "now": now,
                      "state": t.state, "wall": t.wall, "fit_peak_gb": fit.get("peak_gb"),
@@ -191,7 +193,7 @@ def study_rows(store, study) -> dict:
     best = next((t for t in trials if t.id == best_id), None)
     overall = None
     if first and best and first.id != best.id:
-        c = compare(_analysis(first.id), _analysis(best.id), 0.02, 0.05)
+        c = compare(_analysis(first.id, run), _analysis(best.id, run), 0.02, 0.05)
         overall = {"from_trial": first.number, "to_trial": best.number, "from_ms": c.parent_ms,
                    "to_ms": c.new_ms, "speedup": round(c.parent_ms / c.new_ms, 3), "p": c.p_faster}
     stop = next((d.reason for d in decisions if d.kind == "stop"), None)
@@ -255,6 +257,12 @@ def markdown(results: list[dict]) -> str:
            "`unsteady_iterations`, from Megatron's argument dump): re-judged so (last column), "
            "every decision of both runs stands, the graphs' keep at p = 0.0006 instead of 0.016.",
            ""]
+    return "\n".join(out + study_tables(results))
+
+
+def study_tables(results: list[dict]) -> list[str]:
+    """Each study's decisions and its noise table, Markdown lines."""
+    out = []
     for r in results:
         out += [f"### {r['study']}", "",
                 "| trial | on | fix | state | fit on one GPU | decision (as the device judged) | evidence | judged ms now (steps) | judged now |",
@@ -271,6 +279,8 @@ def markdown(results: list[dict]) -> str:
             out += ["", f"From trial {o['from_trial']} (the first layout that ran) to trial {o['to_trial']} "
                         f"(the best): {o['from_ms']:.1f} → {o['to_ms']:.1f} ms judged (median of the log's "
                         f"steady steps), {o['speedup']:.2f}x, rank test p = {o['p']:.4f}. Stopped: {r['stop']}."]
+        else:
+            out += ["", f"No change beat trial {r['first_completed']}, the first layout that ran. Stopped: {r['stop']}."]
         out += ["", "Steady steps a side that tell a 5 % shorter step from noise with the rank test "
                     "(p < 0.05 in 80 % of resamplings of the trial's own steps; '-': more than 64): as "
                     "the device judged (the log's iterations after the first 3, the 2 profiled ones and "
@@ -281,7 +291,7 @@ def markdown(results: list[dict]) -> str:
                 f"{n['quiet_steps']} | {n['quiet_mad_cv']:.1%} | {fmt(n['quiet_steps_for_5pct'])} |"
                 for n in r["noise"]]
         out.append("")
-    return "\n".join(out)
+    return out
 
 
 def main(argv=None) -> int:
