@@ -60,3 +60,17 @@ def test_gpus_the_local_executor_cannot_give_are_one_clear_line(visible, needed,
     with pytest.raises(jobs.JobError, match=words) as e:
         jobs.local_gpus(needed, visible)
     assert "\n" not in str(e.value)
+
+
+def test_a_pending_reason_that_never_clears_is_named_with_what_to_change():
+    """A pending job whose reason Slurm keeps until the job or the cluster changes (as squeue and
+    sacct write it) gets the reason and the advice; a reason that clears by itself (Resources,
+    Priority), a running job and no reason get None."""
+    from moetune.pipeline.job.scheduler import JobState, never_starts
+    assert never_starts(JobState("PENDING", reason="(PartitionConfig)")).startswith(
+        "Slurm keeps it pending (PartitionConfig): the request")
+    assert "cluster.time_limit" in never_starts(JobState("PENDING", reason="PartitionTimeLimit"))
+    assert never_starts(JobState("PENDING", reason="(Resources)")) is None
+    assert never_starts(JobState("PENDING", reason="Priority")) is None
+    assert never_starts(JobState("RUNNING", reason="PartitionConfig")) is None
+    assert never_starts(JobState("PENDING")) is None

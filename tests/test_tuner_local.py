@@ -89,10 +89,10 @@ def test_a_baseline_that_cannot_start_ends_the_study_with_its_reason_and_reports
                                                                                   monkeypatch):
     """Failures that only the trial's own job meets (the preflight before it renders and submits a
     one-node probe of the same cluster, and passes): the fit's and the trial's job script refuse,
-    for real, a value holding a newline (render.py); the trial's sbatch is refused by an injected
-    error (a stand-in: what Slurm refuses at once, the preflight's own sbatch meets too, and a job
-    that can never run is queued rather than refused). The tuner records the stage_error, stops
-    with its reason, and a second run of the tuner does not die on it."""
+    for real, a value holding a newline (render.py); the trial's job asks the real Slurm for 9
+    nodes of its 3, which Slurm queues for ever (PartitionConfig): the watch cancels it and says
+    why. The tuner records the stage_error, stops with its reason, and a second run of the tuner
+    does not die on it."""
     from moetune.pipeline.job import scheduler
     cluster = {"python": sys.executable}
     executor = "local"
@@ -105,21 +105,16 @@ def test_a_baseline_that_cannot_start_ends_the_study_with_its_reason_and_reports
     if stage == "submit":
         request.getfixturevalue("slurm")
         executor = "slurm"
-        real_submit = scheduler.submit
-
-        def injected_submit(spec, kind="auto"):  # stand-in for sbatch refusing the trial's job
-            if ".t1." in spec.name:
-                raise scheduler.JobError(f"submitting {spec.name} failed: injected: Batch job "
-                                         "submission failed: Requested node configuration is not available")
-            return real_submit(spec, kind)
-        monkeypatch.setattr(scheduler, "submit", injected_submit)
+        cluster["nodes"] = 9
+        monkeypatch.setattr(scheduler, "NEVER_STARTS_AFTER_S", 2.0)
     exp = stand_in_experiment(tmp_path, "unstartable", cluster, tuning, **({"pp": 2} if stage == "fit" else {}))
     store = Store(str(tmp_path / "db.sqlite"))
     one_gpu = stage == "fit"  # the one-GPU study fits every trial first, the stand-in's workload too
     s = tuner.tune(exp, store, executor=executor, runs_root=tmp_path / "runs", progress=False, one_gpu=one_gpu)
     error, stop = _study_ends_with_reports(store, tmp_path, s["study"], stage, 1)
     assert "baseline trial did not complete" in stop.reason and error.reason in stop.reason
-    assert ("node configuration is not available" if stage == "submit" else "newline") in error.reason
+    assert ("will never start: Slurm keeps it pending (PartitionConfig)" if stage == "submit" else "newline") \
+        in error.reason
     again = tuner.tune(exp, store, executor=executor, runs_root=tmp_path / "runs", progress=False, one_gpu=one_gpu)
     assert again["stop_reason"] == s["stop_reason"] and again["trials_total"] == s["trials_total"]
 

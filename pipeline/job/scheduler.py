@@ -65,6 +65,39 @@ ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDE
 # submitit's local job states → Slurm's words.
 LOCAL_STATES = {"RUNNING": "RUNNING", "FINISHED": "COMPLETED", "FAILED": "FAILED",
                 "INTERRUPTED": "CANCELLED", "QUEUED": "PENDING"}
+# Reasons a pending job keeps until someone changes the job or the cluster (Slurm's squeue(1),
+# JOB REASON CODES): the request is outside what the partition, account or QOS allows, or waits on
+# a dependency that cannot happen. Waiting on them is waiting forever.
+NEVER_STARTS = {
+    "PartitionConfig": "the request (nodes, GPUs, CPUs or memory a node) is more than the partition "
+                       "has: see `sinfo -o '%P %D %c %m %G'` and the cluster section",
+    "PartitionNodeLimit": "the node count is outside the partition's limits (or its nodes are down "
+                          "or drained): see `sinfo` and cluster.nodes",
+    "PartitionTimeLimit": "the time limit is more than the partition's: see `sinfo -o '%P %l'` and "
+                          "cluster.time_limit",
+    "BadConstraints": "the job's constraints cannot be met by any node",
+    "InvalidAccount": "the account is not valid here: cluster.account",
+    "InvalidQOS": "the QOS is not valid for this account",
+    "AccountNotAllowed": "the account may not use this partition: cluster.account, cluster.partition",
+    "DependencyNeverSatisfied": "a job it depends on failed",
+    "QOSMaxWallDurationPerJobLimit": "the time limit is more than the QOS allows: cluster.time_limit",
+    "QOSMaxNodePerJobLimit": "more nodes than the QOS allows a job",
+    "QOSMaxGRESPerJob": "more GPUs than the QOS allows a job",
+    "AssocMaxWallDurationPerJobLimit": "the time limit is more than the account allows: cluster.time_limit",
+    "AssocMaxNodesPerJobLimit": "more nodes than the account allows a job",
+}
+NEVER_STARTS_AFTER_S = 20.0  # seen this long: a reason the scheduler sets while it decides is not one
+
+
+def never_starts(state: "JobState") -> str | None:
+    """Why a pending job will never start, and what to change; None where it may yet start."""
+    if state.state != "PENDING" or not state.reason:
+        return None
+    code = state.reason.strip("() ").split(",")[0].split()[0] if state.reason.strip("() ") else ""
+    advice = NEVER_STARTS.get(code)
+    return f"Slurm keeps it pending ({code}): {advice}" if advice else None
+
+
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Submit", "Start", "End", "Elapsed",
                 "NodeList", "Reason")
 

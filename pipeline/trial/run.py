@@ -82,10 +82,13 @@ def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path, force: 
     store.record_stage(trial_id, "submit", key, [str(out)], started_at=started)
 
 
-def watch(ref, log: Path, hang_timeout_s: float, poll_s: float = 0.5) -> tuple[str, str | None]:
+def watch(ref, log: Path, hang_timeout_s: float, poll_s: float = 0.5,
+          never_after_s: float | None = None) -> tuple[str, str | None]:
     """Wait for a job (scheduler.JobRef); cancel it when its log shows no new iteration line
-    for `hang_timeout_s` or an NCCL watchdog timeout. ('ended'|'hung', why)."""
+    for `hang_timeout_s` or an NCCL watchdog timeout, or when it stays pending for a reason that
+    never clears (scheduler.NEVER_STARTS) for `never_after_s`. ('ended'|'hung'|'unstartable', why)."""
     last_count, last_change = 0, time.monotonic()
+    stuck_since, never_after_s = None, jobs.NEVER_STARTS_AFTER_S if never_after_s is None else never_after_s
     while True:
         try:
             st = jobs.job_state(ref)
@@ -94,6 +97,11 @@ def watch(ref, log: Path, hang_timeout_s: float, poll_s: float = 0.5) -> tuple[s
             continue
         if st.terminal:
             break
+        why = jobs.never_starts(st)
+        stuck_since = (stuck_since or time.monotonic()) if why else None
+        if why and time.monotonic() - stuck_since >= never_after_s:
+            cancel(ref)
+            return "unstartable", f"job {ref.job_id} will never start: {why}"
         if st.state != "RUNNING":  # queued time is not hang time
             last_change = time.monotonic()
             time.sleep(poll_s)
@@ -231,6 +239,8 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
                 pass  # the export stage submits it again, and says why where it cannot
         ref = _stage("submit", stages.load_ref, t)
         status, why = _stage("collect", watch, ref, log, hang_timeout_s)
+        if status == "unstartable":  # nothing ran: the trial is recorded as one it could not start
+            return TrialOutcome("stage_error", error=f"submit: {why}", stage="submit")
         # a local job that died with a killed tuner leaves no result: submit it again, once
         lost = ref.kind == "local" and status == "ended" and \
             not store.last_stage(trial.id, "collect") and \
