@@ -91,3 +91,14 @@ def test_demo_names_the_bank_it_needs_then_replays_it(installed, tmp_path):
                        text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr  # the same study again: resumed from the store, nothing replayed
     assert "best 253.5 ms/step" in r.stdout
+
+
+def test_every_package_folder_is_listed_for_the_wheel():
+    """pyproject.toml lists the packages by name: every folder of pipeline/ and analysis/ holding an
+    __init__.py is among them (a subpackage left out installs nothing and fails on import)."""
+    import tomllib
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    for top in ("pipeline", "analysis"):
+        for init in (REPO / top).rglob("__init__.py"):
+            name = ".".join(("moetune", top, *init.parent.relative_to(REPO / top).parts))
+            assert name in listed, f"{name} is not in pyproject.toml's packages"
