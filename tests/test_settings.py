@@ -115,12 +115,13 @@ def test_the_command_refuses_an_unknown_trace_reader_in_one_line():
     assert "MOETUNE_TRACE_READER='sqlite'" in lines[0] and "connectorx, sqlite3" in lines[0]
 
 
-# The modules whose own code may touch the environment: the two settings modules, and the scripts
-# that run inside the job by path, where moetune is not installed to ask (the workloads, and the
-# preflight probe reporting what the job got). Programs held as text and run in another
-# interpreter (megatron_validate's, in Megatron's venv) are not this process's code.
-READERS = {"analysis/settings.py", "pipeline/settings.py", "pipeline/job/train_moe.py", "pipeline/job/link_probe.py",
-           "pipeline/job/cpu_workload.py", "pipeline/job/preflight_probe.py"}
+# The modules whose own code may touch the environment: the two settings modules, and the programs
+# run by their path in another interpreter, where moetune is not installed to ask: the two
+# workloads and the two probes inside the job (the preflight reports what the job got), and
+# Megatron's parse in its own venv (each checked job's environment set as the job has it).
+READERS = {"analysis/settings.py", "pipeline/settings.py",
+           "pipeline/job/train_moe.py", "pipeline/job/cpu_workload.py",
+           "pipeline/job/preflight_probe.py", "pipeline/job/link_probe.py", "pipeline/spec/megatron_child.py"}
 OS_ENV = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 
 

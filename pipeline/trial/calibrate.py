@@ -8,7 +8,6 @@ predictions make of them: spec/predict/measured.py).
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import secrets
 import time
@@ -20,6 +19,7 @@ from moetune.pipeline.job import scheduler as jobs
 from moetune.pipeline.job.link_probe import MARKER
 from moetune.pipeline.paths import WORKLOADS
 from moetune.pipeline.spec.memory import TooFewGPUs, plan
+from moetune.pipeline.trial import preflight
 from moetune.pipeline.spec.predict.measured import probe_sizes
 
 PROBE = WORKLOADS / "link_probe.py"
@@ -82,19 +82,6 @@ def job(exp, folder: Path, launcher: str, nodes: int, per_node: int) -> render.J
     return dataclasses.replace(base, command=command, nsys=None)
 
 
-def read_record(s: render.JobSpec) -> dict | None:
-    """The probe's record: its file, else its line in the job's log."""
-    path = Path(s.folder) / RECORD
-    if path.exists():
-        return json.loads(path.read_text())
-    log = Path(s.log)
-    if log.exists():
-        for line in reversed(log.read_text(errors="replace").splitlines()):
-            if line.startswith(MARKER):
-                return json.loads(line[len(MARKER):])
-    return None
-
-
 def _why(path: Path) -> str:
     """The log's last Python error line (srun's own lines come after it), else its last line."""
     if not path.exists():
@@ -119,7 +106,7 @@ def run(exp, *, gpus: int | None = None, nodes: int | None = None, executor: str
         st = jobs.wait(ref, poll_s=poll_s, timeout_s=timeout_s)
     except jobs.JobError as e:
         raise CalibrationError(f"calibration job in {folder}: {e}") from None
-    record = read_record(s)
+    record = preflight.read_record(s, RECORD, MARKER)
     if record is None or st.state != "COMPLETED":
         raise CalibrationError(f"calibration job {ref.job_id} ended {st.state} without its record; "
                                f"{s.log}: {_why(Path(s.log))}")

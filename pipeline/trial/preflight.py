@@ -79,16 +79,17 @@ def prepare(cluster, runs_root, launcher: str) -> tuple[render.JobSpec, str]:
     return s, token
 
 
-def read_record(s: render.JobSpec) -> dict | None:
-    """The probe's record: its file, else its line in the job's log."""
-    path = Path(s.folder) / RECORD
+def read_record(s: render.JobSpec, record: str = RECORD, marker: str = MARKER) -> dict | None:
+    """An in-job probe's record: its file `record` in the job's folder, else its line after
+    `marker` in the job's log (a folder the job could not write back to)."""
+    path = Path(s.folder) / record
     if path.exists():
         return json.loads(path.read_text())
     log = Path(s.log)
     if log.exists():
         for line in reversed(log.read_text(errors="replace").splitlines()):
-            if line.startswith(MARKER):
-                return json.loads(line[len(MARKER):])
+            if line.startswith(marker):
+                return json.loads(line[len(marker):])
     return None
 
 

@@ -70,8 +70,6 @@ OVERLAP: tuple[Rate, ...] = (
          "--overlap-moe-expert-parallel-comm hides behind the other micro-batch's compute"),
 )
 HOST: tuple[Rate, ...] = (
-    # measured by moetune (benchmarks/predict_calibration.py over the trial bank's traces; its
-    # output benchmarks/results/predict_calibration.json)
     Rate("kernels_per_layer", 109.2207, "kernels", f"{_MEASURED}: launches a step per micro-batch and layer, "
          "median of the H100 one-GPU trials without CUDA graphs (99-176)"),
     Rate("host_us_per_kernel", 100.4229, "us", f"{_MEASURED}: step time over launches of the host-bound "
