@@ -148,3 +148,9 @@ def kill_tuner_after_submit(store, tid: int, poll_s: float) -> None:
     p.send_signal(signal.SIGKILL)
     p.wait()
 
+
+@pytest.fixture
+def no_store(tmp_path, monkeypatch):
+    """A command run where no store is: in an empty folder, MOETUNE_DB unset."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MOETUNE_DB", raising=False)

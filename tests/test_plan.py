@@ -13,12 +13,6 @@ from moetune.pipeline.store import Store
 QWEN_BASELINE_MEASURED_GB = 85919.27 / 1024  # benchmarks/fit_lease: rank 0 on one H200, max allocated
 
 
-@pytest.fixture
-def no_store(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MOETUNE_DB", raising=False)
-
-
 def _json(capsys, argv):
     capsys.readouterr()
     rc = main(argv)

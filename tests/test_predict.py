@@ -12,12 +12,6 @@ from moetune.pipeline.spec.experiment import list_experiments
 ONE_GPU_DB = str(ROOT / "benchmarks" / "one_gpu_tuning" / "moetune.db")
 
 
-@pytest.fixture
-def no_store(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MOETUNE_DB", raising=False)
-
-
 def _json(capsys, argv):
     capsys.readouterr()
     rc = main(argv)
