@@ -74,3 +74,28 @@ def test_a_pending_reason_that_never_clears_is_named_with_what_to_change():
     assert never_starts(JobState("PENDING", reason="Priority")) is None
     assert never_starts(JobState("RUNNING", reason="PartitionConfig")) is None
     assert never_starts(JobState("PENDING")) is None
+
+
+@pytest.mark.slurm
+def test_a_job_slurm_never_starts_reads_pending_with_its_live_reason(slurm):
+    """A 9-node job on the 3-node Slurm, read once accounting has its row: the state moetune reads
+    is PENDING with the queue's live reason, PartitionConfig, and never_starts names it. (The
+    queue's reason, not accounting's: sacct was seen to report a pending job's reason as None after
+    the controller restarted, which left such a job waited on for ever.)"""
+    import subprocess
+    import time
+    from moetune.pipeline.job.scheduler import never_starts, slurm_state
+    job = subprocess.run(["sbatch", "--parsable", "-N", "9", "--wrap", "true"], capture_output=True,
+                         text=True, check=True).stdout.strip().split(";")[0]
+    try:
+        for _ in range(60):  # until accounting has its row, the case where its None hid the reason
+            rows = subprocess.run(["sacct", "-n", "-P", "-X", "-j", job, "-o", "State"], capture_output=True,
+                                  text=True).stdout.split()
+            if rows:
+                break
+            time.sleep(0.5)
+        st = slurm_state(job)
+        assert (st.state, st.reason) == ("PENDING", "PartitionConfig")
+        assert never_starts(st).startswith("Slurm keeps it pending (PartitionConfig)")
+    finally:
+        subprocess.run(["scancel", job], check=False)

@@ -282,18 +282,26 @@ def slurm_state(job_id: str) -> JobState:
         steps = {s["State"].split()[0] for s in rows if s["JobID"].startswith(f"{job_id}.")}
         if state == "FAILED" and "OUT_OF_MEMORY" in steps:
             state = "OUT_OF_MEMORY"
+        reason = _clean(r["Reason"])
+        if state == "PENDING":  # accounting keeps a pending job's reason as None: the queue's is live
+            queued = _queued(job_id)
+            reason = queued.reason if queued else reason
         return JobState(state=state, exit_code=r["ExitCode"],
                         submit=_clean(r["Submit"]), start=_clean(r["Start"]), end=_clean(r["End"]),
-                        elapsed=_clean(r["Elapsed"]), node=_clean(r["NodeList"]),
-                        reason=_clean(r["Reason"]))
+                        elapsed=_clean(r["Elapsed"]), node=_clean(r["NodeList"]), reason=reason)
+    return _queued(job_id) or JobState(state="UNKNOWN", reason="neither sacct nor squeue knows this job yet")
+
+
+def _queued(job_id: str) -> JobState | None:
+    """The job's state and reason as the queue has them now (`squeue`); None where it has none."""
     try:
         out = _run(["squeue", "-h", "-j", str(job_id), "-o", "%T|%R"])
     except JobError:
         out = ""
-    if out.strip():
-        state, reason = out.strip().split("|", 1)
-        return JobState(state=state, reason=reason)
-    return JobState(state="UNKNOWN", reason="neither sacct nor squeue knows this job yet")
+    if not out.strip():
+        return None
+    state, reason = out.strip().split("|", 1)
+    return JobState(state=state, reason=_clean(reason.strip("()")))
 
 
 def find_slurm_job(name: str) -> str | None:
