@@ -13,8 +13,9 @@ Rows (rank 0 writes them):
   third shape); every group of a shape runs at once, and a row's time is the slowest rank's mean.
   `bytes` is the whole tensor (all-gather's output, reduce-scatter's input, a rank's all-to-all
   send buffer); bus bandwidth as nccl-tests counts it.
-- copy: host to device (pinned), device to host, device to device; gemm: a BF16 matrix product
-  (GPU) or FP32 (CPU); deep_ep, hybrid_ep: DeepEP's and HybridEP's dispatch and combine over a
+- copy: host to device (pinned), device to host, device to device; gemm: BF16 matrix products
+  (GPU) or FP32 (CPU), one large square and a sweep of a step's shapes; launch: the host's time to
+  launch a small eager op; deep_ep, hybrid_ep: DeepEP's and HybridEP's dispatch and combine over a
   node's ranks where the image has them (`gb_s`: the bytes a rank sends over the time).
 What could not be measured is listed under `skipped` with the reason.
 """
@@ -35,6 +36,11 @@ BUS_FACTOR = {"all_to_all": lambda n: (n - 1) / n, "all_gather": lambda n: (n - 
               "reduce_scatter": lambda n: (n - 1) / n, "all_reduce": lambda n: 2 * (n - 1) / n}
 DEFAULT_SIZES = (4096, 1 << 20, 16 << 20, 128 << 20)
 GEMM_N = {"cuda": 8192, "cpu": 1024}
+# (tokens, hidden, output width): a micro-batch's tokens, or an expert's share of them, times the
+# widths MoE layers have (an expert's FFN, a fused gate-and-up, attention's projections)
+GEMM_SWEEP = {"cuda": tuple((m, 4096, w) for m in (256, 1024, 4096, 16384) for w in (1536, 4096, 12288)),
+              "cpu": ((64, 256, 256), (256, 256, 512))}
+LAUNCHES = 2000
 COPY_BYTES = 256 << 20
 
 
@@ -133,13 +139,43 @@ def copies(torch, device) -> tuple[list, list]:
     return rows, []
 
 
-def gemm(torch, device) -> list:
-    n = GEMM_N[device.type]
+def _gemm_row(torch, device, m: int, k: int, n: int, op: str, iters: int) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
-    s = Timer(torch, device).mean_s(lambda: a @ b, 10 if device.type == "cuda" else 3)
-    return [{"kind": "gemm", "op": "matmul", "dtype": str(dtype).removeprefix("torch."), "n": n,
-             "us": round(s * 1e6, 3), "tflop_s": round(2 * n ** 3 / s / 1e12, 4)}]
+    a = torch.randn(m, k, dtype=dtype, device=device)
+    b = torch.randn(k, n, dtype=dtype, device=device)
+    s = Timer(torch, device).mean_s(lambda: a @ b, iters)
+    flop = 2 * m * k * n
+    return {"kind": "gemm", "op": op, "dtype": str(dtype).removeprefix("torch."), "m": m, "k": k, "n": n,
+            "gflop": round(flop / 1e9, 4), "us": round(s * 1e6, 3), "tflop_s": round(flop / s / 1e12, 4)}
+
+
+def gemm(torch, device) -> list:
+    """The square product (`matmul`, the peak a large GEMM reaches) and a sweep of a training step's
+    shapes (`mnk`: tokens by hidden by an output width, small to large), from which the calibration
+    reads how a GEMM's efficiency grows with its size."""
+    n = GEMM_N[device.type]
+    iters = 10 if device.type == "cuda" else 3
+    rows = [_gemm_row(torch, device, n, n, n, "matmul", iters)]
+    for m, k, w in GEMM_SWEEP[device.type]:
+        rows.append(_gemm_row(torch, device, m, k, w, "mnk", iters))
+    return rows
+
+
+def launches(torch, device) -> list:
+    """The host's time to launch one small eager op (the cluster CPU's single-thread speed at what a
+    training step's host does most): a 1-element in-place add, enqueued LAUNCHES times without a
+    sync (GPU: the kernels are shorter than their launches, so the host sets the pace)."""
+    x = torch.zeros(1, device=device)
+    timer = Timer(torch, device)
+    for _ in range(100):
+        x.add_(1)
+    timer.sync()
+    t0 = time.perf_counter()
+    for _ in range(LAUNCHES):
+        x.add_(1)
+    s = (time.perf_counter() - t0) / LAUNCHES
+    timer.sync()
+    return [{"kind": "launch", "op": "eager_add", "n": LAUNCHES, "us": round(s * 1e6, 4)}]
 
 
 # one MoE layer's exchange, as DeepEP's own tests size it: 4096 tokens of hidden 7168 in BF16,
@@ -254,7 +290,7 @@ def main(argv=None) -> int:
     nodes: list = [None] * world
     dist.all_gather_object(nodes, node_name())
     rows, skipped = collectives(dist, torch, device, nodes, sizes, a.iters, rank)
-    for found, missed in (copies(torch, device), (gemm(torch, device), []),
+    for found, missed in (copies(torch, device), (gemm(torch, device) + launches(torch, device), []),
                           deep_ep(dist, torch, device, nodes, rank, a.iters)):
         rows += found
         skipped += missed
