@@ -40,7 +40,7 @@ GEMM_N = {"cuda": 8192, "cpu": 1024}
 # widths MoE layers have (an expert's FFN, a fused gate-and-up, attention's projections)
 GEMM_SWEEP = {"cuda": tuple((m, 4096, w) for m in (256, 1024, 4096, 16384) for w in (1536, 4096, 12288)),
               "cpu": ((64, 256, 256), (256, 256, 512))}
-LAUNCHES = 2000
+LAUNCHES, LAUNCH_ROUNDS = 2000, 5
 COPY_BYTES = 256 << 20
 
 
@@ -163,19 +163,23 @@ def gemm(torch, device) -> list:
 
 def launches(torch, device) -> list:
     """The host's time to launch one small eager op (the cluster CPU's single-thread speed at what a
-    training step's host does most): a 1-element in-place add, enqueued LAUNCHES times without a
-    sync (GPU: the kernels are shorter than their launches, so the host sets the pace)."""
+    training step's host does most): a 1-element in-place add enqueued LAUNCHES times without a sync
+    (on a GPU its kernel is shorter than its launch, so the host sets the pace); the median of
+    LAUNCH_ROUNDS rounds, as a shared host's rounds differ by a fifth."""
     x = torch.zeros(1, device=device)
     timer = Timer(torch, device)
-    for _ in range(100):
-        x.add_(1)
-    timer.sync()
-    t0 = time.perf_counter()
-    for _ in range(LAUNCHES):
-        x.add_(1)
-    s = (time.perf_counter() - t0) / LAUNCHES
-    timer.sync()
-    return [{"kind": "launch", "op": "eager_add", "n": LAUNCHES, "us": round(s * 1e6, 4)}]
+    rounds = []
+    for _ in range(LAUNCH_ROUNDS):
+        for _ in range(100):
+            x.add_(1)
+        timer.sync()
+        t0 = time.perf_counter()
+        for _ in range(LAUNCHES):
+            x.add_(1)
+        rounds.append((time.perf_counter() - t0) / LAUNCHES)
+        timer.sync()
+    s = sorted(rounds)[len(rounds) // 2]
+    return [{"kind": "launch", "op": "eager_add", "n": LAUNCHES, "rounds": LAUNCH_ROUNDS, "us": round(s * 1e6, 4)}]
 
 
 # one MoE layer's exchange, as DeepEP's own tests size it: 4096 tokens of hidden 7168 in BF16,

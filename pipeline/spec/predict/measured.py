@@ -39,11 +39,11 @@ MEASURED_BY: dict[str, Source] = {
     "deepep_nvlink_dispatch": Source("deep_ep", ("dispatch",), "node", "largest", "nvlink", "gb_s"),
     "deepep_nvlink_combine": Source("deep_ep", ("combine",), "node", "largest", "nvlink", "gb_s"),
     "hybridep_nvlink": Source("hybrid_ep", ("dispatch", "combine"), "node", "largest", "nvlink", "gb_s"),
-    "gemm_efficiency": Source("gemm", ("matmul",), None, "largest", "bf16_tflops", "tflop_s"),
-    "hbm_efficiency": Source("copy", ("d2d",), None, "largest", "hbm", "gb_s"),
 }
 # rows measured on the GPU itself carry over only from a GPU of the cluster's type
 ON_GPU = {"gemm", "copy", "deep_ep", "hybrid_ep"}
+# the GEMM curve's half size, searched on a log grid from 0.1 to 1000 GFLOP
+HALF_GFLOP_GRID = tuple(10 ** (i / 100) for i in range(-100, 301))
 
 
 def a2a_bytes(m: ModelArch, c: TrainingConfig) -> int:
@@ -75,6 +75,67 @@ def _on_cluster_gpu(record: dict, gpu_type: str) -> bool:
     return record.get("backend") == "nccl" and gpu_type.lower() in str(record.get("device", "")).lower()
 
 
+def _gflop(row: dict) -> float:
+    return row.get("gflop") or 2 * row["n"] ** 3 / 1e9  # a record of the square product only: n^3
+
+
+def gemm_curve(rows: list[dict], peak_tflops: float, half_at: float) -> tuple[float, float]:
+    """(top, half GFLOP) of flops.gemm_efficiency through the measured GEMMs, least squares in
+    relative error; with one size only the top moves, through it, and the half stays `half_at`."""
+    pts = [(_gflop(r), r["tflop_s"] / peak_tflops) for r in rows]
+    if len({f for f, _ in pts}) == 1:
+        f, eff = pts[0]
+        return eff * (f + half_at) / f, half_at
+
+    def fit(half: float) -> tuple[float, float]:
+        xs = [(f / (f + half), eff) for f, eff in pts]
+        top = sum(x / y for x, y in xs) / sum((x / y) ** 2 for x, y in xs)
+        return sum((top * x / y - 1) ** 2 for x, y in xs), top
+    _, top, half = min(fit(h) + (h,) for h in HALF_GFLOP_GRID)
+    return top, half
+
+
+# The COMPUTE and HOST rows are what a step's kernels and launches reach on the reference machine;
+# a cluster's probe moves them by its figure over the reference's (rates.REFERENCE), so the same
+# probe on the reference machine leaves them as they are.
+def _gemm_rates(record: dict, gpu_type: str, published: Rates, label: str) -> dict[str, tuple[float, str]]:
+    rows = [r for r in record.get("rows") or [] if r.get("kind") == "gemm" and r.get("tflop_s")]
+    if not rows or not _on_cluster_gpu(record, gpu_type):
+        return {}
+    top, half = gemm_curve(rows, gpus.GPUS[gpu_type].bf16_tflops, published["ref_gemm_half_gflop"])
+    by_top, by_half = top / published["ref_gemm_top"], half / published["ref_gemm_half_gflop"]
+    what = (f"measured: {label}: {len(rows)} BF16 GEMMs of {min(map(_gflop, rows)):.3g} to "
+            f"{max(map(_gflop, rows)):.4g} GFLOP, fitted top {top:.4g}, half at {half:.4g} GFLOP")
+    eff = published["gemm_efficiency"] * by_top
+    out = {"gemm_efficiency": (eff, f"{what}: x{by_top:.4g} of the reference's top"),
+           "gemm_half_gflop": (published["gemm_half_gflop"] * by_half, f"{what}: x{by_half:.4g} of the reference's half")}
+    out["grouped_gemm_efficiency"] = out["gemm_efficiency"]  # TE's grouped GEMM runs cuBLAS GEMMs
+    return out
+
+
+def _hbm_rates(record: dict, gpu_type: str, published: Rates, label: str) -> dict[str, tuple[float, str]]:
+    rows = [r for r in record.get("rows") or [] if r.get("kind") == "copy" and r.get("op") == "d2d" and r.get("gb_s")]
+    if not rows or not _on_cluster_gpu(record, gpu_type):
+        return {}
+    share = max(r["gb_s"] for r in rows) / (gpus.GPUS[gpu_type].hbm_tb_s * 1e3)
+    by = share / published["ref_hbm_share"]
+    return {"hbm_efficiency": (published["hbm_efficiency"] * by, f"measured: {label}: device-to-device copy at "
+                               f"{share:.4g} of the HBM rate: x{by:.4g} of the reference's")}
+
+
+def _host_rates(record: dict, gpu_type: str, published: Rates, label: str) -> dict[str, tuple[float, str]]:
+    rows = [r for r in record.get("rows") or [] if r.get("kind") == "launch" and r.get("us")]
+    if not rows or record.get("backend") != "nccl":  # a CUDA launch, not a CPU op
+        return {}
+    by = rows[0]["us"] / published["ref_launch_us"]
+    return {"host_us_per_kernel": (published["host_us_per_kernel"] * by, f"measured: {label}: a launch takes "
+                                   f"{rows[0]['us']:.4g} us: x{by:.4g} of the reference host's")}
+
+
+# rates read from several rows at once, after MEASURED_BY's
+FITTED = (_gemm_rates, _hbm_rates, _host_rates)
+
+
 def measured_rates(record: dict, gpu_type: str, nic_published: float, want_a2a: int | None,
                    label: str) -> dict[str, tuple[float, str]]:
     """{rate name: (value, source)} of the rates the record's rows measure, for a cluster of
@@ -101,6 +162,9 @@ def measured_rates(record: dict, gpu_type: str, nic_published: float, want_a2a: 
         out[name] = (value / hw, f"measured: {label}: {what}{of}")
         if name == "nic_gb_s":
             nic = value
+    published = Rates()
+    for fitted in FITTED:
+        out.update(fitted(record, gpu_type, published, label))
     return out
 
 
