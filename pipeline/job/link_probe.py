@@ -41,6 +41,7 @@ GEMM_N = {"cuda": 8192, "cpu": 1024}
 GEMM_SWEEP = {"cuda": tuple((m, 4096, w) for m in (256, 1024, 4096, 16384) for w in (1536, 4096, 12288)),
               "cpu": ((64, 256, 256), (256, 256, 512))}
 LAUNCHES, LAUNCH_ROUNDS = 2000, 5
+GEMM_ROUNDS = 5
 COPY_BYTES = 256 << 20
 
 
@@ -82,6 +83,10 @@ class Timer:
             fn()
         self.sync()
         return (time.perf_counter() - t0) / iters
+
+    def median_s(self, fn, iters: int, rounds: int) -> float:
+        """The median of `rounds` means: a shared host's rounds differ by a fifth."""
+        return sorted(self.mean_s(fn, iters) for _ in range(rounds))[rounds // 2]
 
 
 def collective(dist, op: str, nbytes: int, n: int, group, torch, device, dtype):
@@ -143,7 +148,7 @@ def _gemm_row(torch, device, m: int, k: int, n: int, op: str, iters: int) -> dic
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a = torch.randn(m, k, dtype=dtype, device=device)
     b = torch.randn(k, n, dtype=dtype, device=device)
-    s = Timer(torch, device).mean_s(lambda: a @ b, iters)
+    s = Timer(torch, device).median_s(lambda: a @ b, iters, GEMM_ROUNDS)
     flop = 2 * m * k * n
     return {"kind": "gemm", "op": op, "dtype": str(dtype).removeprefix("torch."), "m": m, "k": k, "n": n,
             "gflop": round(flop / 1e9, 4), "us": round(s * 1e6, 3), "tflop_s": round(flop / s / 1e12, 4)}
@@ -154,7 +159,7 @@ def gemm(torch, device) -> list:
     shapes (`mnk`: tokens by hidden by an output width, small to large), from which the calibration
     reads how a GEMM's efficiency grows with its size."""
     n = GEMM_N[device.type]
-    iters = 10 if device.type == "cuda" else 3
+    iters = 20 if device.type == "cuda" else 3
     rows = [_gemm_row(torch, device, n, n, n, "matmul", iters)]
     for m, k, w in GEMM_SWEEP[device.type]:
         rows.append(_gemm_row(torch, device, m, k, w, "mnk", iters))
