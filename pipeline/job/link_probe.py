@@ -105,7 +105,7 @@ class Timer:
         with torch.cuda.graph(graph):
             for _ in range(iters):
                 fn()
-        return self.median_s(graph.replay, 1, rounds) / iters
+        return self.median_s(graph.replay, 5, rounds) / iters
 
 
 def collective(dist, op: str, nbytes: int, n: int, group, torch, device, dtype):
