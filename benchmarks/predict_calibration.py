@@ -21,10 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 from moetune.pipeline.spec import gpus
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.experiment import load_experiment
-from moetune.pipeline.spec.predict import flops
+from moetune.pipeline.spec.predict import flops, measured
 from moetune.pipeline.spec.predict.rates import Rates
 
 BANK = ROOT / "benchmarks" / "trial_bank" / "bank.jsonl"
+# the calibration probe (job/link_probe.py) run four times on the H100 device machine, in one call
+REFERENCE_RUNS = ROOT / "benchmarks" / "calibration_h100"
 OUT = ROOT / "benchmarks" / "results" / "predict_calibration.json"
 # the bank's one-GPU studies of production models ran on the H100 device machine (16 CPU cores,
 # docs/benchmarks.md); the moe_proxy entries on the H200 pair (16 cores a GPU)
@@ -120,6 +122,23 @@ def gemm_curve(rows: list[dict]) -> tuple[float, float]:
     return pick[0]["unit"](half) / measured[0], half
 
 
+def reference(folder: Path = REFERENCE_RUNS) -> dict:
+    """The probe's figures on the machine the rates above were measured on (rates.REFERENCE): the
+    median over its runs of the GEMM sweep's fitted curve, the device-to-device copy's share of
+    the HBM rate and a launch's time, each with every run's value."""
+    runs = [json.loads(f.read_text()) for f in sorted(folder.glob("run*.json"))]
+    per_run = {k: [] for k in ("ref_gemm_top", "ref_gemm_half_gflop", "ref_hbm_share", "ref_launch_us")}
+    g = gpus.GPUS["H100"]
+    for r in runs:
+        assert "H100" in r["device"], f"{r['device']}: not the H100 the rates were measured on"
+        top, half = measured.gemm_curve([x for x in r["rows"] if x["kind"] == "gemm"], g.bf16_tflops, 0.0)
+        per_run["ref_gemm_top"].append(top)
+        per_run["ref_gemm_half_gflop"].append(half)
+        per_run["ref_hbm_share"].append(next(x["gb_s"] for x in r["rows"] if x.get("op") == "d2d") / (g.hbm_tb_s * 1e3))
+        per_run["ref_launch_us"].append(next(x["us"] for x in r["rows"] if x["kind"] == "launch"))
+    return {k: {"value": round(statistics.median(v), 4), "runs": [round(x, 4) for x in v]} for k, v in per_run.items()}
+
+
 def calibrate() -> dict:
     b = bank()
     rows = one_gpu_rows(b)
@@ -145,7 +164,8 @@ def calibrate() -> dict:
     rates["fp8_matrix_time_factor"] = {
         "value": round((sum(fp8[0][k] for k in MATRIX) + fp8[0]["fp8_cast"]) / sum(bf16[0][k] for k in MATRIX), 4),
         "trials": list(TE_PAIR), "note": "FP8 GEMMs plus their casts over BF16 GEMMs, moe_proxy_te shapes on H200"}
-    return {"source": str(BANK.relative_to(ROOT)), "trials": rows, "rates": rates}
+    return {"source": str(BANK.relative_to(ROOT)), "trials": rows, "rates": rates,
+            "reference": {"source": str(REFERENCE_RUNS.relative_to(ROOT)), "rates": reference()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{f(r['hbm_efficiency']):>8} {f(r['kernels_per_layer']):>10} {f(r['host_us_per_kernel']):>8}")
     for k, v in result["rates"].items():
         print(f"{k}: {v['value']}  ({len(v['trials'])} trials)")
+    for k, v in result["reference"]["rates"].items():
+        print(f"{k}: {v['value']}  (median of {', '.join(map(str, v['runs']))})")
     print(f"written: {a.out}")
     return 0
 

@@ -28,7 +28,8 @@ def test_group_shapes_follow_where_the_ranks_sit():
 def test_two_gloo_ranks_on_one_node_write_one_record_of_rows(tmp_path):
     """Two processes of the probe, as a job's two ranks on one node: rank 0's record (file and the
     line after MARKER agree) has each collective at each size asked for over the node's two ranks,
-    bus bandwidth as nccl-tests counts it, a CPU GEMM row, and says it skipped the copies and DeepEP
+    bus bandwidth as nccl-tests counts it, the CPU GEMMs (the square and the sweep, each rate its
+    FLOPs over its time) and a launch row, and says it skipped the copies and DeepEP
     and HybridEP for want of a GPU."""
     py = venv_python()
     if not py.exists():
@@ -54,7 +55,13 @@ def test_two_gloo_ranks_on_one_node_write_one_record_of_rows(tmp_path):
         factor = 1.0 if r["op"] == "all_reduce" else 0.5  # 2(n-1)/n and (n-1)/n at n = 2
         assert r["busbw_gb_s"] == pytest.approx(r["algbw_gb_s"] * factor, abs=2e-4)
         assert r["algbw_gb_s"] == pytest.approx(r["bytes"] / r["us"] / 1e3, rel=0.01, abs=2e-4)
-    (gemm,) = [r for r in rec["rows"] if r["kind"] == "gemm"]
-    assert gemm["dtype"] == "float32" and gemm["tflop_s"] > 0
+    gemms = [r for r in rec["rows"] if r["kind"] == "gemm"]
+    assert [(r["op"], r["m"], r["k"], r["n"]) for r in gemms] == (
+        [("matmul",) + (probe.GEMM_N["cpu"],) * 3] + [("mnk", *s) for s in probe.GEMM_SWEEP["cpu"]])
+    for r in gemms:
+        assert r["dtype"] == "float32" and r["gflop"] == pytest.approx(2 * r["m"] * r["k"] * r["n"] / 1e9, abs=1e-4)
+        assert r["tflop_s"] == pytest.approx(r["gflop"] / r["us"] * 1e3, rel=0.01)
+    (launch,) = [r for r in rec["rows"] if r["kind"] == "launch"]
+    assert launch["n"] == probe.LAUNCHES and launch["us"] > 0
     assert {s["what"] for s in rec["skipped"]} == {"copy", "deep_ep", "hybrid_ep"}
     assert all("no GPU" in s["why"] for s in rec["skipped"])

@@ -44,3 +44,16 @@ def test_a_measured_row_replaces_a_published_one():
     assert Rates()["nic_gb_s"] == next(p.value for p in PUBLISHED if p.name == "nic_gb_s")
     with pytest.raises(KeyError, match="no such rate"):
         Rates(measured={"warp_speed": (1.0, "x")})
+
+
+def test_reference_rows_equal_the_probe_runs_on_the_reference_machine():
+    """rates.REFERENCE holds the medians predict_calibration.reference computes now from the
+    stored probe runs on the H100 device machine (so neither can drift), each says it is moetune's
+    own measurement, and every run is an H100's."""
+    ref = predict_calibration.reference()
+    r = Rates()
+    assert set(ref) == {"ref_gemm_top", "ref_gemm_half_gflop", "ref_hbm_share", "ref_launch_us"}
+    for name, v in ref.items():
+        assert r[name] == v["value"], name
+        assert len(v["runs"]) >= 3 and min(v["runs"]) <= v["value"] <= max(v["runs"]), name
+        assert r.rows[name].source.startswith("measured by moetune: "), name

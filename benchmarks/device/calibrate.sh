@@ -27,19 +27,7 @@ t0=$SECONDS
 rc=$?
 echo "probe: $NPROC rank(s), exit $rc, $((SECONDS - t0)) s"
 [ "$rc" -eq 0 ] || { tail -n 20 "$OUT/calibration.log"; exit "$rc"; }
-"$PYTHON" - "$OUT/calibration.json" <<'EOF'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"{r['device']}, {r['world_size']} rank(s), {r['backend']} {r.get('nccl')}, torch {r['torch']}")
-for row in r["rows"]:
-    rate = row.get("busbw_gb_s", row.get("gb_s", row.get("tflop_s")))
-    size = row.get("bytes") or "x".join(str(row[k]) for k in ("m", "k", "n") if k in row) or "-"
-    rate = f"{rate:>9.4g} {'TFLOP/s' if 'tflop_s' in row else 'GB/s'}" if rate is not None else ""
-    print(f"  {row['kind']:<10} {row['op']:<15} {row.get('group', '-'):<6} {row.get('ranks', 1):>3} "
-          f"{size:>16} {row['us']:>10.2f} us {rate}")
-for s in r["skipped"]:
-    print(f"  skipped {s['what']}: {s['why']}")
-EOF
+"$PYTHON" pipeline/job/link_probe.py --show "$OUT/calibration.json"
 [ -n "$MODEL" ] || exit 0
 
 if ! "$PYTHON" -c 'import submitit, pydantic, sqlalchemy, yaml, jinja2' 2> /dev/null; then

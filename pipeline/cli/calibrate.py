@@ -13,23 +13,17 @@ from pathlib import Path
 from moetune.pipeline.cli.common import exit_code
 from moetune.pipeline.errors import MoetuneError
 from moetune.pipeline.spec.experiment import load_experiment
+from moetune.pipeline.job import link_probe
 from moetune.pipeline.store import Store
 from moetune.pipeline.trial import calibrate
 
 
 def render(exp, out) -> str:
     r = out.record
-    lines = [f"calibration {out.stored_id} of cluster {exp.cluster.name}: job {out.job_id}, {r['world_size']} rank(s) "
-             f"on {len(set(r['nodes']))} node(s), {r['backend']}, {r['device']}; {out.folder}",
-             f"  {'kind':<10} {'op':<15} {'group':<7} {'ranks':>5} {'bytes':>10} {'us':>11} {'GB/s':>9}"]
-    for row in r["rows"]:
-        rate = row.get("busbw_gb_s", row.get("gb_s", row.get("tflop_s")))
-        unit = " TFLOP/s" if "tflop_s" in row else ""
-        lines.append(f"  {row['kind']:<10} {row['op']:<15} {row.get('group', '-'):<7} {row.get('ranks', 1):>5} "
-                     f"{row.get('bytes', row.get('n', '-')):>10} {row['us']:>11.1f} {rate:>9.4g}{unit}")
-    lines += [f"  skipped {s['what']}: {s['why']}" for s in r.get("skipped", [])]
-    lines.append("predict and plan on this cluster now use these rows over the published rates")
-    return "\n".join(lines)
+    head = (f"calibration {out.stored_id} of cluster {exp.cluster.name}: job {out.job_id}, {r['world_size']} rank(s) "
+            f"on {len(set(r['nodes']))} node(s), {r['backend']}, {r['device']}; {out.folder}")
+    tail = "predict and plan on this cluster now use these rows over the published rates"
+    return "\n".join([head, *link_probe.table(r), tail])
 
 
 def main(argv: list[str], db: str | None = None) -> int:

@@ -6,6 +6,7 @@ there): the rendezvous from RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER
 script or torchrun sets; alone, one rank here). NCCL on GPUs, gloo on CPU.
 
     python link_probe.py --out FILE [--sizes BYTES,...] [--iters N] [--backend auto|nccl|gloo]
+    python link_probe.py --show FILE     # a record's rows as a table
 
 Rows (rank 0 writes them):
 - collective: all_to_all, all_gather, reduce_scatter, all_reduce of each size over each group
@@ -287,6 +288,18 @@ def deep_ep(dist, torch, device, nodes, rank, iters) -> tuple[list, list]:
     return rows, skipped
 
 
+def table(record: dict) -> list[str]:
+    """The record's rows as lines of a table, then what was skipped and why."""
+    lines = [f"  {'kind':<10} {'op':<15} {'group':<7} {'ranks':>5} {'size':>17} {'us':>11} {'rate':>9}"]
+    for row in record["rows"]:
+        size = row.get("bytes") or "x".join(str(row[k]) for k in ("m", "k", "n") if k in row) or row.get("n", "-")
+        rate = row.get("busbw_gb_s", row.get("gb_s", row.get("tflop_s")))
+        rate = "" if rate is None else f"{rate:>9.4g} {'TFLOP/s' if 'tflop_s' in row else 'GB/s'}"
+        lines.append(f"  {row['kind']:<10} {row['op']:<15} {row.get('group', '-'):<7} {row.get('ranks', 1):>5} "
+                     f"{size:>17} {row['us']:>11.2f} {rate}")
+    return lines + [f"  skipped {s['what']}: {s['why']}" for s in record.get("skipped", [])]
+
+
 def nccl_version(torch) -> str:
     v = torch.cuda.nccl.version()  # a tuple in recent torch, an int in older
     return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
@@ -294,11 +307,20 @@ def nccl_version(torch) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", help="where the record goes")
+    p.add_argument("--show", metavar="RECORD", help="print a written record's rows as a table, and stop")
     p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="message sizes in bytes")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
     a = p.parse_args(argv)
+    if a.show:
+        record = json.loads(open(a.show).read())
+        print(f"{record['device']}, {record['world_size']} rank(s), {record['backend']} {record.get('nccl')}, "
+              f"torch {record['torch']}")
+        print("\n".join(table(record)))
+        return 0
+    if not a.out:
+        p.error("--out is required to measure")
     import torch
     import torch.distributed as dist
     warnings.filterwarnings("ignore", category=FutureWarning)  # reduce_scatter_tensor's rename

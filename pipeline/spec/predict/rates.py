@@ -87,12 +87,13 @@ HOST: tuple[Rate, ...] = (
 # The calibration probe (job/link_probe.py) on the machine the COMPUTE and HOST rows were measured
 # on: a cluster's calibration moves those rows by its own probe's figures over these, since the rows
 # are what a training step's kernels and launches reach there, which no probe measures directly.
-_REF = "measured by moetune: the calibration probe on the H100 device machine (benchmarks/results/calibration_h100.json)"
+_REF = ("measured by moetune: the calibration probe on the H100 device machine, median of 4 runs "
+        "(benchmarks/calibration_h100, benchmarks/predict_calibration.py reference)")
 REFERENCE: tuple[Rate, ...] = (
-    Rate("ref_gemm_top", 0.8342, "share", f"{_REF}: its GEMM sweep's fitted top (measured.gemm_curve)"),
-    Rate("ref_gemm_half_gflop", 15.849, "GFLOP", f"{_REF}: its GEMM sweep's fitted half size"),
-    Rate("ref_hbm_share", 0.8646, "share", f"{_REF}: device-to-device copy over the data sheet's HBM rate"),
-    Rate("ref_launch_us", 10.4615, "us", f"{_REF}: a small eager op's launch (the host of host_us_per_kernel)"),
+    Rate("ref_gemm_top", 0.7354, "share", f"{_REF}: its GEMM sweep's fitted top (measured.gemm_curve)"),
+    Rate("ref_gemm_half_gflop", 4.903, "GFLOP", f"{_REF}: its GEMM sweep's fitted half size"),
+    Rate("ref_hbm_share", 0.8829, "share", f"{_REF}: device-to-device copy over the data sheet's HBM rate"),
+    Rate("ref_launch_us", 6.8778, "us", f"{_REF}: a small eager op's launch (host_us_per_kernel's host)"),
 )
 PUBLISHED: tuple[Rate, ...] = LINKS + COMPUTE + HOST + OVERLAP + REFERENCE
 
