@@ -59,7 +59,7 @@ def test_two_gloo_ranks_on_one_node_write_one_record_of_rows(tmp_path):
     assert [(r["op"], r["m"], r["k"], r["n"]) for r in gemms] == (
         [("matmul",) + (probe.GEMM_N["cpu"],) * 3] + [("mnk", *s) for s in probe.GEMM_SWEEP["cpu"]])
     for r in gemms:
-        assert r["dtype"] == "float32" and r["gflop"] == pytest.approx(2 * r["m"] * r["k"] * r["n"] / 1e9, abs=1e-4)
+        assert r["dtype"] == "float32" and r["gflop"] == pytest.approx(2 * r["m"] * r["k"] * r["n"] / 1e9, rel=1e-4)
         assert r["tflop_s"] == pytest.approx(r["gflop"] / r["us"] * 1e3, rel=0.01)
     (launch,) = [r for r in rec["rows"] if r["kind"] == "launch"]
     assert launch["n"] == probe.LAUNCHES and launch["us"] > 0

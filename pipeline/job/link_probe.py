@@ -164,6 +164,10 @@ def copies(torch, device) -> tuple[list, list]:
     return rows, []
 
 
+def _sig(x: float) -> float:
+    return float(f"{x:.5g}")  # five significant figures: a CPU's tiny GEMMs keep theirs
+
+
 def _gemm_row(torch, device, m: int, k: int, n: int, op: str, iters: int) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a = torch.randn(m, k, dtype=dtype, device=device)
@@ -171,7 +175,7 @@ def _gemm_row(torch, device, m: int, k: int, n: int, op: str, iters: int) -> dic
     s = Timer(torch, device).kernel_s(lambda: a @ b, iters, GEMM_ROUNDS)
     flop = 2 * m * k * n
     return {"kind": "gemm", "op": op, "dtype": str(dtype).removeprefix("torch."), "m": m, "k": k, "n": n,
-            "gflop": round(flop / 1e9, 4), "us": round(s * 1e6, 3), "tflop_s": round(flop / s / 1e12, 4)}
+            "gflop": _sig(flop / 1e9), "us": _sig(s * 1e6), "tflop_s": _sig(flop / s / 1e12)}
 
 
 def gemm(torch, device) -> list:
