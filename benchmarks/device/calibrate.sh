@@ -6,10 +6,9 @@
 # /tmp/site-gpu is on the path). Leaves $OUT/calibration.json (the record `moetune calibrate` stores)
 # and $OUT/calibration.log. From the repo root:
 #   bash benchmarks/device/calibrate.sh [NPROC]          # default: every GPU there
-#   bash benchmarks/device/calibrate.sh [NPROC] MODEL    # then, where moetune's dependencies import
-#                                                        # (carry .whl as benchmarks/device/tune.sh
-#                                                        # says), store it as a calibration of MODEL's
-#                                                        # cluster on this GPU type and print what
+#   bash benchmarks/device/calibrate.sh [NPROC] MODEL    # then `moetune calibrate MODEL --executor
+#                                                        # local` (carry .whl as benchmarks/device/
+#                                                        # tune.sh says): the job, stored, and what
 #                                                        # `moetune predict MODEL` makes of it
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -36,19 +35,12 @@ fi
 # `moetune` is not installed there: a link named moetune to this checkout makes it importable
 mkdir -p "$W/src" && ln -sfn "$PWD" "$W/src/moetune"
 export PYTHONPATH="/tmp/site:$W/src:$PYTHONPATH"
-GPU=$("$PYTHON" - "$OUT/calibration.json" "$MODEL" "$W/db.sqlite" <<'EOF'
-import json, sys
-from moetune.pipeline.spec.experiment import load_experiment
-from moetune.pipeline.spec.gpus import GPU_TYPES
-from moetune.pipeline.store import Store
-record, model, db = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
-# the data sheet's name in the device's (longest first: GH200 before H200)
-gpu = next((g for g in sorted(GPU_TYPES, key=len, reverse=True) if g in record["device"]), None)
-exp = load_experiment(model)
-row = Store(db).add_calibration(exp.cluster.name, gpu, record, job_id="device")
-print(gpu or "")
-EOF
-)
-[ -n "$GPU" ] || { echo "no GPU type of spec/gpus.py in the device's name: not stored"; exit 0; }
-"$PYTHON" -m moetune.pipeline.cli.main --db "$W/db.sqlite" predict "$MODEL" --gpu-type "$GPU" | tee "$OUT/predict.txt"
-"$PYTHON" -m moetune.pipeline.cli.main --db "$W/db.sqlite" predict "$MODEL" --gpu-type "$GPU" --format json > "$OUT/predict.json"
+# the real path: moetune calibrate renders the job, submitit's local executor runs it, the record is
+# read back from the job's files and stored; then predict reads it from the store
+MT=("$PYTHON" -m moetune.pipeline.cli.main --db "$W/db.sqlite")
+"${MT[@]}" calibrate "$MODEL" --executor local --gpus "$NPROC" --runs "$W/runs" | tee "$OUT/calibrate.txt"
+rc=${PIPESTATUS[0]}
+cp -r "$W/runs/_calibrate" "$OUT/calibrate_job" 2> /dev/null
+[ "$rc" -eq 0 ] || exit "$rc"
+"${MT[@]}" predict "$MODEL" | tee "$OUT/predict.txt"
+"${MT[@]}" predict "$MODEL" --format json > "$OUT/predict.json"
