@@ -38,7 +38,7 @@ export PYTHONPATH="/tmp/site:$W/src:$PYTHONPATH"
 # the real path: moetune calibrate renders the job, submitit's local executor runs it, the record is
 # read back from the job's files and stored; then predict reads it from the store
 MT=("$PYTHON" -m moetune.pipeline.cli.main --db "$W/db.sqlite")
-"${MT[@]}" calibrate "$MODEL" --executor local --gpus "$NPROC" --runs "$W/runs" | tee "$OUT/calibrate.txt"
+"${MT[@]}" calibrate "$MODEL" --executor local --nodes 1 --gpus "$NPROC" --runs "$W/runs" | tee "$OUT/calibrate.txt"
 rc=${PIPESTATUS[0]}
 cp -r "$W/runs/_calibrate" "$OUT/calibrate_job" 2> /dev/null
 [ "$rc" -eq 0 ] || exit "$rc"
