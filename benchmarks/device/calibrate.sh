@@ -38,7 +38,16 @@ export PYTHONPATH="/tmp/site:$W/src:$PYTHONPATH"
 # the real path: moetune calibrate renders the job, submitit's local executor runs it, the record is
 # read back from the job's files and stored; then predict reads it from the store
 MT=("$PYTHON" -m moetune.pipeline.cli.main --db "$W/db.sqlite")
-"${MT[@]}" calibrate "$MODEL" --executor local --nodes 1 --gpus "$NPROC" --runs "$W/runs" | tee "$OUT/calibrate.txt"
+# the experiment as written, its job run here: the venv template (no Slurm, no container); the
+# cluster keeps its name, so predict of the shipped experiment finds the calibration
+"$PYTHON" - "$MODEL" "$W/experiment.yaml" <<'EOF' || exit 1
+import sys, yaml
+from moetune.pipeline.spec.experiment import experiment_path
+d = yaml.safe_load(experiment_path(sys.argv[1]).read_text())
+d["cluster"].update(executor="local", template="venv")
+open(sys.argv[2], "w").write(yaml.safe_dump(d, sort_keys=False))
+EOF
+"${MT[@]}" calibrate "$W/experiment.yaml" --executor local --nodes 1 --gpus "$NPROC" --runs "$W/runs" | tee "$OUT/calibrate.txt"
 rc=${PIPESTATUS[0]}
 cp -r "$W/runs/_calibrate" "$OUT/calibrate_job" 2> /dev/null
 [ "$rc" -eq 0 ] || exit "$rc"
