@@ -83,3 +83,26 @@ def test_plan_ranks_the_predicted_fastest_first(capsys, no_store):
     old = _json(capsys, ["plan", "qwen3_30b_a3b", "--format", "json", "--order", "memory"])
     mp = [r["tp_pp"] for r in old]
     assert mp == sorted(mp) and all("predicted" not in r for r in old)
+
+
+def test_plan_reads_the_store_once_however_many_layouts_it_prices(capsys, no_store, monkeypatch):
+    """`moetune plan` over the recorded one-GPU study's store prices every fitting layout with one
+    opening of the store and one pass over its trials (StoreReadings), not one per layout."""
+    from moetune.pipeline.cli import predict as cli_predict
+    opened, passes = [], []
+    real_init, real_reads = cli_predict.Store.__init__, cli_predict.StoreReadings._measurements
+
+    def counting_init(self, *a, **k):
+        opened.append(1)
+        real_init(self, *a, **k)
+
+    def counting_reads(self):
+        if self._compute is None:
+            passes.append(1)
+        return real_reads(self)
+    monkeypatch.setattr(cli_predict.Store, "__init__", counting_init)
+    monkeypatch.setattr(cli_predict.StoreReadings, "_measurements", counting_reads)
+    out = _json(capsys, ["--db", ONE_GPU_DB, "plan", "qwen3_30b_a3b", "--format", "json"])
+    priced = [l for l in out if l.get("predicted")]
+    assert len(priced) > 1
+    assert (len(opened), len(passes)) == (1, 1)

@@ -9,7 +9,7 @@ import json
 import sys
 
 from moetune.pipeline.cli.common import add_gpu_args, experiment_for_gpus, exit_code
-from moetune.pipeline.cli.predict import run_prediction
+from moetune.pipeline.cli.predict import StoreReadings, run_prediction
 from moetune.pipeline.spec.experiment import ConfigError
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.memory import FIXED_GB, TooFewGPUs, baseline_layout, plan, plan_cluster
@@ -55,9 +55,10 @@ def ranked(exp, layouts, gpus, gpu_type, db) -> list:
     """The layouts by predicted tokens/s/GPU, fastest first (compute measured where the store holds
     a fit of the layout); one the model cannot price (its batch does not divide) goes last."""
     predicted.clear()
+    readings = StoreReadings(db)
     for l in layouts:
         try:
-            p = run_prediction(exp, l.config, gpus, gpu_type, None, db)
+            p = run_prediction(exp, l.config, gpus, gpu_type, None, readings)
         except ValueError:
             continue
         predicted[id(l)] = {"tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu), "step_time_ms": round(p.step_time_ms, 1),

@@ -39,47 +39,59 @@ def _compute_key(c: TrainingConfig) -> tuple:
     return tuple(json.dumps(d[k], sort_keys=True) for k in COMPUTE_KEYS)
 
 
-def measured_compute(exp, config: TrainingConfig, gpu_type: str, db: str | None = None) -> tuple[float, str] | None:
-    """(ms of one micro-batch on the layout's slowest measured rank, where from) from the store
-    (`db`, else MOETUNE_DB, else .moetune/moetune.db; none is created): a fit's step of its
-    fit_micro_batches, or a one-GPU trial's judged step of its samples, on this GPU type. The
-    fastest such record wins."""
-    try:
-        store = Store(db, read_only=True)
-    except NoStore:
-        return None
-    want, found = _compute_key(config), []
-    for study in store.studies():
-        experiment = study.experiment or {}
-        if study.model not in (exp.name, exp.model.name) or \
-                (experiment.get("cluster") or {}).get("gpu_type") != gpu_type:
-            continue
-        samples = (experiment.get("tuning") or {}).get("one_gpu_samples")
-        one_gpu = (experiment.get("tuning") or {}).get("one_gpu")
-        for t in store.trials(study.id):
-            cfg = TrainingConfig.from_dict(t.config)
-            if _compute_key(cfg) != want:
-                continue
-            m = store.metrics(t.id)
-            if m.get("fit_compute_ms"):
-                found.append((m["fit_compute_ms"] / fit.fit_micro_batches(cfg),
-                              f"fit of trial {t.id} ({study.name}): {m['fit_compute_ms']:.0f} ms a step of "
-                              f"{fit.fit_micro_batches(cfg)} micro-batches"))
-            if one_gpu and samples and m.get("judged_step_time_ms") and t.state == "completed":
-                n = samples // cfg.micro_batch
-                found.append((m["judged_step_time_ms"] / n, f"one-GPU trial {t.id} ({study.name}): "
-                              f"{m['judged_step_time_ms']:.0f} ms a step of {n} micro-batches"))
-    return min(found) if found else None
+class StoreReadings:
+    """What predictions read from the store (`db`, else MOETUNE_DB, else .moetune/moetune.db; none
+    is created), opened once for a command however many layouts it prices: each measured layout's
+    compute, and the latest calibration of each cluster."""
 
+    def __init__(self, db: str | None = None):
+        try:
+            self.store = Store(db, read_only=True)
+        except NoStore:
+            self.store = None
+        self._compute: list[tuple] | None = None
+        self._calibrations: dict = {}
 
-def calibrated_rates(cluster, model, config: TrainingConfig, db: str | None):
-    """The rate table with the latest calibration of the cluster in the store over the published
-    rows (`moetune calibrate`), and which calibration; the published rows alone without one."""
-    try:
-        row = Store(db, read_only=True).latest_calibration(cluster.name)
-    except NoStore:
-        row = None
-    return rates_for(row, cluster, model, config)
+    def _measurements(self) -> list[tuple]:
+        """(model, GPU type, compute key, ms of one micro-batch, where from) of every fit and one-GPU
+        trial in the store, read on first use."""
+        if self._compute is None:
+            self._compute = []
+            for study in self.store.studies() if self.store else ():
+                experiment = study.experiment or {}
+                gpu_type = (experiment.get("cluster") or {}).get("gpu_type")
+                samples = (experiment.get("tuning") or {}).get("one_gpu_samples")
+                one_gpu = (experiment.get("tuning") or {}).get("one_gpu")
+                for t in self.store.trials(study.id):
+                    cfg = TrainingConfig.from_dict(t.config)
+                    m = self.store.metrics(t.id)
+                    found = []
+                    if m.get("fit_compute_ms"):
+                        found.append((m["fit_compute_ms"] / fit.fit_micro_batches(cfg),
+                                      f"fit of trial {t.id} ({study.name}): {m['fit_compute_ms']:.0f} ms a step of "
+                                      f"{fit.fit_micro_batches(cfg)} micro-batches"))
+                    if one_gpu and samples and m.get("judged_step_time_ms") and t.state == "completed":
+                        n = samples // cfg.micro_batch
+                        found.append((m["judged_step_time_ms"] / n, f"one-GPU trial {t.id} ({study.name}): "
+                                      f"{m['judged_step_time_ms']:.0f} ms a step of {n} micro-batches"))
+                    self._compute += [(study.model, gpu_type, _compute_key(cfg), ms, src) for ms, src in found]
+        return self._compute
+
+    def measured_compute(self, exp, config: TrainingConfig, gpu_type: str) -> tuple[float, str] | None:
+        """(ms of one micro-batch on the layout's slowest measured rank, where from): a fit's step of
+        its fit_micro_batches, or a one-GPU trial's judged step of its samples, of this model on this
+        GPU type; the fastest such record wins."""
+        want = _compute_key(config)
+        found = [(ms, src) for model, gpu, key, ms, src in self._measurements()
+                 if model in (exp.name, exp.model.name) and gpu == gpu_type and key == want]
+        return min(found) if found else None
+
+    def rates(self, cluster, model, config: TrainingConfig):
+        """The rate table with the latest calibration of the cluster over the published rows
+        (`moetune calibrate`), and which calibration; the published rows alone without one."""
+        if cluster.name not in self._calibrations:
+            self._calibrations[cluster.name] = self.store.latest_calibration(cluster.name) if self.store else None
+        return rates_for(self._calibrations[cluster.name], cluster, model, config)
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:
@@ -125,7 +137,7 @@ def layout_config(base: TrainingConfig, a) -> TrainingConfig:
 
 
 def run_prediction(exp, config: TrainingConfig, gpus: int | None, gpu_type: str | None, compute: str | None,
-                   db: str | None) -> Prediction:
+                   readings: StoreReadings) -> Prediction:
     """The prediction of `config` on the experiment's cluster (with --gpus/--gpu-type applied).
     compute: "fit" (a measurement required), "analytic", or None (a measurement where there is one)."""
     cluster, world, _ = plan_cluster(exp, gpus, gpu_type)
@@ -136,11 +148,11 @@ def run_prediction(exp, config: TrainingConfig, gpus: int | None, gpu_type: str 
     if config.global_batch % (config.micro_batch * dp):
         raise ValueError(f"global batch {config.global_batch} is not a multiple of micro batch {config.micro_batch} "
                          f"x data parallel {dp}")
-    measured = None if compute == "analytic" else measured_compute(exp, config, cluster.gpu_type, db)
+    measured = None if compute == "analytic" else readings.measured_compute(exp, config, cluster.gpu_type)
     if compute == "fit" and measured is None:
         raise ValueError(f"--compute fit: the store holds no fit or one-GPU trial of this layout of {exp.name} "
                          f"on {cluster.gpu_type}; run `moetune fit` or use --compute analytic")
-    rates, calibration = calibrated_rates(cluster, exp.model, config, db)
+    rates, calibration = readings.rates(cluster, exp.model, config)
     p = predict(exp.model, config, Node.of(cluster), world, rates=rates, measured_ms=measured[0] if measured else None)
     if calibration:
         p.inputs["calibration"] = calibration
@@ -195,7 +207,7 @@ def _main(argv: list[str], db: str | None = None) -> int:
         return _fail(str(e))
     try:
         config = layout_config(exp.baseline, a)
-        pred = run_prediction(exp, config, a.gpus, a.gpu_type, a.compute, db)
+        pred = run_prediction(exp, config, a.gpus, a.gpu_type, a.compute, StoreReadings(db))
     except ValueError as e:
         return _fail(str(e))
     if a.format == "json":
