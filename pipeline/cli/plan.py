@@ -13,7 +13,6 @@ from moetune.pipeline.cli.predict import StoreReadings, run_prediction
 from moetune.pipeline.spec.experiment import ConfigError
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.memory import FIXED_GB, TooFewGPUs, baseline_layout, plan, plan_cluster
-from moetune.pipeline.store import NoStore, Store
 
 # Fields that do not change a layout's memory: how long it runs and what is profiled. Routing's
 # capacity fields are left out too, since a fit runs the layout with static routing.
@@ -24,13 +23,11 @@ def _layout_key(config: dict) -> str:
     return json.dumps({k: v for k, v in config.items() if k not in _NOT_LAYOUT}, sort_keys=True)
 
 
-def measured_peaks(exp, world: int, db: str | None = None) -> dict[str, float]:
+def measured_peaks(exp, world: int, readings: StoreReadings) -> dict[str, float]:
     """{layout key: highest measured peak (GB, Megatron's max allocated)} of the trials in the store
-    (`db`: moetune's --db, else MOETUNE_DB, else .moetune/moetune.db; none is created) of this model
-    at this GPU count."""
-    try:
-        store = Store(db, read_only=True)  # no --db: the store resolves MOETUNE_DB
-    except NoStore:
+    of this model at this GPU count."""
+    store = readings.store
+    if store is None:
         return {}
     out: dict[str, float] = {}
     for study in store.studies():
@@ -51,11 +48,10 @@ def measured_peaks(exp, world: int, db: str | None = None) -> dict[str, float]:
 predicted: dict[int, dict] = {}  # id(layout) -> its prediction's headline, for the rows printed
 
 
-def ranked(exp, layouts, gpus, gpu_type, db) -> list:
+def ranked(exp, layouts, gpus, gpu_type, readings: StoreReadings) -> list:
     """The layouts by predicted tokens/s/GPU, fastest first (compute measured where the store holds
     a fit of the layout); one the model cannot price (its batch does not divide) goes last."""
     predicted.clear()
-    readings = StoreReadings(db)
     for l in layouts:
         try:
             p = run_prediction(exp, l.config, gpus, gpu_type, None, readings)
@@ -89,7 +85,8 @@ def _main(argv: list[str], db: str | None = None) -> int:
         print(f"moetune plan: {e}", file=sys.stderr)
         return 2
     _, world, capacity = plan_cluster(exp, args.gpus, args.gpu_type)
-    peaks = measured_peaks(exp, world, db)
+    readings = StoreReadings(db)  # --db, else MOETUNE_DB, else .moetune/moetune.db; none is created
+    peaks = measured_peaks(exp, world, readings)
     measured = lambda cfg: peaks.get(_layout_key(cfg.to_dict()))  # noqa: E731
     try:
         base = baseline_layout(exp, args.gpus, args.gpu_type, measured=measured)
@@ -110,7 +107,7 @@ def _main(argv: list[str], db: str | None = None) -> int:
                 base.config.to_dict()) for l in layouts):
             layouts.insert(0, base)
         if speed:
-            layouts = ranked(exp, layouts, args.gpus, args.gpu_type, db)[:args.limit]
+            layouts = ranked(exp, layouts, args.gpus, args.gpu_type, readings)[:args.limit]
     code = (0 if layouts[0].fits else 1) if args.baseline else (0 if layouts else 1)
     if args.format == "json":
         print(json.dumps([{**l.to_dict(), **({"predicted": predicted[id(l)]} if id(l) in predicted else {})}
