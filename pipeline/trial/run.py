@@ -25,7 +25,7 @@ from moetune.pipeline.job.paths import TrialPaths
 from moetune.pipeline.job.replay import replay_job
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.store import now
-from moetune.pipeline.trial import stages
+from moetune.pipeline.trial import framework, stages
 
 ITERATION_LINE = re.compile(r"iteration\s+\d+\s*/\s*\d+\s*\|")
 WATCHDOG = re.compile(r"Watchdog caught collective operation timeout|ProcessGroupNCCL.*timed out")
@@ -56,30 +56,37 @@ def _stage(name: str, fn, *args, **kwargs):
     """fn(*args, **kwargs), its errors named by the stage they stopped (NotReady passes through)."""
     try:
         return fn(*args, **kwargs)
-    except stages.NotReady:
+    except framework.NotReady:
         raise
     except MoetuneError as e:  # a TraceError too
         raise StageFailure(name, e) from None
 
 
-def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path, force: bool = False) -> None:
-    """The demo's submit stage: `replay_job` through submitit's local executor, recorded as
-    the submit stage records its own (job.json in the same form)."""
-    t = stages.TrialContext(store, trial_id, runs_root, "local")
-    files, _ = stages._submit_inputs(t)
-    key = stages.inputs_hash("submit", files, {"replay": str(bank_dir)})
-    if stages.current(store, trial_id, "submit", key) and not force:
-        return
+def _replay_inputs(t: stages.TrialContext, bank_dir: Path) -> tuple[list[Path], dict]:
+    files, _ = stages.submit_inputs(t)
+    return files, {"replay": str(bank_dir)}
+
+
+def _do_replay(t: stages.TrialContext, bank_dir: Path) -> list[Path]:
     folder = t.paths.submitit
     ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(timeout_min=30)
-    started = now()
     job = ex.submit(replay_job, t.row.config, str(t.folder), str(bank_dir))
     out = t.paths.job
     out.write_text(json.dumps({"job_id": str(job.job_id), "kind": "local", "folder": str(folder),
                                "name": t.job_name(), "submitted_at": now()}, indent=1) + "\n")
-    store.update_trial(trial_id, job_id=str(job.job_id), state="submitted", submitted_at=now())
-    store.record_stage(trial_id, "submit", key, [str(out)], started_at=started)
+    t.store.update_trial(t.id, job_id=str(job.job_id), state="submitted", submitted_at=now())
+    return [out]
+
+
+# The demo's submit stage: `replay_job` through submitit's local executor, recorded under the submit
+# stage's name and in its job.json form, so collect and the rest read it as any submit's.
+REPLAY_SUBMIT = framework.Stage("submit", _replay_inputs, _do_replay, options=("bank_dir",),
+                                input_options=("bank_dir",))
+
+
+def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path, force: bool = False) -> None:
+    framework.run(store, trial_id, REPLAY_SUBMIT, force, runs_root=runs_root, executor="local", bank_dir=bank_dir)
 
 
 def watch(ref, log: Path, hang_timeout_s: float, poll_s: float = 0.5,

@@ -45,9 +45,7 @@ from moetune.pipeline.spec.experiment import tuning_value
 from moetune.pipeline.spec.section import as_dict, rank_count
 from moetune.pipeline.store import now
 from moetune.pipeline.trial import framework
-from moetune.pipeline.trial.framework import Stage, StageError, TrialContext
-# the framework's names that callers of the stages use through this module too (trial/run.py)
-from moetune.pipeline.trial.framework import NotReady, current, inputs_hash  # noqa: F401
+from moetune.pipeline.trial.framework import NotReady, Stage, StageError, TrialContext
 
 STAGE_ORDER = ("render", "submit", "collect", "export", "analyze", "decide")  # one run of a trial
 FIT = "fit"  # before render, where the tuner fits first
@@ -239,7 +237,7 @@ def load_spec(t: TrialContext) -> render.JobSpec:
     return render.JobSpec(**{**d, **tuples, "nsys": nsys})
 
 
-def _submit_inputs(t: TrialContext) -> tuple[list[Path], Any]:
+def submit_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     return [t.need(t.paths.job_script, "render"), t.need(t.paths.spec, "render")], None
 
 
@@ -476,7 +474,7 @@ def do_decide(t: TrialContext) -> list[Path]:
 STAGES: dict[str, Stage] = {st.name: st for st in (
     Stage(FIT, _fit_inputs, do_fit),
     Stage("render", _render_inputs, do_render),
-    Stage("submit", _submit_inputs, do_submit, takes_force=True),
+    Stage("submit", submit_inputs, do_submit, takes_force=True),
     Stage("collect", _collect_inputs, do_collect, options=("wait", "poll_s", "timeout_s")),
     Stage("export", _export_inputs, do_export, options=("local",), input_options=("local",),
           takes_force=True),

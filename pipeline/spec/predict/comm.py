@@ -103,7 +103,7 @@ def tp_collectives(m: ModelArch, c: TrainingConfig, layers: int, moe_layers: int
     return {"ms": count * one, "collectives": count, "link": link, "each_ms": one}
 
 
-def pp_sends(m: ModelArch, c: TrainingConfig, gpus_per_node: int, rates: Rates) -> dict:
+def pp_sends(m: ModelArch, c: TrainingConfig, rates: Rates) -> dict:
     """A stage's sends of one micro-batch's activations forward and gradients backward, once per
     virtual stage; pipeline stages are world/PP ranks apart, so across nodes on a multi-node job."""
     if c.pp <= 1:

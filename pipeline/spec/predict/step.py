@@ -144,7 +144,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
         s["a2a"], s["a2a_total"] = a2a_ms - hidden, a2a_ms
         tp = comm.tp_collectives(m, c, w.layers, w.moe_layers, node.gpu_type, node.nvlink_domain, rates)
         s["tp"] = tp["ms"] * (1 - rates["tp_overlap_hidden"] if c.tp_comm_overlap else 1.0)
-        s["pp"] = comm.pp_sends(m, c, node.gpus_per_node, rates)["ms"]
+        s["pp"] = comm.pp_sends(m, c, rates)["ms"]
         # the host queues launches ahead of the GPU's stream, communication included: it shows
         # only where it takes longer than all of them
         stream = s["compute"] + s["a2a"] + s["tp"] + s["pp"]
