@@ -166,20 +166,26 @@ def test_model_ranking_reaches_the_sweeps_best_in_fewer_trials(studies):
 
 
 def test_every_completed_trial_records_prediction_and_the_scale_learns(studies):
-    """Each completed trial stores the model's step time beside its measured one; after the first
-    trial the study's scale is the stand-in's 1.6 within its noise, and a skip's evidence holds
-    the corrected prediction against the incumbent's measured step."""
+    """Each completed trial stores the model's step time, part by part, beside its measured one;
+    after the first trial the study's scale is the stand-in's 1.6 within its noise, and so is the
+    correction of each part the model gives (compute, communication); a skip's evidence holds the
+    prediction corrected part by part against the incumbent's measured step."""
     _, out = studies
     store, s = out["model"]
     study = store.study(s["study"])
     for t in store.trials(study.id):
         m = store.metrics(t.id)
         assert m["predicted_model_ms"] > 0 and m["judged_step_time_ms"] > 0
+        assert m["predicted_model_ms"] == pytest.approx(sum(m[f"predicted_{g}_ms"] for g in predicted.TERM_GROUPS))
     assert s["prediction_scale"] == pytest.approx(STANDIN_SCALE, rel=0.03)
+    scales = s["prediction_correction"]["scales"]
+    assert {"compute", "comm"} <= set(scales)
+    assert all(v == pytest.approx(STANDIN_SCALE, rel=0.05) for v in scales.values()), scales
     skip = next(d for d in store.decisions(study.id) if d.kind == "skip" and (d.evidence or {}).get("prediction"))
     f = skip.evidence["prediction"]
     assert f["slower"] and f["step_time_ms"] > f["incumbent_ms"] * 1.02
-    assert f["step_time_ms"] == pytest.approx(f["model_ms"] * f["scale"], rel=1e-3)
+    corr = predicted.TermCorrection(f["correction"]["scales"], f["correction"]["offsets_ms"])
+    assert f["step_time_ms"] == pytest.approx(corr.apply(f["model_terms_ms"]), rel=1e-3)
 
 
 def test_study_report_shows_prediction_beside_measurement(studies):
@@ -195,3 +201,42 @@ def test_study_report_shows_prediction_beside_measurement(studies):
     text = report.render_markdown(r)
     assert f"saving {s['gpu_hours_saved']:.2f} GPU-hours" in text and "measured / model 1.6" in text
     assert "predicted ms" in report.render_html(r)
+
+
+def test_the_correction_scales_each_part_and_offsets_one_the_model_barely_gives():
+    """term_correction: a part's scale is the median of measured / model over the trials where the
+    model gives it at least TERM_FLOOR of the step; a part it never gives that much is added as the
+    median of measured minus model; apply() sums the corrected parts; no trial, no correction."""
+    rows = [({"compute": 200.0, "comm": 30.0, "idle": 12.0}, {"compute": 100.0, "comm": 10.0, "idle": 0.0}),
+            ({"compute": 220.0, "comm": 90.0, "idle": 8.0}, {"compute": 100.0, "comm": 40.0, "idle": 1.0}),
+            ({"compute": 180.0, "comm": 2.0, "idle": 10.0}, {"compute": 100.0, "comm": 1.0, "idle": 0.0})]
+    c = predicted.term_correction(rows)
+    # comm: 3.0 and 2.25 from the first two (10/110, 40/141 of the step); 1/101 is under the floor
+    assert c.scales == pytest.approx({"compute": 2.0, "comm": 2.625})
+    assert c.offsets == pytest.approx({"idle": 10.0}) and c.trials == 3
+    assert c.apply({"compute": 50.0, "comm": 20.0, "idle": 0.0}) == pytest.approx(100 + 52.5 + 10)
+    none = predicted.term_correction([])
+    assert none.apply({"compute": 50.0, "comm": 20.0, "idle": 3.0}) == 73.0
+
+
+def test_part_by_part_correction_prices_a_layout_a_single_scale_misprices(tmp_path):
+    """Two layouts of the stand-in's sweep whose communication shares differ (the model's own
+    parts): on a 'cluster' whose kernels run 1.2x the model and whose links 3x, the correction
+    learned from the first layout's measured parts, as the loop reads them back from its trace's
+    shares (measured_terms), prices the second exactly, where the single scale of the first (its
+    whole step's measured / model) is off by more than the noise."""
+    exp = load_experiment(str(_experiment(tmp_path, True)))
+    model = predicted.Model(exp)
+    priced = [(c, model.terms(c)) for c in sweep(exp)]
+    share = lambda t: t["comm"] / sum(t.values())  # noqa: E731
+    (a, ta), (b, tb) = min(priced, key=lambda x: share(x[1])), max(priced, key=lambda x: share(x[1]))
+    assert share(tb) - share(ta) > 0.1
+    factor = {"compute": 1.2, "comm": 3.0, "idle": 1.0}
+    cluster = lambda t: {g: v * factor[g] for g, v in t.items()}  # noqa: E731
+    step_a, step_b = sum(cluster(ta).values()), sum(cluster(tb).values())
+    metrics = {"judged_step_time_ms": step_a, "exposed_comm_share": cluster(ta)["comm"] / step_a,
+               "gpu_idle_share": cluster(ta)["idle"] / step_a}
+    corr = predicted.term_correction([(predicted.measured_terms(metrics), ta)])
+    assert corr.apply(tb) == pytest.approx(step_b, rel=1e-9)
+    single, _ = predicted.correction([(step_a, sum(ta.values()))])
+    assert abs(single * sum(tb.values()) / step_b - 1) > NOISE

@@ -679,7 +679,12 @@ def build(store, study_name: str) -> StudyReport:
 def prediction_sentence(s: dict) -> str:
     """The step-time model's part in the study: its correction and what its skips saved."""
     text = (f"Step-time model: measured / model {s['prediction_scale']:.2f} (median of "
-            f"{s['prediction_scale_from_trials']} completed trials), the scale on every later prediction")
+            f"{s['prediction_scale_from_trials']} completed trials)")
+    corr = s.get("prediction_correction") or {}
+    parts = [f"{g} x{v:.2f}" for g, v in (corr.get("scales") or {}).items()]
+    parts += [f"{g} {v:+.1f} ms" for g, v in (corr.get("offsets_ms") or {}).items()]
+    if parts:
+        text += f"; each later prediction corrected by part ({', '.join(parts)}, from {corr['trials']} trials)"
     if s.get("skipped_by_prediction"):
         text += (f"; {s['skipped_by_prediction']} trials predicted slower than the incumbent were not "
                  f"submitted, saving {s['gpu_hours_saved']:.2f} GPU-hours ({s['gpu_hours_saved_basis']})")

@@ -327,18 +327,21 @@ class Tuner:
 
     def _forecast(self, parent, config: TrainingConfig, model_ms: float | None) -> dict | None:
         """A layout move's prediction against the incumbent (None: not priced): the model's step
-        time corrected by the study's scale, the incumbent's judged step, whether it is slower
-        beyond the noise, and the GPU-hours its trial would cost."""
-        if model_ms is None:
+        time corrected part by part by the study's trials (predicted.study_correction), the
+        incumbent's judged step, whether it is slower beyond the noise, and the GPU-hours its trial
+        would cost."""
+        terms = self.model.terms(config) if model_ms is not None else None
+        if terms is None:
             return None
-        scale, n = predicted.study_scale(self.store, self.study.id)
-        ms = model_ms * scale
+        corr = predicted.study_correction(self.store, self.study.id)
+        ms = corr.apply(terms)
         inc = self.store.metrics(parent.id).get("judged_step_time_ms") or parent.step_time_ms
         if not inc:
             return None
         minutes = time_minutes(attr(self.exp.cluster, "time_limit", "00:30:00"))
-        return {"step_time_ms": round(ms, 3), "model_ms": round(model_ms, 3), "scale": round(scale, 4),
-                "scale_from_trials": n, "incumbent_ms": inc, "noise_threshold": self.rel_noise,
+        return {"step_time_ms": round(ms, 3), "model_ms": round(sum(terms.values()), 3),
+                "model_terms_ms": {g: round(v, 3) for g, v in terms.items()}, "correction": corr.to_dict(),
+                "incumbent_ms": inc, "noise_threshold": self.rel_noise,
                 "slower": predicted.slower(ms, inc, self.rel_noise),
                 "gpu_hours": round(predicted.gpu_hours(self.gpus, ms, config.train_iters, minutes), 6),
                 "gpu_hours_basis": f"{self.gpus} GPUs x predicted step x {config.train_iters} "
@@ -406,14 +409,16 @@ class Tuner:
         self.store.set_metrics(trial.id, scalars)
 
     def _predicted(self, trial) -> dict:
-        """The model's step time of the trial's config, and corrected by the study's scale from
-        the trials completed before it: recorded beside what it measured (the next scale's input)."""
-        model_ms = self.model.model_ms(TrainingConfig.from_dict(trial.config)) if self.model else None
-        if model_ms is None:
+        """The model's step time of the trial's config, part by part, and corrected by the trials
+        completed before it: recorded beside what it measured (the next correction's input)."""
+        terms = self.model.terms(TrainingConfig.from_dict(trial.config)) if self.model else None
+        if terms is None:
             return {}
         scale, _ = predicted.study_scale(self.store, self.study.id)
-        return {"predicted_model_ms": model_ms, "prediction_scale": scale,
-                "predicted_step_time_ms": model_ms * scale}
+        out = {"predicted_model_ms": sum(terms.values()), "prediction_scale": scale,
+               "predicted_step_time_ms": predicted.study_correction(self.store, self.study.id).apply(terms)}
+        out.update({f"predicted_{g}_ms": v for g, v in terms.items()})
+        return out
 
 
 # -- what a trial's outcome decides ---------------------------------------------------------

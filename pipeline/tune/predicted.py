@@ -4,20 +4,29 @@ model from what its trials measured.
 
     moves_layout(rule)               does the rule change a LAYOUT_FIELDS field
     Model(experiment).model_ms(cfg)  the model's step time; None where it cannot price the layout
+    Model(experiment).terms(cfg)     the same split into the parts a trace measures (TERM_GROUPS)
     correction(pairs)                the study's scale: median measured / model of its completed trials
     study_scale(store, study_id)     the same, from the trials' metrics in the store
+    term_correction(rows)            the study's correction of each part (TermCorrection)
+    study_correction(store, study_id) the same, from the trials' metrics in the store
     ranked(props, model_ms)          layout moves re-ordered by predicted step time in the slots they held
     slower(predicted, incumbent, rel) predicted slower than the incumbent by more than the noise?
     gpu_hours(gpus, ms, iters, limit) what a skipped trial would have cost
 
-The correction is one scale on the whole prediction: measured = scale x model, the scale the
-median of measured / model over the study's completed trials (1 before any), applied to every
-later prediction. The model's absolute error on a cluster (host speed, kernel efficiency) is
-mostly such a factor; its ranking of layouts is what the tuner leans on.
+The study corrects the model part by part: a trial's trace splits its judged step into exposed
+communication (exposed_comm_share), GPU idle (gpu_idle_share: the host's launches and the pipeline
+bubble) and the rest (compute), and each part of a later prediction is multiplied by the median of
+measured / model of that part over the completed trials (where the model gives it at least
+TERM_FLOOR of the step; a part the model never gives that much is added as the median of measured
+minus model instead). A cluster's kernels may run at another rate than the model's while its links
+match the published ones, or the other way round: one scale would carry the one part's error into
+layouts that have more of the other. The single scale (median of measured / model of the whole
+step) is still reported: it says how far off the model is overall.
 """
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass, field
 
 from moetune.pipeline.spec.config import TrainingConfig
 from moetune.pipeline.spec.predict import Node, predict
@@ -26,6 +35,11 @@ from moetune.pipeline.spec.section import gpu_count
 # config fields a layout or dispatcher move changes: the moves the model can rank
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dispatcher", "flex_backend")
 MS_PER_HOUR = 3.6e6
+# the model's terms (spec/predict/step.py) by the part of a trial's trace that measures them
+TERM_GROUPS = {"compute": ("compute", "optimizer"),
+               "comm": ("ep_a2a", "tp_collectives", "pp_sends", "dp_grad_reduce", "dp_param_gather"),
+               "idle": ("host_launch", "pipeline_bubble")}
+TERM_FLOOR = 0.05  # a part the model gives less of the step than this says little of its own error
 
 
 def moves_layout(rule) -> bool:
@@ -39,13 +53,20 @@ class Model:
         self.model, self.cluster = experiment.model, experiment.cluster
         self.world = gpu_count(experiment.cluster)
 
-    def model_ms(self, config: TrainingConfig) -> float | None:
-        """The model's step time of `config`, or None: a layout the model cannot price (its GPU
-        count does not divide, a CPU stand-in's cluster without GPUs) is ranked by the table alone."""
+    def terms(self, config: TrainingConfig) -> dict[str, float] | None:
+        """The model's step of `config` by TERM_GROUPS (ms each), or None: a layout the model cannot
+        price (its GPU count does not divide, a CPU stand-in's cluster without GPUs)."""
         try:
-            return predict(self.model, config, Node.of(self.cluster), self.world).step_time_ms
+            t = predict(self.model, config, Node.of(self.cluster), self.world).terms
         except (ValueError, KeyError, ZeroDivisionError):
             return None
+        return {g: sum(t[k] for k in keys) for g, keys in TERM_GROUPS.items()}
+
+    def model_ms(self, config: TrainingConfig) -> float | None:
+        """The model's step time of `config`, or None where it cannot price it (ranked by the
+        table alone)."""
+        t = self.terms(config)
+        return sum(t.values()) if t else None
 
 
 def correction(pairs: list[tuple[float, float]]) -> tuple[float, int]:
@@ -62,6 +83,56 @@ def study_scale(store, study_id: int) -> tuple[float, int]:
             m = store.metrics(t.id)
             pairs.append((m.get("judged_step_time_ms"), m.get("predicted_model_ms")))
     return correction(pairs)
+
+
+@dataclass
+class TermCorrection:
+    """Per part of the step: a scale on the model's ms, or (a part the model never gave enough of
+    the step to scale) an offset added in ms; `trials` how many completed trials it comes from."""
+    scales: dict[str, float] = field(default_factory=dict)
+    offsets: dict[str, float] = field(default_factory=dict)
+    trials: int = 0
+
+    def apply(self, terms: dict[str, float]) -> float:
+        return sum(v * self.scales.get(g, 1.0) + self.offsets.get(g, 0.0) for g, v in terms.items())
+
+    def to_dict(self) -> dict:
+        return {"scales": {g: round(v, 4) for g, v in self.scales.items()},
+                "offsets_ms": {g: round(v, 3) for g, v in self.offsets.items()}, "trials": self.trials}
+
+
+def measured_terms(m: dict) -> dict[str, float] | None:
+    """A trial's judged step split as TERM_GROUPS by its trace's shares; None without them."""
+    step, comm, idle = m.get("judged_step_time_ms"), m.get("exposed_comm_share"), m.get("gpu_idle_share")
+    if not step or comm is None or idle is None:
+        return None
+    return {"compute": step * max(0.0, 1 - comm - idle), "comm": step * comm, "idle": step * idle}
+
+
+def term_correction(rows: list[tuple[dict, dict]]) -> TermCorrection:
+    """The correction from (measured parts, model parts) of completed trials (module docstring)."""
+    out = TermCorrection(trials=len(rows))
+    for g in TERM_GROUPS:
+        ratios = [m[g] / p[g] for m, p in rows if p[g] >= TERM_FLOOR * sum(p.values()) > 0]
+        if ratios:
+            out.scales[g] = statistics.median(ratios)
+        elif rows:
+            out.offsets[g] = statistics.median(m[g] - p[g] for m, p in rows)
+    return out
+
+
+def study_correction(store, study_id: int) -> TermCorrection:
+    """The study's correction from its completed trials' measured parts and recorded model parts."""
+    rows = []
+    for t in store.trials(study_id):
+        if t.state != "completed":
+            continue
+        m = store.metrics(t.id)
+        measured = measured_terms(m)
+        model = {g: m.get(f"predicted_{g}_ms") for g in TERM_GROUPS}
+        if measured and None not in model.values():
+            rows.append((measured, model))
+    return term_correction(rows)
 
 
 def ranked(props: list, model_ms: dict) -> list:
