@@ -9,6 +9,7 @@ from moetune.pipeline.paths import ROOT
 from moetune.pipeline.spec.predict import PUBLISHED, Rates
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import host_runahead  # noqa: E402
 import predict_calibration  # noqa: E402
 
 CALIBRATED = ("gemm_efficiency", "gemm_half_gflop", "attention_efficiency", "hbm_efficiency", "kernels_per_layer",
@@ -57,3 +58,11 @@ def test_reference_rows_equal_the_probe_runs_on_the_reference_machine():
         assert r[name] == v["value"], name
         assert len(v["runs"]) >= 3 and min(v["runs"]) <= v["value"] <= max(v["runs"]), name
         assert r.rows[name].source.startswith("measured by moetune: "), name
+
+
+def test_the_host_wait_curve_equals_the_replay_of_the_bank_trace():
+    """rates.CURVES host_wait_excess holds what benchmarks/host_runahead.py replays now from the
+    trial bank's te_gg trace (so neither can drift), and its source says it is moetune's own."""
+    c = Rates().curve("host_wait_excess")
+    assert c.points == host_runahead.curve()
+    assert c.source.startswith("measured by moetune: ") and host_runahead.CURVE_TRACE in c.source

@@ -1,5 +1,6 @@
 """spec/predict/step.py: the step's terms added up: pipeline fill and drain, host launch time
-against the GPU stream, CUDA graphs and FP8 on the host, against hand computations."""
+against the GPU stream (and the measured excess near balance), CUDA graphs and FP8 on the host,
+against hand computations."""
 import pytest
 
 from moetune.pipeline.spec.config import TrainingConfig
@@ -49,19 +50,40 @@ def test_host_time_of_launches():
     assert step.host_ms(1000, graphs, Node("H100", 8, 8, 16), r) == pytest.approx(100.4229 * (1 - 0.4251))
 
 
-def test_host_shows_only_beyond_the_gpu_stream():
-    """One GPU, no communication: a micro-batch takes the larger of the host's launch time and
-    the GPU's compute. Micro batch 1 on 2 CPUs a rank (8x the measured cost a launch): the host
-    sets the pace, and the host term is exactly what it takes beyond the compute; micro batch 16
-    on 64 CPUs: the GPU's 16 sequences take longer than the same launches, and no host time shows."""
+def _host_exposed(host: float, stream: float) -> float:
+    """What step.py adds to a stream for its host, by hand: the larger of the two, and the
+    measured excess at their ratio."""
+    return max(host, stream) * (1 + Rates().curve("host_wait_excess").at(host / stream)) - stream
+
+
+def test_host_shows_beyond_the_gpu_stream_and_near_balance():
+    """One GPU, no communication: a micro-batch takes the larger of the host's launch time and the
+    GPU's compute, times one plus the measured excess at their ratio. Micro batch 1 on 2 CPUs a
+    rank (8x the measured cost a launch): the host sets the pace and the host term is what it takes
+    beyond the compute with that excess; micro batch 16 on 64 CPUs: the GPU's 16 sequences take
+    longer than the same launches, and the host shows only as the excess at that ratio."""
     c = TrainingConfig(micro_batch=1, global_batch=4)
     slow = predict(TOY, c, Node("H100", 8, 8, 2), world=1)
     i = slow.inputs
-    assert i["host_launch_ms_per_micro_batch"] > i["compute_ms_per_micro_batch"]
-    assert slow.terms["host_launch"] == pytest.approx(
-        4 * (i["host_launch_ms_per_micro_batch"] - i["compute_ms_per_micro_batch"]))
-    assert slow.inputs["stage_micro_batch_ms"]["0"] == pytest.approx(i["host_launch_ms_per_micro_batch"])
+    host, gpu = i["host_launch_ms_per_micro_batch"], i["compute_ms_per_micro_batch"]
+    assert host > gpu
+    assert slow.terms["host_launch"] == pytest.approx(4 * _host_exposed(host, gpu))
+    assert slow.inputs["stage_micro_batch_ms"]["0"] == pytest.approx(gpu + _host_exposed(host, gpu))
     big = TrainingConfig(micro_batch=16, global_batch=64)
     fast = predict(TOY, big, Node("H100", 8, 8, 64), world=1)
-    assert fast.inputs["host_launch_ms_per_micro_batch"] < fast.inputs["compute_ms_per_micro_batch"]
-    assert fast.terms["host_launch"] == 0.0
+    host, gpu = fast.inputs["host_launch_ms_per_micro_batch"], fast.inputs["compute_ms_per_micro_batch"]
+    assert host < gpu
+    assert fast.terms["host_launch"] == pytest.approx(4 * _host_exposed(host, gpu))
+    assert fast.terms["host_launch"] < 0.25 * 4 * gpu
+
+
+def test_the_wait_excess_peaks_at_balance_and_fades_either_way():
+    """host_wait_excess: 0 with no host, the most at host = stream, less the further either is
+    ahead, and read on straight lines between its points (held beyond the last)."""
+    curve = Rates().curve("host_wait_excess")
+    at = {r: curve.at(r) for r in (0.0, 0.4, 0.88, 1.0, 1.5, 3.0, 50.0)}
+    assert at[0.0] == 0.0
+    assert at[1.0] == max(at.values()) > at[0.88] > at[0.4] > 0
+    assert at[1.0] > at[1.5] > at[3.0] >= at[50.0] > 0
+    (x0, y0), (x1, y1) = curve.points[3], curve.points[4]
+    assert curve.at((x0 + x1) / 2) == pytest.approx((y0 + y1) / 2)

@@ -98,11 +98,47 @@ REFERENCE: tuple[Rate, ...] = (
 PUBLISHED: tuple[Rate, ...] = LINKS + COMPUTE + HOST + OVERLAP + REFERENCE
 
 
+@dataclass(frozen=True)
+class Curve:
+    """A rate that depends on a ratio: (x, y) points, read between them on a straight line and held
+    at the ends."""
+    name: str
+    points: tuple[tuple[float, float], ...]
+    source: str
+
+    def at(self, x: float) -> float:
+        pts = ((0.0, 0.0),) + self.points if self.points[0][0] > 0 else self.points
+        if x >= pts[-1][0]:
+            return pts[-1][1]
+        i = next(i for i, (px, _) in enumerate(pts) if px > x)
+        (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+    def to_dict(self) -> dict:
+        return {"points": [list(p) for p in self.points], "unit": "curve", "source": self.source}
+
+
+CURVES: tuple[Curve, ...] = (
+    # benchmarks/host_runahead.py: the trial bank's te_gg trace (moe_proxy_te on two H200: TE,
+    # grouped GEMM, the dropless all-to-all dispatcher, whose token counts the host waits for),
+    # its host's launches and waits replayed against its kernels with the host scaled
+    Curve("host_wait_excess", ((0.1, 0.0033), (0.2, 0.0092), (0.3, 0.0206), (0.4, 0.037), (0.5, 0.056),
+                               (0.6, 0.0757), (0.7, 0.0991), (0.8, 0.1374), (0.9, 0.1864), (1.0, 0.245),
+                               (1.1, 0.1945), (1.2, 0.1642), (1.4, 0.1182), (1.6, 0.0862), (2.0, 0.0573),
+                               (3.0, 0.0307), (5.0, 0.0142), (10.0, 0.0034)),
+          f"{_MEASURED}: a micro-batch's time over the larger of its host's launch time and its "
+          "stream's, against host / stream: the te_gg trace's launches and waits on the GPU replayed "
+          "with the host scaled (benchmarks/host_runahead.py)"),
+)
+
+
 class Rates:
     """The rows a prediction reads, by name; `measured` rows (a calibration's) replace published ones."""
 
-    def __init__(self, rows=PUBLISHED, measured: dict[str, tuple[float, str]] | None = None):
+    def __init__(self, rows=PUBLISHED, measured: dict[str, tuple[float, str]] | None = None,
+                 curves=CURVES):
         self.rows = {r.name: r for r in rows}
+        self.curves = {c.name: c for c in curves}
         for name, (value, source) in (measured or {}).items():
             if name not in self.rows:
                 raise KeyError(f"{name}: no such rate; known: {', '.join(sorted(self.rows))}")
@@ -111,5 +147,8 @@ class Rates:
     def __getitem__(self, name: str) -> float:
         return self.rows[name].value
 
+    def curve(self, name: str) -> Curve:
+        return self.curves[name]
+
     def to_dict(self) -> dict:
-        return {n: r.to_dict() for n, r in self.rows.items()}
+        return {**{n: r.to_dict() for n, r in self.rows.items()}, **{n: c.to_dict() for n, c in self.curves.items()}}

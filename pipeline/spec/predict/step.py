@@ -26,7 +26,8 @@ ASSUMPTIONS = (
     "routing balanced: every rank's experts get top-k times its tokens, and send as much as they receive",
     "tokens cross the all-to-all in BF16",
     "a stage's micro-batch time is the larger of its host's launch time and its stream's time (compute "
-    "plus the communication left exposed): kernels queue ahead of the GPU",
+    "plus the communication left exposed), and more near balance, where the host's waits on the GPU "
+    "keep it from running ahead: as moetune's own TE grouped-GEMM trace replays it (host_wait_excess)",
     "CUDA graphs remove the launches of the scopes they capture (all of them for a whole-iteration graph)",
     "the data-parallel reduce overlaps at most one micro-batch's backward, the gather one forward",
 )
@@ -145,10 +146,13 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
         tp = comm.tp_collectives(m, c, w.layers, w.moe_layers, node.gpu_type, node.nvlink_domain, rates)
         s["tp"] = tp["ms"] * (1 - rates["tp_overlap_hidden"] if c.tp_comm_overlap else 1.0)
         s["pp"] = comm.pp_sends(m, c, rates)["ms"]
-        # the host queues launches ahead of the GPU's stream, communication included: it shows
-        # only where it takes longer than all of them
+        # the host queues launches ahead of the GPU's stream, communication included, so the larger
+        # of the two sets the pace; but where the host waits on the GPU (a dropless MoE layer's
+        # token counts) the queue empties and the GPU waits for the launches after it, which
+        # costs most near balance (host_wait_excess, replayed from moetune's own trace)
         stream = s["compute"] + s["a2a"] + s["tp"] + s["pp"]
-        s["host_exposed"] = max(0.0, s["host"] - stream)
+        excess = rates.curve("host_wait_excess").at(s["host"] / stream) if stream else 0.0
+        s["host_exposed"] = max(s["host"], stream) * (1 + excess) - stream
         s["micro_batch"] = stream + s["host_exposed"]
         dense, experts = stage_params(m, c, w.layers, w.moe_layers, w.index == 0, w.index == c.pp - 1)
         dp = comm.dp_sync(dense, experts, c, world, node.gpu_type, node.nvlink_domain, rates)
