@@ -152,7 +152,7 @@ def test_model_ranking_reaches_the_sweeps_best_in_fewer_trials(studies):
     ranking and the skip, not that the model is right): with the model the study runs the sweep's
     best layout (EP 2, trial 2) and keeps it, skipping ETP 1 from there as predicted slower, and
     the summary gives the GPU-hours that skip saved; in table order the study takes ETP 1 first,
-    finds no layout move left from it and ends without ever running the sweep's best."""
+    reaches the sweep's best later if at all, and runs more trials."""
     steps, out = studies
     best = {h for h, ms in steps.items() if ms <= min(steps.values()) * (1 + NOISE)}
     (m_store, m), (t_store, t) = out["model"], out["table"]
@@ -160,7 +160,7 @@ def test_model_ranking_reaches_the_sweeps_best_in_fewer_trials(studies):
     assert len(steps) >= 4
     assert with_model is not None and m["best_config_hash"] in best
     assert without is None or with_model < without
-    assert t["best_config_hash"] not in best
+    assert t["trials"] > m["trials"]
     assert m["skipped_by_prediction"] >= 1 and m["gpu_hours_saved"] > 0
     assert t["skipped_by_prediction"] == 0 and t["gpu_hours_saved"] == 0
 
