@@ -7,15 +7,14 @@ waits for the launches after it.
 
     .venv/bin/python benchmarks/host_runahead.py [--out benchmarks/results/host_runahead.json]
 
-For each trace of the trial bank named in TRACES, each profiled iteration of its first rank's
+For each trace named in TRACES (the trial bank's, and benchmarks/host_runahead/'s), each profiled iteration of its first rank's
 launching thread is read as a sequence of host operations: a launch (the host's own time since its
 previous call plus the call, and the GPU time of what it launched), a wait (a synchronizing call,
 or a device-to-host copy), or other host work. `replay` runs that sequence with the host's times
 scaled so that host / GPU is r, the GPU a single queue (kernels of several streams are serialised:
 the overlap of communication with compute is not replayed), with and without the waits. The table
 gives step / max(host, GPU) - 1 at each r: what max(host, GPU) leaves out at that balance, for
-that trace's code path. The two-GPU trace's all-to-all kernels include waiting on the other rank.
-Its curve over CURVE_RATIOS is the model's `host_wait_excess` (spec/predict/rates.py CURVES;
+that trace's code path. The first trace's curve over CURVE_RATIOS is the model's `host_wait_excess` (spec/predict/rates.py CURVES;
 tests/test_predict_rates.py keeps the two equal).
 """
 from __future__ import annotations
@@ -32,17 +31,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BANK = ROOT / "benchmarks" / "trial_bank" / "traces"
+HOME = ROOT / "benchmarks" / "host_runahead"  # traces taken for this replay
 OUT = ROOT / "benchmarks" / "results" / "host_runahead.json"
-# (bank trace, what it is)
-TRACES = (("qwen3_30b_a3b-1gpu_t1_baseline", "qwen3_30b_a3b rank 0 alone on an H100 (TE, grouped GEMM, "
-           "capacity 1 with padding: no token counts to wait for)"),
-          ("mbs8_1gpu", "moe_proxy on one H200 (local spec, dropless: token counts on the host)"),
-          ("te_gg", "moe_proxy_te on two H200, rank 0 (TE, grouped GEMM, EP 2, dropless)"))
+# (trace, what it is)
+TRACES = ((HOME / "moe_proxy_te_1gpu.sqlite.xz", "moe_proxy_te on one H100, EP 1 (TE, grouped GEMM, dropless: "
+           "token counts on the host; benchmarks/device/moe_proxy_te_1gpu.yaml)"),
+          (BANK / "te_gg.sqlite.xz", "moe_proxy_te on two H200, rank 0 (TE, grouped GEMM, EP 2, dropless; its "
+           "all-to-all kernels hold waiting on the other rank)"),
+          (BANK / "mbs8_1gpu.sqlite.xz", "moe_proxy on one H200 (local spec, dropless)"),
+          (BANK / "qwen3_30b_a3b-1gpu_t1_baseline.sqlite.xz", "qwen3_30b_a3b rank 0 alone on an H100 (TE, grouped "
+           "GEMM, capacity 1 with padding: no token counts to wait for)"))
 RATIOS = (0.4, 0.65, 0.88, 1.0, 1.5)
 # the step-time model's curve (rates.CURVES host_wait_excess): the trace of the recipes' code path
-# (TE, grouped GEMM, the dropless all-to-all), at host / GPU ratios from a GPU-bound to a host-bound
-# stage; beyond the last the excess is taken as that point's
-CURVE_TRACE = "te_gg"
+# (TE, grouped GEMM, the dropless all-to-all) with no peer to wait on, at host / GPU ratios from a
+# GPU-bound to a host-bound stage; beyond the last the excess is taken as that point's
+CURVE_TRACE = TRACES[0][0]
 CURVE_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4, 1.6, 2.0, 3.0, 5.0, 10.0)
 # calls in which the host waits for the GPU
 WAITS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cuStreamSynchronize",
@@ -125,10 +128,10 @@ def iterations(path: Path) -> list[list[tuple]]:
 
 def measure() -> list[dict]:
     rows = []
-    for name, what in TRACES:
-        its = iterations(BANK / f"{name}.sqlite.xz")
+    for path, what in TRACES:
+        its = iterations(path)
         med = lambda f: round(statistics.median(f(ops) for ops in its), 4)  # noqa: E731
-        rows.append({"trace": name, "what": what, "iterations": len(its),
+        rows.append({"trace": path.name.removesuffix(".sqlite.xz"), "what": what, "iterations": len(its),
                      "host_ms": med(lambda o: sum(x[0] for x in o) / 1e6), "gpu_ms": med(lambda o: sum(x[2] for x in o) / 1e6),
                      "waits": med(lambda o: sum(x[1] == "wait" for x in o)),
                      "with_waits": {str(r): med(lambda o, r=r: excess(o, r)) for r in RATIOS},
@@ -138,7 +141,7 @@ def measure() -> list[dict]:
 
 def curve(its: list[list[tuple]] | None = None) -> tuple[tuple[float, float], ...]:
     """(host / GPU, step / max(host, GPU) - 1) of CURVE_TRACE, median over its iterations."""
-    its = its if its is not None else iterations(BANK / f"{CURVE_TRACE}.sqlite.xz")
+    its = its if its is not None else iterations(CURVE_TRACE)
     return tuple((r, round(statistics.median(excess(o, r) for o in its), 4)) for r in CURVE_RATIOS)
 
 
@@ -157,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     rows, points = measure(), curve()
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"traces": rows, "curve": {"trace": CURVE_TRACE, "points": points}}, indent=1) + "\n")
+    a.out.write_text(json.dumps({"traces": rows, "curve": {"trace": str(CURVE_TRACE.relative_to(ROOT)),
+                                                           "points": points}}, indent=1) + "\n")
     print(table(rows))
     print("step / max(host, GPU) - 1, median over the profiled iterations; in brackets without the waits")
-    print(f"curve ({CURVE_TRACE}): " + ", ".join(f"{r}: {e}" for r, e in points))
+    print(f"curve ({CURVE_TRACE.name}): " + ", ".join(f"{r}: {e}" for r, e in points))
     return 0
 
 

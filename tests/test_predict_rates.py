@@ -60,9 +60,10 @@ def test_reference_rows_equal_the_probe_runs_on_the_reference_machine():
         assert r.rows[name].source.startswith("measured by moetune: "), name
 
 
-def test_the_host_wait_curve_equals_the_replay_of_the_bank_trace():
+def test_the_host_wait_curve_equals_the_replay_of_its_trace():
     """rates.CURVES host_wait_excess holds what benchmarks/host_runahead.py replays now from the
-    trial bank's te_gg trace (so neither can drift), and its source says it is moetune's own."""
+    trace benchmarks/host_runahead/moe_proxy_te_1gpu (so neither can drift), and its source says it
+    is moetune's own."""
     c = Rates().curve("host_wait_excess")
     assert c.points == host_runahead.curve()
-    assert c.source.startswith("measured by moetune: ") and host_runahead.CURVE_TRACE in c.source
+    assert c.source.startswith("measured by moetune: ") and host_runahead.CURVE_TRACE.name.split(".")[0] in c.source

@@ -119,16 +119,16 @@ class Curve:
 
 
 CURVES: tuple[Curve, ...] = (
-    # benchmarks/host_runahead.py: the trial bank's te_gg trace (moe_proxy_te on two H200: TE,
-    # grouped GEMM, the dropless all-to-all dispatcher, whose token counts the host waits for),
-    # its host's launches and waits replayed against its kernels with the host scaled
-    Curve("host_wait_excess", ((0.1, 0.0033), (0.2, 0.0092), (0.3, 0.0206), (0.4, 0.037), (0.5, 0.056),
-                               (0.6, 0.0757), (0.7, 0.0991), (0.8, 0.1374), (0.9, 0.1864), (1.0, 0.245),
-                               (1.1, 0.1945), (1.2, 0.1642), (1.4, 0.1182), (1.6, 0.0862), (2.0, 0.0573),
-                               (3.0, 0.0307), (5.0, 0.0142), (10.0, 0.0034)),
-          f"{_MEASURED}: a micro-batch's time over the larger of its host's launch time and its "
-          "stream's, against host / stream: the te_gg trace's launches and waits on the GPU replayed "
-          "with the host scaled (benchmarks/host_runahead.py)"),
+    # benchmarks/host_runahead.py: moe_proxy_te on one H100 (TE, grouped GEMM, the dropless
+    # all-to-all dispatcher, whose token counts the host waits for), its host's launches and waits
+    # replayed against its kernels with the host scaled
+    Curve("host_wait_excess", ((0.1, 0.0018), (0.2, 0.0041), (0.3, 0.0091), (0.4, 0.019), (0.5, 0.0411), (0.6, 0.0757),
+                               (0.7, 0.1132), (0.8, 0.1545), (0.9, 0.1964), (1.0, 0.2388), (1.1, 0.1648), (1.2, 0.1092),
+                               (1.4, 0.049), (1.6, 0.0321), (2.0, 0.0231), (3.0, 0.0121), (5.0, 0.0053), (10.0, 0.0003)),
+          "measured by moetune: benchmarks/host_runahead/moe_proxy_te_1gpu.sqlite.xz (one H100, TE, "
+          "grouped GEMM, dropless): a micro-batch's time over the larger of its host's launch time and "
+          "its stream's, against host / stream, the trace's launches and waits replayed with the host "
+          "scaled (benchmarks/host_runahead.py)"),
 )
 
 
