@@ -34,7 +34,9 @@ BANK = ROOT / "benchmarks" / "trial_bank" / "traces"
 HOME = ROOT / "benchmarks" / "host_runahead"  # traces taken for this replay
 OUT = ROOT / "benchmarks" / "results" / "host_runahead.json"
 # (trace, what it is)
-TRACES = ((HOME / "moe_proxy_te_1gpu.sqlite.xz", "moe_proxy_te on one H100, EP 1 (TE, grouped GEMM, dropless: "
+TRACES = ((HOME / "qwen3_30b_a3b_2layer_1gpu.sqlite.xz", "two Qwen3-30B-A3B layers on one H100, EP 1 (TE, grouped "
+           "GEMM of its 128 experts, dropless; benchmarks/device/qwen3_30b_a3b_2layer_1gpu.yaml)"),
+          (HOME / "moe_proxy_te_1gpu.sqlite.xz", "moe_proxy_te on one H100, EP 1 (TE, grouped GEMM, dropless: "
            "token counts on the host; benchmarks/device/moe_proxy_te_1gpu.yaml)"),
           (BANK / "te_gg.sqlite.xz", "moe_proxy_te on two H200, rank 0 (TE, grouped GEMM, EP 2, dropless; its "
            "all-to-all kernels hold waiting on the other rank)"),
@@ -42,9 +44,10 @@ TRACES = ((HOME / "moe_proxy_te_1gpu.sqlite.xz", "moe_proxy_te on one H100, EP 1
           (BANK / "qwen3_30b_a3b-1gpu_t1_baseline.sqlite.xz", "qwen3_30b_a3b rank 0 alone on an H100 (TE, grouped "
            "GEMM, capacity 1 with padding: no token counts to wait for)"))
 RATIOS = (0.4, 0.65, 0.88, 1.0, 1.5)
-# the step-time model's curve (rates.CURVES host_wait_excess): the trace of the recipes' code path
-# (TE, grouped GEMM, the dropless all-to-all) with no peer to wait on, at host / GPU ratios from a
-# GPU-bound to a host-bound stage; beyond the last the excess is taken as that point's
+# the step-time model's curve (rates.CURVES host_wait_excess): the trace of a production model's
+# layers on the recipes' code path (TE, grouped GEMM, the dropless all-to-all) with no peer to wait
+# on, at host / GPU ratios from a GPU-bound to a host-bound stage; beyond the last the excess is
+# taken as that point's
 CURVE_TRACE = TRACES[0][0]
 CURVE_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4, 1.6, 2.0, 3.0, 5.0, 10.0)
 # calls in which the host waits for the GPU
