@@ -101,8 +101,11 @@ def pair_summary(ps: list[dict]) -> dict:
     one = [p for p in ps if p["one_table"]]
     consistent = [p for p in ps if not p["one_table"] and not p["measurements_disagree"]]
     right = lambda group: sum(p["ranked_right"] for p in group)  # noqa: E731
+    one_way = [p for p in ps if not p["measurements_disagree"]]
     return {"all": len(ps), "all_right": right(ps), "one_table": len(one), "one_table_right": right(one),
-            "consistent": len(consistent), "consistent_right": right(consistent)}
+            "consistent": len(consistent), "consistent_right": right(consistent),
+            "one_way": len(one_way), "one_way_right": right(one_way),
+            "both_ways": len(ps) - len(one_way), "both_ways_right": right(ps) - right(one_way)}
 
 
 def median_abs(rows: list[dict]) -> float:
@@ -137,7 +140,9 @@ def render(r: dict) -> str:
     lines.append(f"\npairs more than {PAIR_GAP:.0%} apart: {s['all']} ({s['all_right']} ranked right); "
                  f"within one table: {s['one_table']} ({s['one_table_right']} right); across tables and not "
                  f"contradicted by another measurement of the same two layouts: {s['consistent']} "
-                 f"({s['consistent_right']} right)\n")
+                 f"({s['consistent_right']} right); ordered one way by every measurement of the two layouts: "
+                 f"{s['one_way']} ({s['one_way_right']} right); measured both ways: {s['both_ways']} "
+                 f"({s['both_ways_right']} right)\n")
     lines += ["| bank trial (2x H200) | measured ms (trace) | log median ms | predicted ms | error |",
               "|---|---|---|---|---|"]
     for b in r["bank"]:

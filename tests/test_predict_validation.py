@@ -47,3 +47,19 @@ def test_pairs_are_layouts_of_one_model_more_than_ten_percent_apart():
         a, b = rows[p["faster"]], rows[p["slower"]]
         assert a["model"] == b["model"] and a["layout"] != b["layout"]
         assert a["measured"] > b["measured"] * 1.1
+
+
+def test_a_pair_measured_both_ways_is_one_whose_layouts_another_pair_orders_the_other_way():
+    """measurements_disagree: the same two layouts (from other rows, other releases) appear in
+    another pair with the other one faster; the summary's one-way and both-ways pairs add up to all
+    of them, and each count of right ones is within its group."""
+    report = predict_validation.report()
+    ps, s = report["pairs"], report["pair_summary"]
+    for p in ps:
+        other_way = [q for q in ps if q["layouts"] == p["layouts"] and q is not p and q["faster"] != p["faster"]]
+        flipped = [q for q in other_way if predict_validation.key_of(report["public"], q["faster"])
+                   != predict_validation.key_of(report["public"], p["faster"])]
+        assert p["measurements_disagree"] == bool(flipped), p
+    assert s["one_way"] + s["both_ways"] == s["all"]
+    assert s["one_way_right"] + s["both_ways_right"] == s["all_right"]
+    assert s["one_way_right"] <= s["one_way"] and s["both_ways_right"] <= s["both_ways"]
