@@ -250,9 +250,9 @@ class Tuner:
         props = self._measurable(props)
         if not self.rank_moves:
             return self._propose(st, inc, analysis, props)
-        model_ms = {p.rule.id: self.model.model_ms(p.config) for p in props
-                    if p.ok and predicted.moves_layout(p.rule)}
-        return self._propose(st, inc, analysis, predicted.ranked(props, model_ms), model_ms)
+        terms = {p.rule.id: self.model.terms(p.config) for p in props if p.ok and predicted.moves_layout(p.rule)}
+        model_ms = {rid: sum(t.values()) if t else None for rid, t in terms.items()}
+        return self._propose(st, inc, analysis, predicted.ranked(props, model_ms), terms)
 
     def _measurable(self, props: list) -> list:
         """In a one-GPU study, the proposals whose rule one rank alone can show (rules.yaml one_gpu)."""
@@ -271,11 +271,12 @@ class Tuner:
         return self._propose(st, parent, analysis, props)
 
     def _propose(self, st: StudyState, parent, analysis: dict, props: list,
-                 model_ms: dict | None = None) -> bool:
+                 model_terms: dict | None = None) -> bool:
         """Add the trial of the first proposal not tried from this parent, not barred, not refused,
-        not run before and not predicted slower (`model_ms`: rule id -> the model's step time of
-        its config, for the layout moves); record every one passed over."""
+        not run before and not predicted slower (`model_terms`: rule id -> the model's step of its
+        config by parts, or None, for the layout moves); record every one passed over."""
         config = TrainingConfig.from_dict(parent.config)
+        corr = predicted.study_correction(self.store, self.study.id) if model_terms else None
         tried = st.tried.get(parent.config_hash, set())
         ev = {"parent": parent.config_hash, "wall": analysis.get("wall"),
               "confidence": analysis.get("confidence")}
@@ -308,7 +309,7 @@ class Tuner:
             if lacking:
                 self.decide("skip", lacking, rule=rid, **ev)
                 continue
-            forecast = self._forecast(parent, p.config, (model_ms or {}).get(rid))
+            forecast = self._forecast(parent, p.config, (model_terms or {}).get(rid), corr)
             if forecast and forecast["slower"]:
                 self.decide("skip", f"predicted {forecast['step_time_ms']:.1f} ms a step against the "
                             f"incumbent's {forecast['incumbent_ms']:.1f} ms, slower beyond the noise "
@@ -325,15 +326,14 @@ class Tuner:
             return True
         return False
 
-    def _forecast(self, parent, config: TrainingConfig, model_ms: float | None) -> dict | None:
+    def _forecast(self, parent, config: TrainingConfig, terms: dict | None,
+                  corr: predicted.TermCorrection | None) -> dict | None:
         """A layout move's prediction against the incumbent (None: not priced): the model's step
-        time corrected part by part by the study's trials (predicted.study_correction), the
-        incumbent's judged step, whether it is slower beyond the noise, and the GPU-hours its trial
-        would cost."""
-        terms = self.model.terms(config) if model_ms is not None else None
-        if terms is None:
+        (`terms`, by parts) corrected part by part by the study's trials (`corr`:
+        predicted.study_correction), the incumbent's judged step, whether it is slower beyond the
+        noise, and the GPU-hours its trial would cost."""
+        if terms is None or corr is None:
             return None
-        corr = predicted.study_correction(self.store, self.study.id)
         ms = corr.apply(terms)
         inc = self.store.metrics(parent.id).get("judged_step_time_ms") or parent.step_time_ms
         if not inc:
@@ -414,9 +414,9 @@ class Tuner:
         terms = self.model.terms(TrainingConfig.from_dict(trial.config)) if self.model else None
         if terms is None:
             return {}
-        scale, _ = predicted.study_scale(self.store, self.study.id)
-        out = {"predicted_model_ms": sum(terms.values()), "prediction_scale": scale,
-               "predicted_step_time_ms": predicted.study_correction(self.store, self.study.id).apply(terms)}
+        corr = predicted.study_correction(self.store, self.study.id)
+        out = {"predicted_model_ms": sum(terms.values()), "prediction_scale": corr.scale,
+               "predicted_step_time_ms": corr.apply(terms)}
         out.update({f"predicted_{g}_ms": v for g, v in terms.items()})
         return out
 

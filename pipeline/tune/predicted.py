@@ -3,12 +3,11 @@ dispatcher moves are tried, the moves not worth a trial, and the study's own cor
 model from what its trials measured.
 
     moves_layout(rule)               does the rule change a LAYOUT_FIELDS field
-    Model(experiment).model_ms(cfg)  the model's step time; None where it cannot price the layout
-    Model(experiment).terms(cfg)     the same split into the parts a trace measures (TERM_GROUPS)
+    Model(experiment).terms(cfg)     the model's step split into the parts a trace measures
+                                     (TERM_GROUPS); None where it cannot price the layout
     correction(pairs)                the study's scale: median measured / model of its completed trials
-    study_scale(store, study_id)     the same, from the trials' metrics in the store
     term_correction(rows)            the study's correction of each part (TermCorrection)
-    study_correction(store, study_id) the same, from the trials' metrics in the store
+    study_correction(store, study_id) both, from the completed trials' metrics in the store, read once
     ranked(props, model_ms)          layout moves re-ordered by predicted step time in the slots they held
     slower(predicted, incumbent, rel) predicted slower than the incumbent by more than the noise?
     gpu_hours(gpus, ms, iters, limit) what a skipped trial would have cost
@@ -62,12 +61,6 @@ class Model:
             return None
         return {g: sum(t[k] for k in keys) for g, keys in TERM_GROUPS.items()}
 
-    def model_ms(self, config: TrainingConfig) -> float | None:
-        """The model's step time of `config`, or None where it cannot price it (ranked by the
-        table alone)."""
-        t = self.terms(config)
-        return sum(t.values()) if t else None
-
 
 def correction(pairs: list[tuple[float, float]]) -> tuple[float, int]:
     """(scale, trials it comes from): median of measured / model over (measured, model) pairs."""
@@ -75,23 +68,17 @@ def correction(pairs: list[tuple[float, float]]) -> tuple[float, int]:
     return (statistics.median(ratios), len(ratios)) if ratios else (1.0, 0)
 
 
-def study_scale(store, study_id: int) -> tuple[float, int]:
-    """The study's correction from its completed trials' recorded measured and model step times."""
-    pairs = []
-    for t in store.trials(study_id):
-        if t.state == "completed":
-            m = store.metrics(t.id)
-            pairs.append((m.get("judged_step_time_ms"), m.get("predicted_model_ms")))
-    return correction(pairs)
-
-
 @dataclass
 class TermCorrection:
     """Per part of the step: a scale on the model's ms, or (a part the model never gave enough of
-    the step to scale) an offset added in ms; `trials` how many completed trials it comes from."""
+    the step to scale) an offset added in ms; `trials` how many completed trials it comes from.
+    `scale`: the single scale on the whole step (correction()), reported beside it, from
+    `scale_trials` trials."""
     scales: dict[str, float] = field(default_factory=dict)
     offsets: dict[str, float] = field(default_factory=dict)
     trials: int = 0
+    scale: float = 1.0
+    scale_trials: int = 0
 
     def apply(self, terms: dict[str, float]) -> float:
         return sum(v * self.scales.get(g, 1.0) + self.offsets.get(g, 0.0) for g, v in terms.items())
@@ -122,17 +109,21 @@ def term_correction(rows: list[tuple[dict, dict]]) -> TermCorrection:
 
 
 def study_correction(store, study_id: int) -> TermCorrection:
-    """The study's correction from its completed trials' measured parts and recorded model parts."""
-    rows = []
+    """The study's correction from its completed trials' measured parts and recorded model parts,
+    and its single scale from their measured and model steps: each trial's metrics read once."""
+    rows, pairs = [], []
     for t in store.trials(study_id):
         if t.state != "completed":
             continue
         m = store.metrics(t.id)
+        pairs.append((m.get("judged_step_time_ms"), m.get("predicted_model_ms")))
         measured = measured_terms(m)
         model = {g: m.get(f"predicted_{g}_ms") for g in TERM_GROUPS}
         if measured and None not in model.values():
             rows.append((measured, model))
-    return term_correction(rows)
+    out = term_correction(rows)
+    out.scale, out.scale_trials = correction(pairs)
+    return out
 
 
 def ranked(props: list, model_ms: dict) -> list:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from moetune.pipeline.job.paths import TrialPaths
 from moetune.pipeline.paths import trial_folder
-from moetune.pipeline.tune.predicted import study_correction, study_scale
+from moetune.pipeline.tune.predicted import study_correction
 from moetune.pipeline.tune.state import ran
 
 
@@ -42,8 +42,9 @@ def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
         out["judged_speedup"] = round(out["baseline_judged_step_time_ms"]
                                       / out["best_judged_step_time_ms"], 4)
     # the step-time model: the study's correction, and what the trials it kept back would have cost
-    out["prediction_scale"], out["prediction_scale_from_trials"] = study_scale(store, study.id)
-    out["prediction_correction"] = study_correction(store, study.id).to_dict()
+    corr = study_correction(store, study.id)
+    out["prediction_scale"], out["prediction_scale_from_trials"] = corr.scale, corr.scale_trials
+    out["prediction_correction"] = corr.to_dict()
     forecasts = [(d.evidence or {}).get("prediction") for d in decisions if d.kind == "skip"]
     forecasts = [f for f in forecasts if f and f.get("slower")]
     out["skipped_by_prediction"] = len(forecasts)
