@@ -40,13 +40,7 @@ export PYTHONPATH="/tmp/site:$W/src:$PYTHONPATH"
 MT=("$PYTHON" -m moetune.pipeline.cli.main --db "$W/db.sqlite")
 # the experiment as written, its job run here: the venv template (no Slurm, no container); the
 # cluster keeps its name, so predict of the shipped experiment finds the calibration
-"$PYTHON" - "$MODEL" "$W/experiment.yaml" <<'EOF' || exit 1
-import sys, yaml
-from moetune.pipeline.spec.experiment import experiment_path
-d = yaml.safe_load(experiment_path(sys.argv[1]).read_text())
-d["cluster"].update(executor="local", template="venv")
-open(sys.argv[2], "w").write(yaml.safe_dump(d, sort_keys=False))
-EOF
+"$PYTHON" "$(dirname "$0")/local_experiment.py" "$MODEL" "$W/experiment.yaml" --local || exit 1
 "${MT[@]}" calibrate "$W/experiment.yaml" --executor local --nodes 1 --gpus "$NPROC" --runs "$W/runs" | tee "$OUT/calibrate.txt"
 rc=${PIPESTATUS[0]}
 cp -r "$W/runs/_calibrate" "$OUT/calibrate_job" 2> /dev/null

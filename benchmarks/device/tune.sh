@@ -66,18 +66,8 @@ case "${1:-}" in
       # the experiment as written, with nsys named by its path on this machine; a one-GPU study
       # also runs its jobs here (venv template, no Slurm, no apex) and profiles rank 0 only, for
       # ITERS iterations (default 30: benchmarks/one_gpu_tuning.py, noise) with the last two profiled
-      python3 - "$exp" "$MOETUNE_NSYS" "$W/$name.yaml" "$one" "${ITERS:-30}" <<'EOF2' || exit 1
-import sys, yaml
-from moetune.pipeline.spec.experiment import experiment_path
-exp, nsys, out, one, iters = sys.argv[1:6]
-d = yaml.safe_load(experiment_path(exp).read_text())
-d["cluster"]["nsys"] = nsys
-if one:
-    d["cluster"].update(executor="local", template="venv", has_apex=False, profile_ranks=[0])
-    iters = int(iters)
-    d["baseline"].update(train_iters=iters, profile_step_start=iters - 1, profile_step_end=iters)
-open(out, "w").write(yaml.safe_dump(d, sort_keys=False))
-EOF2
+      python3 "$(dirname "$0")/local_experiment.py" "$exp" "$W/$name.yaml" --nsys "$MOETUNE_NSYS" \
+        ${one:+--one-gpu "${ITERS:-30}"} || exit 1
     done
     # an experiment whose image has TE needs what device_setup.sh put in /tmp/site-gpu; the
     # TE-less one runs without it, as its trials were recorded
