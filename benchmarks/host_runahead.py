@@ -20,6 +20,7 @@ tests/test_predict_rates.py keeps the two equal).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import lzma
 import sqlite3
@@ -104,8 +105,9 @@ def excess(ops, ratio: float, waits: bool = True) -> float:
     return replay(ops, scale, 1.0, waits) / max(scale * h, g) - 1
 
 
+@functools.lru_cache(maxsize=None)  # the curve's trace is also the table's first: read once
 def iterations(path: Path) -> list[list[tuple]]:
-    """Each profiled iteration's host operations on the first rank's launching thread."""
+    """Each profiled iteration's host operations on the first rank's launching threads."""
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "t.sqlite"
         db.write_bytes(lzma.decompress(path.read_bytes()))
