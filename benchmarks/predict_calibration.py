@@ -128,14 +128,11 @@ def reference(folder: Path = REFERENCE_RUNS) -> dict:
     the HBM rate and a launch's time, each with every run's value."""
     runs = [json.loads(f.read_text()) for f in sorted(folder.glob("run*.json"))]
     per_run = {k: [] for k in ("ref_gemm_top", "ref_gemm_half_gflop", "ref_hbm_share", "ref_launch_us")}
-    g = gpus.GPUS["H100"]
     for r in runs:
         assert "H100" in r["device"], f"{r['device']}: not the H100 the rates were measured on"
-        top, half = measured.gemm_curve([x for x in r["rows"] if x["kind"] == "gemm"], g.bf16_tflops, 0.0)
-        per_run["ref_gemm_top"].append(top)
-        per_run["ref_gemm_half_gflop"].append(half)
-        per_run["ref_hbm_share"].append(next(x["gb_s"] for x in r["rows"] if x.get("op") == "d2d") / (g.hbm_tb_s * 1e3))
-        per_run["ref_launch_us"].append(next(x["us"] for x in r["rows"] if x["kind"] == "launch"))
+        figures = measured.probe_figures(r, "H100", 0.0)
+        for k in per_run:
+            per_run[k].append(figures[k.removeprefix("ref_")])
     return {k: {"value": round(statistics.median(v), 4), "runs": [round(x, 4) for x in v]} for k, v in per_run.items()}
 
 

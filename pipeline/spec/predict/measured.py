@@ -95,45 +95,52 @@ def gemm_curve(rows: list[dict], peak_tflops: float, half_at: float) -> tuple[fl
     return top, half
 
 
-# The COMPUTE and HOST rows are what a step's kernels and launches reach on the reference machine;
-# a cluster's probe moves them by its figure over the reference's (rates.REFERENCE), so the same
-# probe on the reference machine leaves them as they are.
-def _gemm_rates(record: dict, gpu_type: str, published: Rates, label: str) -> dict[str, tuple[float, str]]:
-    rows = [r for r in record.get("rows") or [] if r.get("kind") == "gemm" and r.get("tflop_s")]
-    if not rows or not _on_cluster_gpu(record, gpu_type):
-        return {}
-    top, half = gemm_curve(rows, gpus.GPUS[gpu_type].bf16_tflops, published["ref_gemm_half_gflop"])
-    by_top, by_half = top / published["ref_gemm_top"], half / published["ref_gemm_half_gflop"]
-    what = (f"measured: {label}: {len(rows)} BF16 GEMMs of {min(map(_gflop, rows)):.3g} to "
-            f"{max(map(_gflop, rows)):.4g} GFLOP, fitted top {top:.4g}, half at {half:.4g} GFLOP")
-    eff = published["gemm_efficiency"] * by_top
-    out = {"gemm_efficiency": (eff, f"{what}: x{by_top:.4g} of the reference's top"),
-           "gemm_half_gflop": (published["gemm_half_gflop"] * by_half, f"{what}: x{by_half:.4g} of the reference's half")}
-    out["grouped_gemm_efficiency"] = out["gemm_efficiency"]  # TE's grouped GEMM runs cuBLAS GEMMs
+def probe_figures(record: dict, gpu_type: str, half_at: float) -> dict[str, float]:
+    """The probe's own figures of one GPU of `gpu_type` in a record, those it has: the GEMM
+    sweep's fitted `gemm_top` and `gemm_half_gflop` (gemm_curve; `half_at` for a record of one
+    size), the device-to-device copy's `hbm_share` of the HBM rate, a small op's `launch_us`."""
+    rows, g = record.get("rows") or [], gpus.GPUS[gpu_type]
+    out: dict[str, float] = {}
+    gemms = [r for r in rows if r.get("kind") == "gemm" and r.get("tflop_s")]
+    if gemms:
+        out["gemm_top"], out["gemm_half_gflop"] = gemm_curve(gemms, g.bf16_tflops, half_at)
+    d2d = [r["gb_s"] for r in rows if r.get("kind") == "copy" and r.get("op") == "d2d" and r.get("gb_s")]
+    if d2d:
+        out["hbm_share"] = max(d2d) / (g.hbm_tb_s * 1e3)
+    launch = [r["us"] for r in rows if r.get("kind") == "launch" and r.get("us")]
+    if launch:
+        out["launch_us"] = launch[0]
     return out
 
 
-def _hbm_rates(record: dict, gpu_type: str, published: Rates, label: str) -> dict[str, tuple[float, str]]:
-    rows = [r for r in record.get("rows") or [] if r.get("kind") == "copy" and r.get("op") == "d2d" and r.get("gb_s")]
-    if not rows or not _on_cluster_gpu(record, gpu_type):
-        return {}
-    share = max(r["gb_s"] for r in rows) / (gpus.GPUS[gpu_type].hbm_tb_s * 1e3)
-    by = share / published["ref_hbm_share"]
-    return {"hbm_efficiency": (published["hbm_efficiency"] * by, f"measured: {label}: device-to-device copy at "
-                               f"{share:.4g} of the HBM rate: x{by:.4g} of the reference's")}
+# The COMPUTE and HOST rows are what a step's kernels and launches reach on the reference machine;
+# a cluster's probe moves them by its figure over the same figure there (rates.REFERENCE), so the
+# same probe on the reference machine leaves them as they are: (the rows a figure moves, that
+# figure's reference row, whether only a GPU of the cluster's type counts).
+RELATIVE = {"gemm_top": (("gemm_efficiency", "grouped_gemm_efficiency"), "ref_gemm_top", True),
+            "gemm_half_gflop": (("gemm_half_gflop",), "ref_gemm_half_gflop", True),
+            "hbm_share": (("hbm_efficiency",), "ref_hbm_share", True),
+            "launch_us": (("host_us_per_kernel",), "ref_launch_us", False)}  # a CUDA launch: any GPU
 
 
-def _host_rates(record: dict, gpu_type: str, published: Rates, label: str) -> dict[str, tuple[float, str]]:
-    rows = [r for r in record.get("rows") or [] if r.get("kind") == "launch" and r.get("us")]
-    if not rows or record.get("backend") != "nccl":  # a CUDA launch, not a CPU op
+def _relative_rates(record: dict, gpu_type: str, published: Rates, label: str) -> dict[str, tuple[float, str]]:
+    if record.get("backend") != "nccl":  # a CPU run's figures say nothing of a GPU or its launches
         return {}
-    by = rows[0]["us"] / published["ref_launch_us"]
-    return {"host_us_per_kernel": (published["host_us_per_kernel"] * by, f"measured: {label}: a launch takes "
-                                   f"{rows[0]['us']:.4g} us: x{by:.4g} of the reference host's")}
+    same_gpu = _on_cluster_gpu(record, gpu_type)
+    out = {}
+    for figure, value in probe_figures(record, gpu_type, published["ref_gemm_half_gflop"]).items():
+        rates, ref, gpu_only = RELATIVE[figure]
+        if gpu_only and not same_gpu:
+            continue
+        by = value / published[ref]
+        for name in rates:
+            out[name] = (published[name] * by, f"measured: {label}: {figure} {value:.4g} against the "
+                                               f"reference's {published[ref]:.4g}: x{by:.4g}")
+    return out
 
 
 # rates read from several rows at once, after MEASURED_BY's
-FITTED = (_gemm_rates, _hbm_rates, _host_rates)
+FITTED = (_relative_rates,)
 
 
 def measured_rates(record: dict, gpu_type: str, nic_published: float, want_a2a: int | None,
