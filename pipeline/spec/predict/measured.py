@@ -26,7 +26,7 @@ class Source(NamedTuple):
     ops: tuple[str, ...]
     group: str | None
     size: str  # "a2a": nearest the layout's all-to-all message; "largest"
-    of: str | None  # "nvlink" | "nic" | "bf16_tflops" | "hbm" | None (the value itself)
+    of: str | None  # "nvlink" | "nic" | None (the value itself)
     field: str = "busbw_gb_s"
 
 
@@ -41,7 +41,7 @@ MEASURED_BY: dict[str, Source] = {
     "hybridep_nvlink": Source("hybrid_ep", ("dispatch", "combine"), "node", "largest", "nvlink", "gb_s"),
 }
 # rows measured on the GPU itself carry over only from a GPU of the cluster's type
-ON_GPU = {"gemm", "copy", "deep_ep", "hybrid_ep"}
+ON_GPU = {"deep_ep", "hybrid_ep"}
 # the GEMM curve's half size, searched on a log grid from 0.1 to 1000 GFLOP
 HALF_GFLOP_GRID = tuple(10 ** (i / 100) for i in range(-100, 301))
 
@@ -139,10 +139,6 @@ def _relative_rates(record: dict, gpu_type: str, published: Rates, label: str) -
     return out
 
 
-# rates read from several rows at once, after MEASURED_BY's
-FITTED = (_relative_rates,)
-
-
 def measured_rates(record: dict, gpu_type: str, nic_published: float, want_a2a: int | None,
                    label: str) -> dict[str, tuple[float, str]]:
     """{rate name: (value, source)} of the rates the record's rows measure, for a cluster of
@@ -160,8 +156,7 @@ def measured_rates(record: dict, gpu_type: str, nic_published: float, want_a2a: 
             continue
         found = _pick(found, src.size, want_a2a)
         value = sum(r[src.field] for r in found) / len(found)
-        hw = {"nvlink": g.nvlink_gb_s, "nic": nic, "bf16_tflops": g.bf16_tflops, "hbm": g.hbm_tb_s * 1e3,
-              None: 1.0}[src.of]
+        hw = {"nvlink": g.nvlink_gb_s, "nic": nic, None: 1.0}[src.of]
         r = found[0]
         what = (f"{'/'.join(src.ops)} {r.get('ranks', 1)} rank(s) on {r.get('nodes', 1)} node(s)"
                 f"{', %d bytes' % r['bytes'] if 'bytes' in r else ''}: {value:.4g} {src.field}")
@@ -169,9 +164,7 @@ def measured_rates(record: dict, gpu_type: str, nic_published: float, want_a2a: 
         out[name] = (value / hw, f"measured: {label}: {what}{of}")
         if name == "nic_gb_s":
             nic = value
-    published = Rates()
-    for fitted in FITTED:
-        out.update(fitted(record, gpu_type, published, label))
+    out.update(_relative_rates(record, gpu_type, Rates(), label))
     return out
 
 
