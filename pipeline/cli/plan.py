@@ -26,22 +26,18 @@ def _layout_key(config: dict) -> str:
 def measured_peaks(exp, world: int, readings: StoreReadings) -> dict[str, float]:
     """{layout key: highest measured peak (GB, Megatron's max allocated)} of the trials in the store
     of this model at this GPU count."""
-    store = readings.store
-    if store is None:
-        return {}
     out: dict[str, float] = {}
-    for study in store.studies():
+    for study, t, metrics in readings.trials():
         if study.model not in (exp.name, exp.model.name):
             continue
         cluster = (study.experiment or {}).get("cluster") or {}
         gpus = (cluster.get("nodes") or 0) * (cluster.get("gpus_per_node") or 0)
-        for t in store.trials(study.id):
-            # a run's peak, else its fit's (the layout measured on one GPU: spec/fit.py)
-            peak = t.peak_memory_gb if t.peak_memory_gb is not None else store.metrics(t.id).get("fit_peak_gb")
-            if peak is None or (gpus and gpus != world):
-                continue
-            key = _layout_key(TrainingConfig.from_dict(t.config).to_dict())
-            out[key] = max(out.get(key, 0.0), float(peak))
+        # a run's peak, else its fit's (the layout measured on one GPU: spec/fit.py)
+        peak = t.peak_memory_gb if t.peak_memory_gb is not None else metrics.get("fit_peak_gb")
+        if peak is None or (gpus and gpus != world):
+            continue
+        key = _layout_key(TrainingConfig.from_dict(t.config).to_dict())
+        out[key] = max(out.get(key, 0.0), float(peak))
     return out
 
 

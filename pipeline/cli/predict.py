@@ -41,40 +41,47 @@ def _compute_key(c: TrainingConfig) -> tuple:
 
 class StoreReadings:
     """What predictions read from the store (`db`, else MOETUNE_DB, else .moetune/moetune.db; none
-    is created), opened once for a command however many layouts it prices: each measured layout's
-    compute, and the latest calibration of each cluster."""
+    is created), opened once for a command however many layouts it prices: every trial with its
+    metrics (read once: plan's measured peaks read them too), each measured layout's compute, and
+    the latest calibration of each cluster."""
 
     def __init__(self, db: str | None = None):
         try:
             self.store = Store(db, read_only=True)
         except NoStore:
             self.store = None
+        self._trials: list[tuple] | None = None
         self._compute: list[tuple] | None = None
         self._calibrations: dict = {}
+
+    def trials(self) -> list[tuple]:
+        """(study, trial, its metrics) of every trial in the store, read on first use."""
+        if self._trials is None:
+            self._trials = [(study, t, self.store.metrics(t.id)) for study in (self.store.studies() if self.store else ())
+                            for t in self.store.trials(study.id)]
+        return self._trials
 
     def _measurements(self) -> list[tuple]:
         """(model, GPU type, compute key, ms of one micro-batch, where from) of every fit and one-GPU
         trial in the store, read on first use."""
         if self._compute is None:
             self._compute = []
-            for study in self.store.studies() if self.store else ():
+            for study, t, m in self.trials():
                 experiment = study.experiment or {}
-                gpu_type = (experiment.get("cluster") or {}).get("gpu_type")
                 samples = (experiment.get("tuning") or {}).get("one_gpu_samples")
                 one_gpu = (experiment.get("tuning") or {}).get("one_gpu")
-                for t in self.store.trials(study.id):
-                    cfg = TrainingConfig.from_dict(t.config)
-                    m = self.store.metrics(t.id)
-                    found = []
-                    if m.get("fit_compute_ms"):
-                        found.append((m["fit_compute_ms"] / fit.fit_micro_batches(cfg),
-                                      f"fit of trial {t.id} ({study.name}): {m['fit_compute_ms']:.0f} ms a step of "
-                                      f"{fit.fit_micro_batches(cfg)} micro-batches"))
-                    if one_gpu and samples and m.get("judged_step_time_ms") and t.state == "completed":
-                        n = samples // cfg.micro_batch
-                        found.append((m["judged_step_time_ms"] / n, f"one-GPU trial {t.id} ({study.name}): "
-                                      f"{m['judged_step_time_ms']:.0f} ms a step of {n} micro-batches"))
-                    self._compute += [(study.model, gpu_type, _compute_key(cfg), ms, src) for ms, src in found]
+                cfg = TrainingConfig.from_dict(t.config)
+                found = []
+                if m.get("fit_compute_ms"):
+                    found.append((m["fit_compute_ms"] / fit.fit_micro_batches(cfg),
+                                  f"fit of trial {t.id} ({study.name}): {m['fit_compute_ms']:.0f} ms a step of "
+                                  f"{fit.fit_micro_batches(cfg)} micro-batches"))
+                if one_gpu and samples and m.get("judged_step_time_ms") and t.state == "completed":
+                    n = samples // cfg.micro_batch
+                    found.append((m["judged_step_time_ms"] / n, f"one-GPU trial {t.id} ({study.name}): "
+                                  f"{m['judged_step_time_ms']:.0f} ms a step of {n} micro-batches"))
+                gpu_type = (experiment.get("cluster") or {}).get("gpu_type")
+                self._compute += [(study.model, gpu_type, _compute_key(cfg), ms, src) for ms, src in found]
         return self._compute
 
     def measured_compute(self, exp, config: TrainingConfig, gpu_type: str) -> tuple[float, str] | None:
