@@ -1,7 +1,7 @@
 # moetune. Variables given on make's command line (MODEL, STAGE, TRIAL, STUDY) reach the
 # recipes as environment variables and are read quoted ("$$MODEL"), never pasted into shell text.
 PY      := .venv/bin/python
-MOETUNE := $(PY) -m moetune.pipeline.cli.main
+MOETUNE := $(PY) -m moetune.cli.main
 MODEL   ?= moe_proxy
 export MODEL STAGE TRIAL STUDY FORCE
 

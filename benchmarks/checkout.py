@@ -1,5 +1,5 @@
 """`import checkout` first makes `moetune` this checkout's code, installed or not: the folders
-pipeline/ and analysis/ are moetune.pipeline and moetune.analysis (as a wheel installs them)."""
+moetune/ and analysis/ are moetune and moetune.analysis (as a wheel installs them)."""
 import sys
 import types
 from pathlib import Path

@@ -4,8 +4,8 @@ compares with the trial bank's full sweep.
     .venv/bin/python benchmarks/device_tuning.py [--no-docs]
 
 Reads benchmarks/device_tuning/ (the run's store, reports and per-trial files, brought back by
-`bash benchmarks/device/tune.sh pack`) and benchmarks/trial_bank/bank.jsonl. For each judged trial it
-also gives what the current keep/revert rule (pipeline/decide/judge.py) decides on the same two analyses.
+`bash benchmarks/device/tune.sh pack`) and data/trial_bank/bank.jsonl. For each judged trial it
+also gives what the current keep/revert rule (moetune/decide/judge.py) decides on the same two analyses.
 Writes benchmarks/results/device_tuning.json and the `## Device tuning run` section of
 docs/benchmarks.md.
 """
@@ -20,12 +20,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import checkout  # noqa: E402,F401  (moetune from this checkout)
 
-from moetune.pipeline.decide.judge import compare, judged_step  # noqa: E402
-from moetune.pipeline.store import Store  # noqa: E402
+from moetune.decide.judge import compare, judged_step  # noqa: E402
+from moetune.store import Store  # noqa: E402
 from tuning import log_median_ms, publish  # noqa: E402
 
 RUN = REPO / "benchmarks" / "device_tuning"
-BANK = REPO / "benchmarks" / "trial_bank"
+BANK = REPO / "data" / "trial_bank"
 SECTION = "## Device tuning run"
 TARGET_GAP = 0.05
 # bank entries whose files are this run's trials (folded in by `trial_bank.sh --add`); the bank's
@@ -118,7 +118,7 @@ def section(r: dict) -> str:
              f"({r['started']} → {r['ended']}, 2× H200, megatron-core 0.19.2 local spec, no Transformer "
              f"Engine), every trial a real Megatron training under `nsys profile` 2025.3 (ranks 0 and 1 "
              f"profiled), exported, analysed and judged by the loop itself (keep: median gain over 2% "
-             f"and a one-sided rank test on the steady steps, p < 0.05; pipeline/decide/judge.py); started by "
+             f"and a one-sided rank test on the steady steps, p < 0.05; moetune/decide/judge.py); started by "
              f"`bash benchmarks/device/tune.sh start`, brought back by `tune.sh wait` into "
              f"`benchmarks/device_tuning/` (store, reports, every trial's log and analysis, both ranks' "
              f"traces of trials 1 and {r['final_trial']}). Read back by "
@@ -133,7 +133,7 @@ def section(r: dict) -> str:
              f"against a noise of {_f(r['final_noise_ms'])} ms, rank test p = "
              f"{r['final_p_faster']:.2g}: beyond the noise, "
              f"**{'yes' if r['beats_baseline_beyond_noise'] else 'no'}**).",
-             f"- The trial bank's full sweep of the same workload (benchmarks/trial_bank"
+             f"- The trial bank's full sweep of the same workload (data/trial_bank"
              + "".join(f"; its `{n}` entry is this run's trial {t}"
                        for n, t in r["bank_entries_from_this_run"].items())
              + f"): best `{r['sweep_best']['name']}` {_f(r['sweep_best']['step_time_ms'])} ms by the "

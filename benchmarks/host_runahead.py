@@ -1,5 +1,5 @@
 """How far a step stays above max(host, GPU) when the host is made faster or slower, replayed from
-moetune's own traces: the step-time model (spec/predict/step.py) takes a micro-batch's time as the
+moetune's own traces: the step-time model (estimate/step.py) takes a micro-batch's time as the
 larger of its host's launch time and its stream's time, as if the host could always run ahead. A
 host that waits on the GPU (a stream or event synchronization, a device-to-host copy: the token
 counts a dropless MoE layer's grouped GEMM needs on the host) empties the queue, and the GPU then
@@ -14,7 +14,7 @@ or a device-to-host copy), or other host work. `replay` runs that sequence with 
 scaled so that host / GPU is r, the GPU a single queue (kernels of several streams are serialised:
 the overlap of communication with compute is not replayed), with and without the waits. The table
 gives step / max(host, GPU) - 1 at each r: what max(host, GPU) leaves out at that balance, for
-that trace's code path. The first trace's curve over CURVE_RATIOS is the model's `host_wait_excess` (spec/predict/rates.py CURVES;
+that trace's code path. The first trace's curve over CURVE_RATIOS is the model's `host_wait_excess` (estimate/rates.py CURVES;
 tests/test_predict_rates.py keeps the two equal).
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BANK = ROOT / "benchmarks" / "trial_bank" / "traces"
+BANK = ROOT / "data" / "trial_bank" / "traces"
 HOME = ROOT / "benchmarks" / "host_runahead"  # traces taken for this replay
 OUT = ROOT / "benchmarks" / "results" / "host_runahead.json"
 # (trace, what it is)

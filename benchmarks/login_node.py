@@ -55,7 +55,7 @@ def _sbatch(*args: str) -> str:
 
 
 def _wait_job(job_id: str) -> None:
-    from moetune.pipeline.job import scheduler as jobs
+    from moetune.job import scheduler as jobs
     jobs.wait(jobs.JobRef(job_id=job_id, kind="slurm", folder="", name=""), poll_s=1.0)
 
 
@@ -78,7 +78,7 @@ def tuner(mode: str, work: Path, report: Path, ranks: int, trials: int, mem: str
     """The tuner's share of post-processing for `trials` trials (this process is measured)."""
     from moetune import analysis
     from moetune.analysis.summary import combine_summaries, load_summary, summary_path
-    from moetune.pipeline.job import postprocess
+    from moetune.job import postprocess
     imports_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     t0 = time.monotonic()
     walls, results, summary_mb = [], [], None
@@ -185,7 +185,7 @@ def main():
         f"are {'identical' if same else 'DIFFERENT'}. Each rank's summary is {job['summary_mb']} MB "
         f"beside its {result['report_mb']} MB report. Of the job mode's peak, {job['rss_after_imports_mb']} MB "
         "is the interpreter with pandas and moetune imported; most of the rest is the cross-rank "
-        "all-to-all split (analysis/skew.py) over every rank's all-to-all kernels, which this synthetic "
+        "all-to-all split (moetune/analysis/skew.py) over every rank's all-to-all kernels, which this synthetic "
         "trace makes one kernel in eight (a real trace has far fewer).\n")
     doc = REPO / "docs" / "benchmarks.md"
     text = doc.read_text()

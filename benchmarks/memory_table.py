@@ -13,10 +13,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import checkout  # noqa: E402,F401  (moetune from this checkout)
 
-from moetune.pipeline.spec.config import run_args  # noqa: E402
-from moetune.pipeline.spec.experiment import load_experiment  # noqa: E402
-from moetune.pipeline.spec.megatron_validate import theoretical_memory  # noqa: E402
-from moetune.pipeline.spec.memory import estimate  # noqa: E402
+from moetune.experiment.config import run_args  # noqa: E402
+from moetune.experiment.schema import load_experiment  # noqa: E402
+from moetune.experiment.megatron_validate import theoretical_memory  # noqa: E402
+from moetune.estimate.memory import estimate  # noqa: E402
 
 # (model, label, changes from the experiment's baseline)
 LAYOUTS = [
@@ -43,8 +43,8 @@ FIT = REPO / "benchmarks" / "fit_lease"
 
 def fit_section() -> tuple[list[str], list[dict]]:
     """Estimate vs measured peak for the fit lease's layouts (rank 0: the first pipeline stage)."""
-    from moetune.pipeline.spec.config import TrainingConfig
-    from moetune.pipeline.spec.memory import ACTIVATION_SCALE, family
+    from moetune.experiment.config import TrainingConfig
+    from moetune.estimate.memory import ACTIVATION_SCALE, family
     layouts = {l["name"]: l for l in json.loads((FIT / "layouts.json").read_text())}
     results = {r["name"]: r for r in map(json.loads, (FIT / "results.jsonl").read_text().splitlines())}
     lines = [
@@ -54,7 +54,7 @@ def fit_section() -> tuple[list[str], list[dict]]:
         "of measuring, i.e. before this calibration), rendered here by `TrainingConfig.to_args` + `run_args`",
         "as a trial gets them (`benchmarks/fit_lease/layouts.py` → `layouts.json`), run on one GPU under",
         "megatron-core's fake process group: measured = Megatron's `max allocated` after iteration 2 (the",
-        "optimizer states exist), estimate = `pipeline/spec/memory.py`'s `estimate()` without the fixed 3 GiB",
+        "optimizer states exist), estimate = `moetune/estimate/memory.py`'s `estimate()` without the fixed 3 GiB",
         "(`estimate_gb` in `moetune plan --format json`). GiB.",
         "",
         "| model | layout | GPUs | TP | PP | EP | recompute | measured max allocated | max reserved "
@@ -103,8 +103,8 @@ def fit_section() -> tuple[list[str], list[dict]]:
         "`benchmarks/device_setup.sh te` from `.deps/tecarry`, made here by `benchmarks/device/te_bundle.sh`).",
         "`bash benchmarks/device/fit.sh start` sets that up and runs `benchmarks/device/fit.py`, which starts,",
         "for each layout of `layouts.json`, one process without torchrun:",
-        "`WORLD_SIZE=<the job's GPUs> RANK=<rank> LOCAL_RANK=0 <the job's environment from pipeline/spec/environment.py>",
-        "python3 -u pipeline/job/train_moe.py <argv>`, the argv being the trial's plus `--no-gradient-accumulation-fusion`",
+        "`WORLD_SIZE=<the job's GPUs> RANK=<rank> LOCAL_RANK=0 <the job's environment from moetune/experiment/environment.py>",
+        "python3 -u moetune/workloads/train_moe.py <argv>`, the argv being the trial's plus `--no-gradient-accumulation-fusion`",
         "(no apex there), `--fake-process-group` (every collective and point-to-point transfer skipped: one",
         "rank's own memory and kernels at the production shapes), `--moe-expert-capacity-factor 1.0",
         "--moe-pad-expert-input-to-capacity` (the dropless alltoall dispatcher's token counts come from a",
@@ -119,7 +119,7 @@ def fit_section() -> tuple[list[str], list[dict]]:
         f"before (warm-up), iteration 1 to 3 by up to {worst_warm[0]:.1f}x ({worst_warm[1]}). They bound what a rank",
         "computes per step from above; judging a 5 % change needs more steady steps than this lease had.",
         "",
-        "What the calibration changed in `pipeline/spec/memory.py` (before it: +11.1 % on the qwen3_235b baseline,",
+        "What the calibration changed in `moetune/estimate/memory.py` (before it: +11.1 % on the qwen3_235b baseline,",
         "+140 % on the deepseek_v3 baseline, -8.6 % on deepseek_v3's TP8 choice): the first stage's own layers",
         "(an uneven pipeline's `--decoder-first-pipeline-num-layers`, the model's leading dense layers first:",
         "deepseek_v3's first stage holds its 3 dense layers only), MTP layers only where PP = 1 (they sit on",
@@ -138,8 +138,8 @@ def fit_section() -> tuple[list[str], list[dict]]:
 def one_gpu_fits() -> list[str]:
     """Estimate vs measured for the layouts the one-GPU studies fitted (benchmarks/one_gpu_tuning:
     one H100, 2026-11-23), rank 0, each layout once (the first fit of it that measured a peak)."""
-    from moetune.pipeline.spec.config import TrainingConfig
-    from moetune.pipeline.store import Store
+    from moetune.experiment.config import TrainingConfig
+    from moetune.store import Store
     run = REPO / "benchmarks" / "one_gpu_tuning"
     store = Store(str(run / "moetune.db"))
     rows, seen = [], set()
@@ -228,7 +228,7 @@ def main():
         *fit_lines,
         "## Estimate vs Megatron's theoretical figure",
         "",
-        "Made by `benchmarks/memory_table.py`: moetune's estimate (`pipeline/spec/memory.py`) beside Megatron-Core",
+        "Made by `benchmarks/memory_table.py`: moetune's estimate (`moetune/estimate/memory.py`) beside Megatron-Core",
         "0.19.2's `megatron.training.theoretical_memory_usage.report_theoretical_memory` for the same argv (run",
         "on the CPU in `.venv-megatron`), per GPU of the most loaded pipeline stage, GiB.",
         "",
@@ -261,11 +261,11 @@ def main():
               "PyTorch allocator's peak: no CUDA context, no NCCL buffers), GiB:", "",
               "| trial | GPUs | measured | moetune MoE-aware (no fixed overhead) | diff | Megatron | diff |",
               "|---|---|---|---|---|---|---|"]
-    bank = [json.loads(l) for l in (REPO / "benchmarks/trial_bank/bank.jsonl").read_text().splitlines() if l]
+    bank = [json.loads(l) for l in (REPO / "data/trial_bank/bank.jsonl").read_text().splitlines() if l]
     proxy = load_experiment("moe_proxy")
     picked = [b for b in bank if b["state"] == "COMPLETED" and b["peak_memory_gb"] and not b.get("study")]
     measured = theoretical_memory([b["args"] for b in picked], [b["gpus"] for b in picked])
-    from moetune.pipeline.spec.config import TrainingConfig
+    from moetune.experiment.config import TrainingConfig
     ours_d, theirs_d = [], []
     for b, t in zip(picked, measured):
         est = estimate(proxy.model, TrainingConfig.from_dict(b["config"]), b["gpus"])

@@ -3,8 +3,8 @@ recorded on one H100 as one-GPU trials, to test that such a run is not
 classified `memory` (tests/test_near_capacity.py).
 
 Each variant is a production experiment's model with a layout and micro batch chosen by
-`pipeline/spec/memory.py`'s estimate to peak at 92-97 % of an 80 GB H100 (the `memory_near_capacity`
-row of analysis/walls.py fires at 0.92), or the same layout with core_attn recompute, to measure
+`moetune/estimate/memory.py`'s estimate to peak at 92-97 % of an 80 GB H100 (the `memory_near_capacity`
+row of moetune/analysis/walls.py fires at 0.92), or the same layout with core_attn recompute, to measure
 what that frees. It runs as a one-GPU study of one trial without the fit
 gate (`tuning.fit_first: false`): the fit's headroom for NCCL buffers and uneven routing (7 GB on
 an H100) would keep any layout this close to capacity off the GPU, which is the point of the fit,
@@ -32,9 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import checkout  # noqa: E402,F401  (moetune from this checkout)
 
-from moetune.pipeline.spec import memory  # noqa: E402
-from moetune.pipeline.spec.config import TrainingConfig  # noqa: E402
-from moetune.pipeline.spec.experiment import experiment_path, load_experiment  # noqa: E402
+from moetune.estimate import memory  # noqa: E402
+from moetune.experiment.config import TrainingConfig  # noqa: E402
+from moetune.experiment.schema import experiment_path, load_experiment  # noqa: E402
 from tuning import publish, xz_copy  # noqa: E402
 
 # variant -> (experiment, layout and micro batch on top of its baseline)
@@ -75,7 +75,7 @@ def variant(name: str) -> dict:
     d["name"] = name
     d["description"] = f"{d.get('description', base)}: rank 0 near an H100's capacity (benchmarks/near_capacity.py)"
     d["baseline"].update(layout)
-    # a one-GPU step fills the pipeline (spec/fit.py one_gpu_config; the first run of
+    # a one-GPU step fills the pipeline (experiment/fit.py one_gpu_config; the first run of
     # mixtral_8x7b_pp4_mbs2_attn, before that check, held 2 micro-batches in flight, not 4)
     samples = max(4, d["baseline"].get("pp", 1) * d["baseline"].get("micro_batch", 1))
     d["tuning"].update(budget_trials=1, one_gpu=True, one_gpu_samples=samples,
@@ -144,8 +144,8 @@ def import_run(src: Path) -> dict:
     its wall with the evidence; the near-capacity trial's trace and log and the check's fit logs
     become test data."""
     from moetune.analysis.logs import parse_log
-    from moetune.pipeline.spec import fit
-    from moetune.pipeline.store import Store
+    from moetune.experiment import fit
+    from moetune.store import Store
 
     store = Store(str(src / "moetune.db"))
     rows, checks = [], []
@@ -187,7 +187,7 @@ def import_run(src: Path) -> dict:
 
 def keep_test_data(rows: list[dict]) -> None:
     # compute-walled with the near-capacity row as a limit: the analysis's own verdict
-    # (analysis/walls.py), from a packed run (the kept runs keep no traces)
+    # (moetune/analysis/walls.py), from a packed run (the kept runs keep no traces)
     busy = [r for r in rows if r["wall"] == "compute" and "memory_near_capacity (limit)" in r["evidence"]
             and (r["folder"] / "trace_0.sqlite.xz").exists()]
     if busy:  # the one the test reads: the busiest near capacity
@@ -207,7 +207,7 @@ def table(r: dict) -> str:
              "static routing, one H100 80GB HBM3, 79.2 GiB as the trace reports it), each a production "
              "model with a layout and micro batch that the estimate puts near the GPU's capacity. "
              "The wall is the analysis of the trial's own trace and log; `memory_near_capacity` fires "
-             "at 0.92 of the GPU's memory and stands as a limit, not a wall (analysis/walls.py).", "",
+             "at 0.92 of the GPU's memory and stands as a limit, not a wall (moetune/analysis/walls.py).", "",
              "| run | variant | TP | PP | EP | micro batch | micro-batches a step | estimate GB | max allocated GB | "
              "of the GPU | GPU idle | SM busy (est.) | step ms | wall | evidence |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -219,10 +219,10 @@ def table(r: dict) -> str:
                      f"{v['micro_batches']} | {v['estimate_gb']} | {peak} | {f(v['memory_used_share'])} | "
                      f"{f(v['gpu_idle_share'])} | {f(v['sm_util_estimate'])} | {f(v['step_time_ms'], 1)} | "
                      f"{v['wall']} | {', '.join(v['evidence'])} |")
-    lines += ["", "The estimate is today's `pipeline/spec/memory.py`. The first run of "
+    lines += ["", "The estimate is today's `moetune/estimate/memory.py`. The first run of "
               "mixtral_8x7b_pp4_mbs2_attn made a step of 4 samples, 2 micro-batches against 4 stages, "
               "so its first stage held 2 in flight, not 4 (such a one-GPU step is refused now: "
-              "spec/fit.py one_gpu_config); with 8 samples it ran out of memory after 78 GB allocated. "
+              "experiment/fit.py one_gpu_config); with 8 samples it ran out of memory after 78 GB allocated. "
               "The estimate then was 76.3 GB: it had core_attn recompute free Q, K, V and the output, "
               "which the checkpoint (its inputs) and the projection (its input) keep; it frees only "
               "the softmax statistics now (81.1 GB)."]
@@ -235,7 +235,7 @@ def table(r: dict) -> str:
                               for wo, w in pairs)
                   + ". It frees nothing: the checkpoint keeps Q, K and V and the projection keeps the output. "
                   "So a memory fix is built on only when its fit lowered the measured peak "
-                  "(pipeline/tune/state.py lowered())."]
+                  "(moetune/tune/state.py lowered())."]
     if "mixtral_8x7b_pp4_attn" in by:  # its layout without core_attn is the fit lease's baseline
         lines[-1] += (f" mixtral_8x7b_pp4_attn: {by['mixtral_8x7b_pp4_attn']['max_allocated_gb']:.1f} GB, "
                       "against 49.9 GB without it (mixtral_8x7b's baseline in the fit lease, docs/memory.md, H200).")

@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import checkout  # noqa: E402,F401  (moetune from this checkout)
 
 import one_gpu_tuning as tables  # noqa: E402
-from moetune.pipeline.store import Store  # noqa: E402
+from moetune.store import Store  # noqa: E402
 from tuning import publish  # noqa: E402
 
 HOME = REPO / "benchmarks" / "one_gpu_studies"

@@ -29,12 +29,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import checkout  # noqa: E402,F401  (moetune from this checkout)
 
 from moetune.analysis.logs import parse_log  # noqa: E402
-from moetune.pipeline.decide.judge import compare, faster_p, judged_step, steady_iterations  # noqa: E402
-from moetune.pipeline.store import Store  # noqa: E402
+from moetune.decide.judge import compare, faster_p, judged_step, steady_iterations  # noqa: E402
+from moetune.store import Store  # noqa: E402
 from tuning import publish, xz_copy  # noqa: E402
 
 RUN = REPO / "benchmarks" / "one_gpu_tuning"
-BANK = REPO / "benchmarks" / "trial_bank"
+BANK = REPO / "data" / "trial_bank"
 SECTION = "## One-GPU tuning at production shapes"
 # traces the bank keeps (the rest of the trials keep log and analysis): every trial of the study
 # `make demo MODEL=qwen3_30b_a3b` replays, and the incumbent of the other (the bank stays < 60 MB)
@@ -237,7 +237,7 @@ def markdown(results: list[dict]) -> str:
            "at 69.0 GB (3 iterations) and ran out of memory when Megatron captured its graphs after "
            "the third iteration, with 26.8 GB in the graphs' private pools (the guidance: \"budget "
            "several extra GB\"). A graphed layout's fit now runs two iterations past the capture, and "
-           "the training prints the whole run's peak at its end (pipeline/job/train_moe.py). Run on "
+           "the training prints the whole run's peak at its end (moetune/workloads/train_moe.py). Run on "
            "the device since (section \"A compute-busy run near capacity\"): qwen3_30b_a3b's graphed "
            "layout kept 65.6 GB max allocated while its reserved memory grew to 74.2 GB at the capture "
            "(the graphs' pools); the fit reads the larger, and with the 7 GB headroom the layout no "
@@ -253,7 +253,7 @@ def markdown(results: list[dict]) -> str:
            "profiled and capture iterations it is 6 to 64 steps a side (median about 20); with them, "
            "often more than 64. These runs resolve changes of 15 % and more, not 5 %: a one-GPU "
            "study needs about 30 iterations (`tune.sh`'s default now). The judge now leaves the "
-           "profiled iterations and a CUDA graph capture out (analysis/logs.py "
+           "profiled iterations and a CUDA graph capture out (moetune/analysis/logs.py "
            "`unsteady_iterations`, from Megatron's argument dump): re-judged so (last column), "
            "every decision of both runs stands, the graphs' keep at p = 0.0006 instead of 0.016.",
            ""]

@@ -1,7 +1,7 @@
 """The step-time model's free rates, calibrated only on what moetune measured itself: the one-GPU
-trials and trial-bank runs in benchmarks/trial_bank/bank.jsonl (each with its trace analysis:
+trials and trial-bank runs in data/trial_bank/bank.jsonl (each with its trace analysis:
 kernel time per class, launches a step, GPU busy share), against the model's own FLOPs and bytes
-for that rank and the GPU table's data-sheet figures (spec/gpus.py). No public throughput figure
+for that rank and the GPU table's data-sheet figures (experiment/gpus.py). No public throughput figure
 is read here.
 
     .venv/bin/python benchmarks/predict_calibration.py [--out benchmarks/results/predict_calibration.json]
@@ -18,14 +18,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from moetune.pipeline.spec import gpus
-from moetune.pipeline.spec.config import TrainingConfig
-from moetune.pipeline.spec.experiment import load_experiment
-from moetune.pipeline.spec.predict import flops, measured
-from moetune.pipeline.spec.predict.rates import Rates
+from moetune.experiment import gpus
+from moetune.experiment.config import TrainingConfig
+from moetune.experiment.schema import load_experiment
+from moetune.estimate import flops, measured
+from moetune.estimate.rates import Rates
 
-BANK = ROOT / "benchmarks" / "trial_bank" / "bank.jsonl"
-# the calibration probe (job/link_probe.py) run four times on the H100 device machine, in one call
+BANK = ROOT / "data" / "trial_bank" / "bank.jsonl"
+# the calibration probe (workloads/link_probe.py) run four times on the H100 device machine, in one call
 REFERENCE_RUNS = ROOT / "benchmarks" / "calibration_h100"
 OUT = ROOT / "benchmarks" / "results" / "predict_calibration.json"
 # the bank's one-GPU studies of production models ran on the H100 device machine (16 CPU cores,

@@ -1,5 +1,5 @@
 """Predicted against measured, for docs/prediction.md: (a) every completed multi-GPU trial of the
-trial bank (benchmarks/trial_bank: moe_proxy on 2x H200), (b) the public H100 MoE figures listed
+trial bank (data/trial_bank: moe_proxy on 2x H200), (b) the public H100 MoE figures listed
 with their sources in benchmarks/predict_validation.yaml. Analytic compute with the rate table as
 shipped (its efficiencies calibrated on moetune's own trials, benchmarks/predict_calibration.py);
 nothing here is fitted to the figures it is compared with.
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import yaml
 
-from moetune.pipeline.spec.config import TrainingConfig
-from moetune.pipeline.spec.experiment import load_experiment
-from moetune.pipeline.spec.memory import plan_cluster
-from moetune.pipeline.spec.predict import Node, predict
+from moetune.experiment.config import TrainingConfig
+from moetune.experiment.schema import load_experiment
+from moetune.estimate.memory import plan_cluster
+from moetune.estimate import Node, predict
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = ROOT / "benchmarks" / "predict_validation.yaml"
-BANK = ROOT / "benchmarks" / "trial_bank" / "bank.jsonl"
+BANK = ROOT / "data" / "trial_bank" / "bank.jsonl"
 LAYOUT = ("tp", "pp", "vpp", "ep", "etp", "micro_batch", "global_batch", "seq_length")
 PAIR_GAP = 0.10
 BANK_CPUS_PER_RANK = 16.0  # the nvidia-h200-x2 device machine: 32 cores, 2 GPUs

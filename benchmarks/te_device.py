@@ -1,5 +1,5 @@
 """Transformer Engine, DeepEP and HybridEP on the GPU machine: each fix against its reference, run
-in one lease, judged the way the tuner judges (pipeline/decide/judge.py).
+in one lease, judged the way the tuner judges (moetune/decide/judge.py).
 
     .venv/bin/python benchmarks/te_device.py --record CALL_DIR...   # once, from the device's output
     .venv/bin/python benchmarks/te_device.py [--no-docs]             # read back, write the section
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import checkout  # noqa: E402,F401  (moetune from this checkout)
 
-from moetune.pipeline.decide.judge import compare, judged_step  # noqa: E402
+from moetune.decide.judge import compare, judged_step  # noqa: E402
 from tuning import publish  # noqa: E402
 
 LEASE = REPO / "benchmarks" / "te_lease"
@@ -137,7 +137,7 @@ READING = """**Reading.** This proxy is host-bound in every run (GPU idle 46–6
 - *Grouped GEMM*: faster than TE's sequential experts. TE 2.20 runs it on Hopper as one cuBLAS GEMM
   per local expert (`nvjet_sm90_*`, named like any GEMM, so the `grouped_gemm` class, which catches
   CUTLASS grouped kernels by name, stays 0), spread over four extra streams: `gemm_streams` goes
-  from 1 to 5, which is what the tuner's check of that fix reads (pipeline/decide/applied.py). The host
+  from 1 to 5, which is what the tuner's check of that fix reads (moetune/decide/applied.py). The host
   does less too: 3843 → 3469 kernels a step.
 - Not run: `--moe-permute-fusion` (TE's fused permute), so its kernels are not in a recorded trace."""
 

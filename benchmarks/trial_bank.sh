@@ -8,11 +8,11 @@
 #   bash benchmarks/device_setup.sh deepep && bash benchmarks/device/run.sh bank flex_hybridep flex_deepep
 # each followed by `bash benchmarks/device/pack.sh callN`; then here, with the tars unpacked (a later
 # folder wins for a name found twice):
-#   bash benchmarks/trial_bank.sh DIR...
+#   bash data/trial_bank.sh DIR...
 # or, to add or replace some entries and re-analyse the stored traces, keeping the rest:
-#   bash benchmarks/trial_bank.sh --add DIR...
+#   bash data/trial_bank.sh --add DIR...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-"$PY" benchmarks/trial_bank_build.py "$@" > benchmarks/trial_bank/table.md
-cat benchmarks/trial_bank/table.md
+"$PY" data/trial_bank_build.py "$@" > data/trial_bank/table.md
+cat data/trial_bank/table.md

@@ -1,8 +1,8 @@
-"""Build benchmarks/trial_bank/ from what `benchmarks/device/run.sh bank` left on the device.
+"""Build data/trial_bank/ from what `benchmarks/device/run.sh bank` left on the device.
 
-    python benchmarks/trial_bank_build.py DIR [DIR ...]     # folders holding NAME.log, NAME.json,
+    python data/trial_bank_build.py DIR [DIR ...]     # folders holding NAME.log, NAME.json,
                                                            # NAME.sqlite.xz (unpacked call tars)
-    python benchmarks/trial_bank_build.py --add DIR [...]  # keep the bank, add or replace what DIR
+    python data/trial_bank_build.py --add DIR [...]  # keep the bank, add or replace what DIR
                                                            # holds, re-analyse every stored trace
 
 For each config of benchmarks/device/bank_configs.py found there it writes one line of bank.jsonl
@@ -27,7 +27,7 @@ from moetune import analysis  # noqa: E402
 from bank_configs import BASE, CONFIGS, MODEL, argv  # noqa: E402
 from moetune.analysis.logs import parse_log  # noqa: E402
 
-BANK = REPO / "benchmarks" / "trial_bank"
+BANK = REPO / "data" / "trial_bank"
 
 # Traces analysed but not kept (the bank stays under 20 MB): each repeats what a kept trace shows.
 # Their analysis stays in bank.jsonl; `trace` is null.

@@ -1,7 +1,7 @@
 """The tuning loop on the trial bank: does it reach the bank's best step time with at most a third
 of the bank's trials?
 
-    .venv/bin/python benchmarks/tuning.py [--bank benchmarks/trial_bank] [--experiment moe_proxy] [--no-docs]
+    .venv/bin/python benchmarks/tuning.py [--bank data/trial_bank] [--experiment moe_proxy] [--no-docs]
 
 Runs `tune(EXPERIMENT, executor='replay')` into a fresh store (every stage real; the job step
 replays the bank), then compares with the full sweep: every bank entry with the baseline's
@@ -27,11 +27,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import checkout  # noqa: E402,F401  (moetune from this checkout)
 
-from moetune.pipeline.decide import judge
-from moetune.pipeline.tune import loop as tuner  # noqa: E402
-from moetune.pipeline.spec.config import TrainingConfig  # noqa: E402
-from moetune.pipeline.job.replay import entry_hash, load_bank  # noqa: E402
-from moetune.pipeline.store import Store  # noqa: E402
+from moetune.decide import judge
+from moetune.tune import loop as tuner  # noqa: E402
+from moetune.experiment.config import TrainingConfig  # noqa: E402
+from moetune.job.replay import entry_hash, load_bank  # noqa: E402
+from moetune.store import Store  # noqa: E402
 
 SECTION = "## Tuning loop on the trial bank"
 TARGET_GAP, TARGET_SHARE = 0.03, 1 / 3
@@ -197,7 +197,7 @@ def publish(results_name: str, r: dict, text: str, section: str, docs: bool) -> 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--bank", default=str(REPO / "benchmarks" / "trial_bank"))
+    p.add_argument("--bank", default=str(REPO / "data" / "trial_bank"))
     p.add_argument("--experiment", default="moe_proxy")
     p.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
     args = p.parse_args(argv)

@@ -1,7 +1,7 @@
 """Shared pytest fixtures. Each block says whose it is; add yours in a block of its own."""
 from __future__ import annotations
 
-# ---- Slurm orchestration fixtures (scripts/slurm-up, pipeline/trial/stages.py) ----------------
+# ---- Slurm orchestration fixtures (scripts/slurm-up, moetune/trial/stages.py) ----------------
 import os
 import shutil
 import signal
@@ -111,8 +111,8 @@ def stand_in_experiment(folder: Path, name: str, cluster: dict | None = None, tu
 @pytest.fixture
 def make_trial(tmp_path):
     """make_trial(cluster=..., executor=..., study=..., **config) -> (store, trial id)."""
-    from moetune.pipeline.spec.config import TrainingConfig
-    from moetune.pipeline.store import Store
+    from moetune.experiment.config import TrainingConfig
+    from moetune.store import Store
     store = Store(str(tmp_path / "store.db"))
 
     def make(cluster=None, executor="slurm", study="s", runs_root=None, **config):
@@ -131,8 +131,8 @@ def make_trial(tmp_path):
 
 _TUNER_UNTIL_SUBMITTED = """
 import sys
-from moetune.pipeline.store import Store
-from moetune.pipeline.trial import stages
+from moetune.store import Store
+from moetune.trial import stages
 store = Store(sys.argv[1]); tid = int(sys.argv[2])
 stages.run_stage(store, tid, "render"); stages.run_stage(store, tid, "submit")
 print("submitted", flush=True)

@@ -1,4 +1,4 @@
-"""A CPU stand-in for the GPU trial bank (benchmarks/trial_bank), for tests and for the tuning
+"""A CPU stand-in for the GPU trial bank (data/trial_bank), for tests and for the tuning
 benchmark before the real bank is in the checkout.
 
 It holds the bank's own configs (benchmarks/device/bank_configs.py) with made-up step times from

@@ -10,8 +10,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import checkout  # noqa: E402,F401  (moetune from this checkout)
-from moetune.pipeline.spec.config import TrainingConfig, run_args  # noqa: E402
-from moetune.pipeline.spec.model import ModelArch  # noqa: E402
+from moetune.experiment.config import TrainingConfig, run_args  # noqa: E402
+from moetune.experiment.model import ModelArch  # noqa: E402
 
 EXP = yaml.safe_load((Path(__file__).resolve().parents[2] / "experiments/moe_proxy.yaml").read_text())
 MODEL = ModelArch.from_dict(EXP["model"])

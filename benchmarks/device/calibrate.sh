@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The calibration's probe (pipeline/job/link_probe.py) on the GPU machine, no Slurm there: one rank
+# The calibration's probe (moetune/workloads/link_probe.py) on the GPU machine, no Slurm there: one rank
 # a GPU through torchrun, NCCL; with one GPU the copy rates (host to device, device to host, device
 # to device) and a BF16 GEMM, with two or more also the collectives inside the node and DeepEP's
 # dispatch and combine where it imports (after `benchmarks/device_setup.sh deepep` in the same call:
@@ -21,12 +21,12 @@ W=/tmp/moetune-calibrate; mkdir -p "$W"
 export PYTHONPATH="/tmp/site-gpu:${PYTHONPATH:-}"
 
 t0=$SECONDS
-"$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" pipeline/job/link_probe.py \
+"$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" moetune/workloads/link_probe.py \
   --out "$OUT/calibration.json" --iters "${ITERS:-20}" ${SIZES:+--sizes "$SIZES"} > "$OUT/calibration.log" 2>&1
 rc=$?
 echo "probe: $NPROC rank(s), exit $rc, $((SECONDS - t0)) s"
 [ "$rc" -eq 0 ] || { tail -n 20 "$OUT/calibration.log"; exit "$rc"; }
-"$PYTHON" pipeline/job/link_probe.py --show "$OUT/calibration.json"
+"$PYTHON" moetune/workloads/link_probe.py --show "$OUT/calibration.json"
 [ -n "$MODEL" ] || exit 0
 
 if ! "$PYTHON" -c 'import submitit, pydantic, sqlalchemy, yaml, jinja2' 2> /dev/null; then
@@ -37,7 +37,7 @@ mkdir -p "$W/src" && ln -sfn "$PWD" "$W/src/moetune"
 export PYTHONPATH="/tmp/site:$W/src:$PYTHONPATH"
 # the real path: moetune calibrate renders the job, submitit's local executor runs it, the record is
 # read back from the job's files and stored; then predict reads it from the store
-MT=("$PYTHON" -m moetune.pipeline.cli.main --db "$W/db.sqlite")
+MT=("$PYTHON" -m moetune.cli.main --db "$W/db.sqlite")
 # the experiment as written, its job run here: the venv template (no Slurm, no container); the
 # cluster keeps its name, so predict of the shipped experiment finds the calibration
 "$PYTHON" "$(dirname "$0")/local_experiment.py" "$MODEL" "$W/experiment.yaml" --local || exit 1

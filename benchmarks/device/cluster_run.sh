@@ -25,8 +25,8 @@ case "${1:-}" in
     ITERS=${ITERS:-12} MAX_TRIALS=${MAX_TRIALS:-2} bash benchmarks/device/tune.sh start --one-gpu "$EXP"
     # what the render gives the cluster's job and this machine's one-GPU trial
     export PYTHONPATH="/tmp/site:/tmp/moetune-src:${PYTHONPATH:-}"
-    python3 -m moetune.pipeline.cli.main render "$EXP" --out "$W/render_cluster" > "$W/render.txt" 2>&1
-    python3 -m moetune.pipeline.cli.main render "/tmp/moetune-tune/$EXP.yaml" --one-gpu --launcher local \
+    python3 -m moetune.cli.main render "$EXP" --out "$W/render_cluster" > "$W/render.txt" 2>&1
+    python3 -m moetune.cli.main render "/tmp/moetune-tune/$EXP.yaml" --one-gpu --launcher local \
       --out "$W/render_one_gpu" >> "$W/render.txt" 2>&1
     cat "$W/render.txt"
     bash benchmarks/device/tune.sh wait $((560 - (SECONDS - t0)))
@@ -37,7 +37,7 @@ case "${1:-}" in
     # the entry's older pretrain path (megatron-core 0.18.2) on this GPU: its check, then moe_proxy's
     # one-GPU trial job as the render writes it, run by hand for 6 iterations
     mkdir -p /tmp/mcore18 && python3 -m pip install -q --no-index --no-deps --target /tmp/mcore18 .whl18/*.whl
-    PYTHONPATH=/tmp/mcore18 python3 pipeline/job/train_moe.py --moetune-check > "$W/check18.json" 2>&1
+    PYTHONPATH=/tmp/mcore18 python3 moetune/workloads/train_moe.py --moetune-check > "$W/check18.json" 2>&1
     echo "0.18 check rc=$?: $(cat "$W/check18.json")"
     export PYTHONPATH="/tmp/site:/tmp/moetune-src"
     python3 - experiments/moe_proxy.yaml "$W/moe_proxy18.yaml" <<'EOF'
@@ -47,7 +47,7 @@ d["cluster"].update(nsys="off", python="python3")
 d["baseline"].update(train_iters=6, profile_step_start=5, profile_step_end=6)
 yaml.safe_dump(d, open(sys.argv[2], "w"))
 EOF
-    python3 -m moetune.pipeline.cli.main render "$W/moe_proxy18.yaml" --one-gpu --launcher local \
+    python3 -m moetune.cli.main render "$W/moe_proxy18.yaml" --one-gpu --launcher local \
       --out "$W/legacy18" > /dev/null 2>&1
     # the 0.18 wheel alone on the rank's path, as an image holding it would have it
     ( cd "$W/legacy18" && PYTHONPATH=/tmp/mcore18 timeout 200 bash job.sh > run.log 2>&1; echo "rc=$?" >> run.log )

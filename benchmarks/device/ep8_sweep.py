@@ -11,8 +11,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import checkout  # noqa: E402,F401  (moetune from this checkout)
 
-from moetune.pipeline.spec.config import TrainingConfig, run_args  # noqa: E402
-from moetune.pipeline.spec.experiment import load_experiment  # noqa: E402
+from moetune.experiment.config import TrainingConfig, run_args  # noqa: E402
+from moetune.experiment.schema import load_experiment  # noqa: E402
 
 EXP = load_experiment("qwen3_30b_a3b_ep8")
 GPUS = EXP.cluster.gpus

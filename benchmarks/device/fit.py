@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
             continue
         env = dict(os.environ, **lay["env"], WORLD_SIZE=str(lay["world_size"]), RANK=str(lay["rank"]),
                    LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29555")
-        cmd = [sys.executable, "-u", "pipeline/job/train_moe.py", *lay["argv"]]
+        cmd = [sys.executable, "-u", "moetune/workloads/train_moe.py", *lay["argv"]]
         log = out / f"{lay['name']}.log"
         t0 = time.time()
         with open(log, "w") as f:

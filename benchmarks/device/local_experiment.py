@@ -15,7 +15,7 @@ import sys
 
 import yaml
 
-from moetune.pipeline.spec.experiment import experiment_path
+from moetune.experiment.schema import experiment_path
 
 LOCAL = {"executor": "local", "template": "venv"}
 ONE_GPU = {**LOCAL, "has_apex": False, "profile_ranks": [0]}

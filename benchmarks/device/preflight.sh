@@ -24,7 +24,7 @@ case "${1:-probe}" in
   probe)
     # the login side's token, read back by the probe through the same path (one machine here)
     head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$W/token"
-    python3 pipeline/job/preflight_probe.py --out "$OUT/preflight.json" --token-file "$W/token" \
+    python3 moetune/workloads/preflight_probe.py --out "$OUT/preflight.json" --token-file "$W/token" \
       --nsys "$NSYS" > "$W/probe.out" 2> "$W/probe.err"
     rc=$?
     tail -n 5 "$W/probe.err"
@@ -47,7 +47,7 @@ exp = yaml.safe_load(open(src))
 exp["cluster"].update(template="venv", executor="local", nsys=nsys, python="python3")
 yaml.safe_dump(exp, open(p, "w"))
 EOF
-    python3 -m moetune.pipeline.cli.main --db "$W/db.sqlite" preflight "$W/moe_proxy.yaml" \
+    python3 -m moetune.cli.main --db "$W/db.sqlite" preflight "$W/moe_proxy.yaml" \
       --executor local --runs "$W/runs" | tee "$OUT/preflight.txt"
     rc=${PIPESTATUS[0]}
     cp "$W"/runs/_preflight/*/outcome.json "$OUT/" 2>/dev/null

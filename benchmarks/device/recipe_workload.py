@@ -5,7 +5,7 @@ GPU with plain PyTorch (no Megatron). `--nccl`: each iteration also all-reduces 
 NCCL on a side stream, beside the GEMMs, so that communication overlaps compute for part of its
 time: in a one-rank process group (NCCL then launches no kernel), or, started by torchrun, across
 its ranks. Each rank prints the GPU memory NCCL holds outside PyTorch's allocator (what a fit under
-the fake process group never allocates: spec/fit.py NCCL_BUFFERS_GB)."""
+the fake process group never allocates: experiment/fit.py NCCL_BUFFERS_GB)."""
 import os
 import sys
 import time

@@ -15,7 +15,7 @@ if [ -d .whl ] && ! python3 -c 'import megatron.core' 2>/dev/null; then
 fi
 # what benchmarks/device_setup.sh built (Transformer Engine, DeepEP) sits in /tmp/site-gpu
 # `moetune` is not installed there: a folder holding a link named moetune to this checkout makes
-# moetune.pipeline and moetune.analysis importable from it (the same layout a wheel installs)
+# moetune and moetune.analysis importable from it (the same layout a wheel installs)
 mkdir -p /tmp/moetune-src && ln -sfn "$PWD" /tmp/moetune-src/moetune
 export PYTHONPATH="/tmp/site-gpu:/tmp/site:/tmp/moetune-src"
 NGPU=$(nvidia-smi -L | wc -l)
@@ -70,11 +70,11 @@ case "${1:-}" in
       eval "set -- $args"
       if [ "$gpus" = 1 ]; then  # one-GPU configs run two at a time, one per GPU
         CUDA_VISIBLE_DEVICES=$slot profile "$name" torchrun --standalone --nproc_per_node=1 \
-          pipeline/job/train_moe.py "$@" < /dev/null &
+          moetune/workloads/train_moe.py "$@" < /dev/null &
         slot=$(( (slot + 1) % NGPU )); [ "$slot" = 0 ] && wait
       else
         wait
-        profile "$name" torchrun --standalone --nproc_per_node="$gpus" pipeline/job/train_moe.py "$@" < /dev/null
+        profile "$name" torchrun --standalone --nproc_per_node="$gpus" moetune/workloads/train_moe.py "$@" < /dev/null
       fi
     done 3< /tmp/bank.txt
     wait

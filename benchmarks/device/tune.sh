@@ -16,7 +16,7 @@
 # One-GPU studies need TE (.deps/te1..te3: te_bundle.sh's carry in three parts, joined there as
 # .deps/tecarry) and .whl and .devlib in one call; with the trial bank the tracked tree leaves too
 # little of a call's 64 MiB, so the 2026-11-23 run went from a local branch without
-# benchmarks/trial_bank and tests/data (checked out for the device calls only), with
+# data/trial_bank and tests/data (checked out for the device calls only), with
 #   mkdir -p .deps/tecarry && cat .deps/te1/* .deps/te2/* .deps/te3/tecore.part.02 > \
 #     .deps/tecarry/te_core_sm90.tar.xz && cp .deps/te3/*.whl .deps/te3/*.tar.* .deps/tecarry/
 #   bash benchmarks/device_setup.sh te && ITERS=12 MAX_TRIALS=5 bash benchmarks/device/tune.sh \
@@ -79,7 +79,7 @@ case "${1:-}" in
     cd /tmp/moetune-code || exit 1
     setsid nohup bash -c 'W=$1 one=$2; shift 2; for e in "$@"; do
         echo "== $e $one $(date -u +%T)"
-        python3 -m moetune.pipeline.cli.main --db "$W/moetune.db" tune "$W/$e.yaml" $one \
+        python3 -m moetune.cli.main --db "$W/moetune.db" tune "$W/$e.yaml" $one \
           --executor local --runs "$W/runs" --out "$W/reports" --no-progress ${MAX_TRIALS:+--max-trials $MAX_TRIALS}
       done' tune "$W" "$one" "${names[@]}" > "$W/tune.log" 2>&1 < /dev/null &
     echo $! > "$W/pid"
@@ -91,7 +91,7 @@ case "${1:-}" in
     if kill -0 "$(cat "$W/pid")" 2>/dev/null; then echo "tuner still running after ${limit}s"
     else date -u +%FT%TZ > "$W/ended"; echo "tuner ended"; fi
     tail -5 "$W/tune.log"
-    python3 -m moetune.pipeline.cli.main --db "$W/moetune.db" status 2>&1 | tail -25
+    python3 -m moetune.cli.main --db "$W/moetune.db" status 2>&1 | tail -25
     if [ -f "$W/ended" ] && [ ! -e "$OUT/tune.tar.00" ]; then bash "$0" pack > "$W/pack.log" 2>&1; fi
     ;;
   pack)
@@ -121,7 +121,7 @@ for t in trials:
 keep = set(trials[:1]) | ({min(step, key=step.get)} if step else set())
 keep |= {t for t in step if t.parent.name.endswith("-1gpu")}  # one-GPU studies: every trace
 for t in keep:
-    # NVIDIA's recipe tables beside the report (analysis/recipes.py), kept for the agreement tests
+    # NVIDIA's recipe tables beside the report (moetune/analysis/recipes.py), kept for the agreement tests
     for f in t.glob("recipes_trace_*/*/*"):
         if f.suffix in (".parquet", ".log") and f.stat().st_size < 2_000_000:
             dest = d / "runs" / t.name / f.parent.parent.name / f.parent.name

@@ -1,7 +1,7 @@
 """Render the fit-lease layouts into layouts.json: for each production experiment, its baseline
 and `moetune plan`'s first choice (the experiment's own GPU count and type), each as the argv (and the
-environment, pipeline/spec/environment.py ENV_RULES) a trial gets (TrainingConfig.to_args + run_args, no apex on the GPU machine) with the fit's flags
-(pipeline/spec/fit.py): static routing (capacity factor 1.0, padded: the fake process group skips the token-count
+environment, moetune/experiment/environment.py ENV_RULES) a trial gets (TrainingConfig.to_args + run_args, no apex on the GPU machine) with the fit's flags
+(moetune/experiment/fit.py): static routing (capacity factor 1.0, padded: the fake process group skips the token-count
 exchange of dropless alltoall, ../shared/device-notes.md) and 3 iterations (Megatron reports
 memory after iteration 2, when the optimizer states exist). Per layout, the ranks that bound
 memory: rank 0 (first pipeline stage) and, where PP > 1, the first rank of the last stage (data-
@@ -22,11 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import checkout  # noqa: E402,F401  (moetune from this checkout)
 
-from moetune.pipeline.spec import fit  # noqa: E402
-from moetune.pipeline.spec.config import run_args  # noqa: E402
-from moetune.pipeline.spec.experiment import load_experiment  # noqa: E402
-from moetune.pipeline.spec.memory import plan  # noqa: E402
-from moetune.pipeline.spec.environment import config_env  # noqa: E402
+from moetune.experiment import fit  # noqa: E402
+from moetune.experiment.config import run_args  # noqa: E402
+from moetune.experiment.schema import load_experiment  # noqa: E402
+from moetune.estimate.memory import plan  # noqa: E402
+from moetune.experiment.environment import config_env  # noqa: E402
 
 MODELS = ("qwen3_235b", "qwen3_30b_a3b", "deepseek_v3", "mixtral_8x7b", "mixtral_8x22b")
 def layouts() -> list[dict]:

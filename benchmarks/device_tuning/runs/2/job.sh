@@ -109,7 +109,7 @@ run_rank() {
 }
 if [ "${1:-}" = rank ]; then run_rank; exit $?; fi
 
-# environment the trial's config needs (pipeline/render.py ENV_RULES) and the cluster's own
+# environment the trial's config needs (moetune/render.py ENV_RULES) and the cluster's own
 export NCCL_NVLS_ENABLE=0
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 cd /work/main || exit 1

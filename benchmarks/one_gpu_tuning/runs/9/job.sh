@@ -12,7 +12,7 @@ run_rank() {
   local train=(
     /opt/torch/.venv/bin/python3
     -u
-    /tmp/moetune-code/pipeline/job/train_moe.py
+    /tmp/moetune-code/moetune/workloads/train_moe.py
     --num-layers
     94
     --hidden-size
@@ -137,7 +137,7 @@ run_rank() {
 }
 if [ "${1:-}" = rank ]; then run_rank; exit $?; fi
 
-# environment the trial's config needs (pipeline/spec/environment.py ENV_RULES) and the cluster's own
+# environment the trial's config needs (moetune/experiment/environment.py ENV_RULES) and the cluster's own
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 export NCCL_GRAPH_REGISTER=0
 export NCCL_NVLS_ENABLE=0
@@ -145,7 +145,7 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 cd /tmp/moetune-code || exit 1
 # a fit (each rank that bounds the layout's memory) or a one-GPU trial (rank 0): the ranks one
 # after another, alone on this GPU under Megatron's fake process group (WORLD_SIZE and RANK of the
-# full job; pipeline/spec/fit.py). tee: the job's log shows iterations as they come (the hang watch)
+# full job; moetune/experiment/fit.py). tee: the job's log shows iterations as they come (the hang watch)
 export WORLD_SIZE=256 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + $$ % 20000))
 rc=0
 for r in 0 ; do

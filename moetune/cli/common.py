@@ -1,0 +1,57 @@
+"""Pieces the subcommands' argument parsers share, and the arguments of `moetune fit` and `moetune
+preflight`, which main.py's parser defines without loading those commands."""
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+from moetune.experiment.schema import ConfigError, Experiment, load_experiment
+from moetune.experiment.gpus import GPU_TYPES
+
+
+def exit_code(fn: Callable[[list[str]], int], argv: list[str]) -> int:
+    """Run a subcommand; argparse's usage errors and --help become exit codes, not SystemExit."""
+    try:
+        return fn(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+
+
+def add_gpu_args(p: argparse.ArgumentParser, gpus_help: str) -> None:
+    p.add_argument("--gpus", type=int, help=gpus_help)
+    p.add_argument("--gpu-type", choices=GPU_TYPES)
+
+
+def experiment_for_gpus(model: str, gpus: int | None) -> Experiment:
+    """The experiment named, with a --gpus count its cluster can hold: part of one node or whole
+    nodes (ConfigError, one line, otherwise)."""
+    exp = load_experiment(model)
+    per_node = exp.cluster.gpus_per_node
+    if gpus is not None and (gpus < 1 or (gpus > per_node and gpus % per_node)):
+        raise ConfigError(f"--gpus {gpus}: give 1..{per_node} GPUs of one node or a multiple of {per_node} "
+                          "(the experiment's GPUs per node)")
+    return exp
+
+
+LAYOUT_OPTIONS = {"tp": "tensor parallel", "pp": "pipeline parallel", "ep": "expert parallel",
+                  "etp": "expert tensor parallel", "micro_batch": "micro batch size"}
+
+
+def add_fit_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="experiment name (experiments/NAME.yaml) or a YAML path")
+    for key, what in LAYOUT_OPTIONS.items():
+        p.add_argument("--" + key.replace("_", "-"), type=int, help=f"{what} (default: the baseline's)")
+    p.add_argument("--executor", default="auto", choices=("auto", "slurm", "local"),
+                   help="auto: Slurm when sbatch is on PATH, else submitit's local executor")
+    p.add_argument("--runs", default="runs", help="folder for trial files (default runs/)")
+
+
+def add_preflight_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="experiment name (experiments/NAME.yaml) or a YAML path")
+    p.add_argument("--executor", default="auto", choices=("auto", "slurm", "local"),
+                   help="auto: Slurm when sbatch is on PATH, else submitit's local executor")
+    p.add_argument("--runs", default="runs", help="runs folder, shared with the compute nodes "
+                                                  "(default runs/); the job's files go under _preflight/")
+    p.add_argument("--format", default="text", choices=("text", "json"))
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for the job (default: as long as it queues)")

@@ -1,0 +1,38 @@
+"""`moetune fit MODEL [--tp N --pp N --ep N --etp N --micro-batch N] [--executor E]`: one layout's
+memory-bounding ranks measured on one GPU each (experiment/fit.py), as the fit stage of a trial of the
+study MODEL-fit; prints each rank's peak and step time and whether the layout fits. Its arguments
+are in cli/common.py (add_fit_arguments), so that `moetune --help` does not load this module."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from moetune.cli.common import LAYOUT_OPTIONS
+from moetune.experiment.schema import load_experiment
+from moetune.experiment.section import as_dict
+from moetune.trial import stages
+
+
+def run(store, args) -> tuple[dict, int]:
+    """(fit.json's content, trial id) of the layout's fit, measured now."""
+    exp = load_experiment(args.model)
+    changes = {k: getattr(args, k) for k in LAYOUT_OPTIONS if getattr(args, k) is not None}
+    config = exp.baseline.replace(**changes)
+    study = store.create_study(f"{exp.name}-fit", exp.model.name, {
+        "experiment": str(exp.path), "executor": args.executor, "model": exp.model.to_dict(),
+        "cluster": as_dict(exp.cluster), "tuning": as_dict(exp.tuning), "baseline": exp.baseline.to_dict()})
+    trial = store.trial_by_hash(study.id, config.config_hash()) or \
+        store.add_trial(study.id, config.to_dict(), config.config_hash(), fix="fit")
+    stages.run_stage(store, trial.id, stages.FIT, force=True, runs_root=Path(args.runs),
+                     executor=args.executor)
+    return stages.load_fit(stages.TrialContext(store, trial.id, Path(args.runs), args.executor)), trial.id
+
+
+def render(fitted: dict, layout: str) -> str:
+    lines = [f"{layout} on {fitted['world']} GPUs: {fitted['reason']}",
+             f"  {'rank':>6} {'max allocated GB':>17} {'max reserved GB':>16} {'step ms':>9}  failure"]
+    for rank, r in sorted(fitted["ranks"].items(), key=lambda kv: int(kv[0])):
+        num = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-".rjust(int(f.split(".")[0]))
+        lines.append(f"  {rank:>6} {num(r.get('max_allocated_gb'), '17.2f')} "
+                     f"{num(r.get('max_reserved_gb'), '16.2f')} {num(r.get('step_time_ms'), '9.1f')}  "
+                     f"{r.get('failure') or '-'}")
+    return "\n".join(lines)

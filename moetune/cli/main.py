@@ -1,0 +1,298 @@
+"""`moetune`: the command line. Each subcommand is a thin call into one module."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from moetune.analysis import cli as analysis_cli
+from moetune import settings
+from moetune.cli.common import LAYOUT_OPTIONS, add_fit_arguments, add_preflight_arguments
+from moetune.errors import MoetuneError
+
+# Each command's module is imported inside the function that runs it: they load pandas, SQLAlchemy,
+# pydantic and submitit (seconds), and `moetune --help` or a usage error needs none of them.
+
+# the stage names `moetune stage` takes, in their order (trial/stages.py FIT and STAGE_ORDER; a
+# test keeps them equal, since importing the stages here would load the whole pipeline for `--help`)
+STAGE_NAMES = ("fit", "render", "submit", "collect", "export", "analyze", "decide")
+
+
+class UserError(MoetuneError):
+    """A command's own refusal (a folder it cannot write, nothing to report); one line, exit 2."""
+
+
+def _store(args, read_only: bool = False):
+    from moetune.store import Store  # SQLAlchemy: only for the commands that open the store
+    return Store(getattr(args, "db", None), read_only=read_only)
+
+
+def cmd_plan(args, rest):
+    from moetune.cli import plan as plan_cli  # not for `moetune --help` (above)
+    return plan_cli.main(rest, db=args.db)
+
+
+def cmd_predict(args, rest):
+    from moetune.cli import predict as predict_cli
+    return predict_cli.main(rest, db=args.db)
+
+
+def cmd_calibrate(args, rest):
+    from moetune.cli import calibrate as calibrate_cli
+    return calibrate_cli.main(rest, db=args.db)
+
+
+def cmd_render(args, rest):
+    from moetune.cli import render as render_cli  # not for `moetune --help` (above)
+    return render_cli.main(rest)
+
+
+def cmd_check(args, rest):
+    from moetune.cli import check as check_cli  # not for `moetune --help` (above)
+    return check_cli.main(rest)
+
+
+def cmd_analyze(args, rest):
+    return analysis_cli.main(rest)
+
+
+def writable_folder(path, what: str) -> None:
+    """Make the folder a command will write to and prove it takes a file, before any work is done."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise UserError(f"{path}: the {what} folder cannot be written ({e.strerror or e}); "
+                        f"give another with --{'runs' if what == 'runs' else 'out'}") from None
+
+
+def refused_layout(model: str, **changes) -> None:
+    """The constraint table on the layout a tune or fit would submit first: one line, no job."""
+    from moetune.experiment import constraints, schema as experiment  # pydantic: not for `moetune --help`
+    exp = experiment.load_experiment(model)
+    config = exp.baseline.replace(**changes) if changes else exp.baseline
+    refused = constraints.check(config, exp.model, exp.cluster)
+    if refused:
+        raise UserError(f"{exp.path}: the layout TP{config.tp} PP{config.pp} EP{config.ep} is refused "
+                        "before any job: " + "; ".join(f"{v.code}: {v.message}" for v in refused))
+
+
+def cmd_fit(args, _rest):
+    from moetune.cli import fit  # not for `moetune --help` (above)
+    refused_layout(args.model, **{k: getattr(args, k) for k in LAYOUT_OPTIONS if getattr(args, k) is not None})
+    writable_folder(args.runs, "runs")
+    fitted, tid = fit.run(_store(args), args)
+    layout = ", ".join(f"{k}={getattr(args, k)}" for k in LAYOUT_OPTIONS if getattr(args, k) is not None)
+    print(fit.render(fitted, f"{args.model} ({layout or 'baseline layout'}), trial {tid}"))
+    return 0 if fitted["fits"] else 1
+
+
+def cmd_tune(args, _rest):
+    from moetune.tune import loop as tuner  # not for `moetune --help` (above)
+    refused_layout(args.model)
+    writable_folder(args.runs, "runs")
+    writable_folder(args.out, "reports")
+    summary = tuner.tune(args.model, _store(args), executor=args.executor,
+                         runs_root=Path(args.runs), max_trials=args.max_trials,
+                         progress=not args.no_progress, one_gpu=args.one_gpu,
+                         bank_dir=getattr(args, "bank", None))
+    md, html = _write_reports(args, summary.get("study", args.model))
+    judged = lambda key: "?" if summary.get(key) is None else f"{summary[key]:.1f}"
+    print(f"study {summary.get('study')}: {summary.get('trials', '?')} trials, best "
+          f"{judged('best_judged_step_time_ms')} ms/step (baseline "
+          f"{judged('baseline_judged_step_time_ms')} ms, judged)")
+    print(f"report: {md}\nreport: {html}")
+    if summary.get("best_judged_step_time_ms") is None:  # stopped before any trial measured
+        print(f"moetune: no trial measured a step time; stopped: {summary.get('stop_reason')}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_demo(args, _rest):
+    from moetune.job.replay import load_bank  # not for `moetune --help`
+    args.executor = "replay"
+    args.model = args.model or "moe_proxy"
+    args.bank = args.bank or settings.bank()
+    load_bank(args.bank)  # no bank (an installed wheel): one line naming --bank, before any folder is made
+    return cmd_tune(args, _rest)
+
+
+def _write_reports(args, study, store=None):
+    from moetune.report import study as report  # not for `moetune --help` (above)
+    return report.write_reports(store or _store(args), study, Path(args.out))
+
+
+def cmd_report(args, _rest):
+    store = _store(args, read_only=True)
+    names = [args.study] if args.study else [s.name for s in store.studies()]
+    if not names:
+        raise UserError(f"no studies in {store.url}; run `moetune tune MODEL` first")
+    writable_folder(args.out, "reports")
+    for name in names:
+        md, html = _write_reports(args, name, store)
+        print(f"{name}: {md}\n{name}: {html}")
+    return 0
+
+
+def cmd_status(args, _rest):
+    from moetune.report import status  # not for `moetune --help` (above)
+    print(status.show(getattr(args, "db", None), args.study))
+    return 0
+
+
+def cmd_preflight(args, _rest):
+    from moetune.cli import preflight  # not for `moetune --help` (above)
+    return preflight.main(_store(args), args)
+
+
+def cmd_stage(args, _rest):
+    from moetune.trial import stages  # not for `moetune --help` (above)
+    extra = {"local": True} if args.local else {}
+    store = _store(args)
+    before = store.last_stage(args.trial, args.stage)
+    out = stages.run_stage(store, args.trial, args.stage, force=args.force, **extra)
+    after = store.last_stage(args.trial, args.stage)
+    ran = after is not None and (before is None or after.id != before.id)
+    if ran:
+        print(f"stage {args.stage} of trial {args.trial} ran; it wrote {len(out or [])} "
+              f"file{'' if len(out or []) == 1 else 's'}" + (":" if out else ""))
+    else:
+        print(f"stage {args.stage} of trial {args.trial} is current (its inputs have not changed); "
+              "nothing ran (--force runs it again). Its outputs:")
+    for path in out or []:
+        print(f"  {path}")
+    if args.stage == stages.FIT:
+        fitted = stages.load_fit(stages.TrialContext(store, args.trial))
+        print(f"fit: {fitted.get('reason')}")
+        return 0 if fitted.get("fits") else 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="moetune",
+        description="Automatic performance tuner for Megatron MoE training on Slurm: profile "
+                    "short runs under Nsight Systems, find the wall, apply the next fix, repeat.")
+    p.add_argument("--db", default=None,  # the store reads MOETUNE_DB when the command runs
+                   help="store: a SQLite path or any SQLAlchemy URL (env MOETUNE_DB; "
+                        "default .moetune/moetune.db)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name, fn, help_, passthrough=False):
+        sp = sub.add_parser(name, help=help_, description=help_, add_help=not passthrough)
+        sp.set_defaults(fn=fn, passthrough=passthrough)
+        return sp
+
+    add("plan", cmd_plan, "list memory-feasible layouts for a model, least model parallelism "
+        "first (moetune plan MODEL [--gpus N --gpu-type T] [--format text|json])", True)
+    add("predict", cmd_predict, "a layout's predicted step time and tokens/s/GPU, term by term "
+        "(moetune predict MODEL [--gpus N] [--tp N --pp N --ep N ...] [--format text|json])", True)
+    add("calibrate", cmd_calibrate, "measure the cluster's links and a GPU's rates in one short job; "
+        "stored, predict and plan use them (moetune calibrate MODEL [--gpus N] [--nodes N])", True)
+    add("render", cmd_render, "write exactly what a trial would submit (job.sbatch, job.sh, the "
+        "export job), without a store (moetune render MODEL [--gpus N] [--fix RULE ...] --out DIR)", True)
+    add("check", cmd_check, "check a Megatron command line against Megatron's and the MoE "
+        "guidance's constraints (moetune check [--gpus N --gpu-type T] -- ARGS...)", True)
+    add("analyze", cmd_analyze, "classify the wall of nsys traces and/or a training log "
+        "(moetune analyze PATH... [--log FILE] [--format text|json|markdown])", True)
+
+    for name, fn, help_ in (("tune", cmd_tune, "run the tuning loop for an experiment"),
+                            ("demo", cmd_demo, "the tuning loop replaying the recorded GPU "
+                                               "trial bank (no GPU needed)")):
+        sp = add(name, fn, help_)
+        sp.add_argument("model", nargs="?" if name == "demo" else None,
+                        help="experiment name (experiments/NAME.yaml) or a YAML path")
+        sp.add_argument("--executor", default="auto", choices=("auto", "slurm", "local", "replay"),
+                        help="auto: Slurm when sbatch is on PATH, else submitit's local executor")
+        sp.add_argument("--runs", default="runs", help="folder for trial files (default runs/)")
+        sp.add_argument("--out", default="reports", help="folder for reports (default reports/)")
+        sp.add_argument("--max-trials", type=int, default=None,
+                        help="override the experiment's trial budget")
+        sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+        sp.add_argument("--one-gpu", action="store_true",
+                        help="every trial on one GPU: one rank of the layout alone under Megatron's fake "
+                             "process group (tuning.one_gpu; study NAME-1gpu)")
+        if name == "demo":
+            sp.add_argument("--bank", help="the trial bank folder (default: this checkout's "
+                                           "data/trial_bank, env MOETUNE_BANK; a wheel ships none)")
+
+    sp = add("fit", cmd_fit, "measure a layout's memory-bounding ranks on one GPU each (Megatron's "
+             "fake process group) and say whether it fits; exit 1 when it does not")
+    add_fit_arguments(sp)
+
+    sp = add("preflight", cmd_preflight, "probe what the trials will meet on the cluster (Megatron, "
+             "TE, DeepEP, nsys, GPUs, CPUs, NUMA, the runs folder) in one job of their image; exit 1 "
+             "when something blocks them")
+    add_preflight_arguments(sp)
+
+    sp = add("stage", cmd_stage, "re-run one stage of one trial by hand")
+    sp.add_argument("stage", choices=STAGE_NAMES)
+    sp.add_argument("--trial", type=int, required=True, help="trial id (moetune status lists them)")
+    sp.add_argument("--force", action="store_true", help="re-run even when outputs are current")
+    sp.add_argument("--local", action="store_true",
+                    help="export/analyze: in this process, not as the cluster's post-processing job")
+
+    sp = add("report", cmd_report, "write Markdown and HTML reports of a study (default: all)")
+    sp.add_argument("study", nargs="?")
+    sp.add_argument("--out", default="reports", help="folder for reports (default reports/)")
+
+    sp = add("status", cmd_status, "studies, trials and decisions in the store")
+    sp.add_argument("study", nargs="?")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # plan, check and analyze own their arguments (check takes a raw Megatron argv after --)
+    head = _first_command(argv)
+    if head is not None and argv[head] in PASSTHROUGH:
+        args = parser.parse_args(argv[:head + 1])
+        rest = argv[head + 1:]
+    else:
+        args, rest = parser.parse_args(argv), []
+    try:
+        code = args.fn(args, rest) or 0
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:  # `moetune plan ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        print("moetune: interrupted; the store keeps what was measured, run the same command "
+              "again to resume", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line for anything an engineer can act on
+        if not _is_user_error(e):
+            raise
+        print(f"moetune: {e}", file=sys.stderr)
+        return 2
+
+
+PASSTHROUGH = ("plan", "predict", "calibrate", "render", "check", "analyze")
+
+
+def _first_command(argv: list[str]) -> int | None:
+    """Index of the subcommand in argv (skipping the global --db VALUE)."""
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--db":
+            i += 2
+        elif argv[i].startswith("--db="):
+            i += 1
+        elif argv[i].startswith("-"):
+            return None
+        else:
+            return i
+    return None
+
+
+def _is_user_error(e: Exception) -> bool:
+    return isinstance(e, (MoetuneError, FileNotFoundError, PermissionError))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

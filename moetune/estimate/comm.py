@@ -1,0 +1,129 @@
+"""What one rank sends, and how long it takes over the link its peers sit behind: the expert
+all-to-all, tensor-parallel collectives, pipeline sends and the data-parallel gradient reduce and
+parameter gather. Megatron orders ranks TP, CP, EP, DP, PP (experts: ETP, EP, EDP, PP), so a
+group's peers are consecutive ranks `stride` apart and sit in one NVLink domain while
+stride x size fits in it."""
+from __future__ import annotations
+
+import math
+
+from moetune.experiment import gpus
+from moetune.experiment.config import TrainingConfig
+from moetune.experiment.model import ModelArch
+from moetune.estimate.flops import BF16, tokens
+from moetune.estimate.rates import Rates
+
+GRAD_BYTES = 4  # fp32 main gradients, reduced as they are kept (estimate/memory.py counts the same)
+PARAM_BYTES = 2  # bf16 weights, gathered after the distributed optimizer's step
+
+
+def dispatcher_name(c: TrainingConfig) -> str:
+    """alltoall | deepep | hybridep (the flex dispatcher by its backend; allgather priced as alltoall)."""
+    if c.dispatcher == "flex":
+        return c.flex_backend or "deepep"
+    return "alltoall"
+
+
+# (dispatch over NVLink, combine over NVLink, dispatch over the NIC, combine over the NIC): rows of
+# the rate table, each a share of the GPU's NVLink rate a direction or of the NIC's
+A2A_ROWS = {
+    "alltoall": ("alltoall_nvlink", "alltoall_nvlink", "alltoall_rdma", "alltoall_rdma"),
+    "deepep": ("deepep_nvlink_dispatch", "deepep_nvlink_combine", "deepep_rdma_dispatch", "deepep_rdma_combine"),
+    "hybridep": ("hybridep_nvlink", "hybridep_nvlink", "hybridep_rdma", "hybridep_rdma"),
+}
+
+
+def ep_peer_shares(c: TrainingConfig, nvlink_domain: int) -> tuple[float, float]:
+    """(share of a rank's routed tokens that go to an EP peer in its NVLink domain, share that
+    leave it), balanced routing. EP peers are ETP ranks apart."""
+    etp = c.etp or c.tp
+    inside = max(1, min(c.ep, nvlink_domain // etp)) if etp <= nvlink_domain else 1
+    return (inside - 1) / c.ep, (c.ep - inside) / c.ep
+
+
+# dispatchers that send a token once to each remote NVLink domain holding any of its experts (and
+# forward it over NVLink there), not once per expert
+DEDUPLICATING = ("deepep", "hybridep")
+
+
+def remote_domain_share(m: ModelArch, c: TrainingConfig, nvlink_domain: int) -> float:
+    """Distinct remote NVLink domains a token's top-k experts sit in, over the copies of it that
+    leave its domain, under uniform routing: what a deduplicating dispatcher sends across."""
+    inside, across = ep_peer_shares(c, nvlink_domain)
+    k, experts = m.moe_router_topk, m.num_experts
+    copies = k * across
+    if copies <= 0:
+        return 1.0
+    domains = round(1 / (1 - across)) if across < 1 else c.ep  # EP group's domains, equal shares
+    local = experts // domains  # experts in one domain
+    hit = 1 - math.comb(experts - local, k) / math.comb(experts, k)
+    return (domains - 1) * hit / copies
+
+
+def a2a(m: ModelArch, c: TrainingConfig, gpu_type: str, nvlink_domain: int, rates: Rates) -> dict:
+    """The expert all-to-all of one MoE layer for one micro-batch: dispatch and combine forward,
+    and their mirror in backward. Each runs NVLink and NIC transfers at once: the slower sets it.
+    DeepEP and HybridEP send a token across once per remote domain (remote_domain_share)."""
+    sent = tokens(m, c) / c.tp * m.moe_router_topk * m.hidden_size * BF16  # sequence parallel: T/TP each
+    inside, across = ep_peer_shares(c, nvlink_domain)
+    name = dispatcher_name(c)
+    if name in DEDUPLICATING:
+        across *= remote_domain_share(m, c, nvlink_domain)
+    nvl_d, nvl_c, nic_d, nic_c = (rates[r] for r in A2A_ROWS[name])
+    nvlink, nic = gpus.GPUS[gpu_type].nvlink_gb_s * 1e9, rates["nic_gb_s"] * 1e9
+    one = lambda nvl, rdma: max(sent * inside / (nvlink * nvl), sent * across / (nic * rdma))  # noqa: E731
+    dispatch, combine = one(nvl_d, nic_d), one(nvl_c, nic_c)
+    return {"dispatcher": name, "bytes_sent": sent, "share_in_nvlink": inside, "share_across": across,
+            "dispatch_ms": 1e3 * dispatch, "combine_ms": 1e3 * combine, "ms": 2e3 * (dispatch + combine)}
+
+
+def link_rate(span: int, gpu_type: str, nvlink_domain: int, rates: Rates) -> tuple[float, str]:
+    """(bytes/s, link) of a ring collective over a group `span` consecutive ranks wide."""
+    if span <= nvlink_domain:
+        return gpus.GPUS[gpu_type].nvlink_gb_s * 1e9 * rates["collective_nvlink"], "nvlink"
+    return rates["nic_gb_s"] * 1e9 * rates["collective_rdma"], "nic"
+
+
+def ring_ms(nbytes: float, size: int, rate: float) -> float:
+    """An all-gather or reduce-scatter of `nbytes` (the whole tensor) over `size` ranks."""
+    return 0.0 if size <= 1 else 1e3 * nbytes * (size - 1) / size / rate
+
+
+def tp_collectives(m: ModelArch, c: TrainingConfig, layers: int, moe_layers: int, gpu_type: str,
+                   nvlink_domain: int, rates: Rates) -> dict:
+    """Sequence parallel's all-gather and reduce-scatter of a layer's activations, two pairs a
+    dense layer forward (attention, MLP) and one a MoE layer with ETP 1 (its experts take the
+    split tokens through the all-to-all); backward mirrors them."""
+    if c.tp <= 1:
+        return {"ms": 0.0, "collectives": 0}
+    per_layer_moe = 2 if (c.etp or c.tp) == 1 else 4
+    count = 2 * (4 * (layers - moe_layers) + per_layer_moe * moe_layers)
+    rate, link = link_rate(c.tp, gpu_type, nvlink_domain, rates)
+    one = ring_ms(tokens(m, c) * m.hidden_size * BF16, c.tp, rate)
+    return {"ms": count * one, "collectives": count, "link": link, "each_ms": one}
+
+
+def pp_sends(m: ModelArch, c: TrainingConfig, rates: Rates) -> dict:
+    """A stage's sends of one micro-batch's activations forward and gradients backward, once per
+    virtual stage; pipeline stages are world/PP ranks apart, so across nodes on a multi-node job."""
+    if c.pp <= 1:
+        return {"ms": 0.0}
+    nbytes = tokens(m, c) * m.hidden_size * BF16 / (c.tp if c.sequence_parallel else 1)
+    ms = 2 * (c.vpp or 1) * 1e3 * nbytes / (rates["nic_gb_s"] * 1e9)
+    return {"ms": ms, "bytes": nbytes}
+
+
+def dp_sync(dense: float, experts: float, c: TrainingConfig, world: int, gpu_type: str,
+            nvlink_domain: int, rates: Rates) -> dict:
+    """Gradient reduce-scatter and (distributed optimizer) parameter all-gather of one stage's
+    parameters (`dense` over the DP x CP group, `experts` over the expert-data-parallel group);
+    without the distributed optimizer an all-reduce, twice the reduce-scatter, and no gather."""
+    dp = world // (c.tp * c.pp)  # DP x CP
+    edp = world // ((c.etp or c.tp) * c.ep * c.pp)
+    d_rate, d_link = link_rate(world // c.pp, gpu_type, nvlink_domain, rates)
+    reduce = ring_ms(dense * GRAD_BYTES, dp, d_rate) + ring_ms(experts * GRAD_BYTES, edp, d_rate)
+    gather = ring_ms(dense * PARAM_BYTES, dp, d_rate) + ring_ms(experts * PARAM_BYTES, edp, d_rate)
+    if not c.distributed_optimizer:
+        reduce, gather = 2 * reduce, 0.0
+    return {"reduce_ms": reduce, "gather_ms": gather, "dp": dp, "edp": edp, "link": d_link,
+            "grad_bytes": (dense + experts) * GRAD_BYTES}

@@ -1,0 +1,200 @@
+"""One pipeline stage's work for one micro-batch on one rank: matrix FLOPs by kind, bytes that
+element-wise kernels move, and kernels launched; then its time on a GPU of the table.
+
+Forward FLOPs are 2 per multiply-add; backward is twice the forward; recomputed modules run their
+forward again. Routing is taken as balanced: every rank's experts get top-k times its tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from moetune.experiment import gpus
+from moetune.experiment.config import TrainingConfig
+from moetune.experiment.fit import pipeline_stages
+from moetune.estimate.memory import attention_params, padded_vocab
+from moetune.experiment.model import ModelArch
+from moetune.estimate.rates import Rates
+
+BF16 = 2  # bytes an activation element takes
+CAUSAL = 0.5  # a causal mask computes half the score matrix
+
+
+def tokens(m: ModelArch, c: TrainingConfig) -> float:
+    """Tokens of one micro-batch on one rank's share of the sequence (context parallel splits it)."""
+    return (c.seq_length or m.seq_length) * c.micro_batch / c.cp
+
+
+def mla_up_params(m: ModelArch) -> float:
+    """MLA's up-projections (latent to per-head queries, keys and values): what `mla_up_proj`
+    recompute runs again."""
+    if not m.multi_latent_attention:
+        return 0.0
+    heads = m.num_attention_heads
+    q = (m.q_lora_rank or 0) * heads * (m.qk_head_dim + m.qk_pos_emb_head_dim)
+    return q + m.kv_lora_rank * heads * (m.qk_head_dim + m.v_head_dim)
+
+
+def layer_flops(m: ModelArch, c: TrainingConfig, moe: bool) -> dict[str, float]:
+    """Forward FLOPs of one decoder layer for one micro-batch on one rank, by kind."""
+    t, h, tp = tokens(m, c), m.hidden_size, c.tp
+    s = c.seq_length or m.seq_length
+    if m.multi_latent_attention:
+        head_dims = m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim
+    else:
+        head_dims = 2 * (m.kv_channels or h // m.num_attention_heads)
+    out = {"attention_proj": 2 * t * attention_params(m) / tp,
+           "attention_core": 2 * t * s * m.num_attention_heads * head_dims * CAUSAL / tp}
+    if moe:
+        out["experts"] = 2 * t * m.moe_router_topk * 3 * h * m.moe_ffn_hidden_size / tp
+        out["shared_experts"] = 2 * t * 3 * h * (m.moe_shared_expert_intermediate_size or 0) / tp
+        out["router"] = 2 * t * h * m.num_experts / tp
+    else:
+        out["dense_mlp"] = 2 * t * 3 * h * m.ffn_hidden_size / tp
+    return out
+
+
+def recomputed_flops(m: ModelArch, c: TrainingConfig, f: dict[str, float]) -> float:
+    """Forward FLOPs a layer runs again in backward under the config's recompute."""
+    if c.recompute_granularity == "full":
+        return sum(f.values())
+    mods = set(c.recompute_modules)
+    again = {"core_attn": ("attention_core",), "mlp": ("dense_mlp",), "moe": ("experts", "router"),
+             "shared_experts": ("shared_experts",)}
+    extra = sum(f.get(k, 0.0) for mod in mods for k in again.get(mod, ()))
+    if "mla_up_proj" in mods:
+        extra += 2 * tokens(m, c) * mla_up_params(m) / c.tp
+    return extra
+
+
+def layer_bytes(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
+    """Bytes the element-wise kernels of one layer move, forward and backward (backward taken as
+    twice the forward): norms, residual adds, activation, token permutation, router scores.
+    Sequence parallel splits them by TP."""
+    h = m.hidden_size
+    per_token = 2 * 2 * h + 2 * 3 * h  # two norms (read, write), two residual adds (two reads, a write)
+    if moe:
+        k = m.moe_router_topk
+        per_token += 3 * k * m.moe_ffn_hidden_size  # SwiGLU: two in, one out
+        per_token += 4 * k * h  # permute and unpermute, each a read and a write of k copies
+        per_token += 3 * (m.moe_shared_expert_intermediate_size or 0)
+        per_token += 2 * m.num_experts * 2  # router scores (fp32) written and read
+    else:
+        per_token += 3 * m.ffn_hidden_size
+    return 3 * BF16 * per_token * tokens(m, c) / c.tp
+
+
+def output_flops(m: ModelArch, c: TrainingConfig) -> float:
+    return 2 * tokens(m, c) * m.hidden_size * padded_vocab(m, c.tp) / c.tp
+
+
+def _mlp(flops: float, calls: int) -> tuple:
+    """A SwiGLU MLP's forward: the fused gate-and-up GEMM (2/3 of its FLOPs), then the down one,
+    once per expert held."""
+    return ((2 / 3, flops * 2 / 3 / calls), (1 / 3, flops / 3 / calls))
+
+
+def gemm_calls(m: ModelArch, c: TrainingConfig) -> dict[str, tuple]:
+    """Each matrix kind's FLOPs split into the GEMM calls that run them: ((share of the kind's
+    FLOPs, forward FLOPs of one call), ...); what a GEMM's efficiency depends on. A rank's experts
+    (num_experts / EP) each take their share of its routed tokens (balanced); backward's GEMMs are
+    the forward's size."""
+    dense = layer_flops(m, c, moe=False)
+    attn = dense["attention_proj"]
+    if m.multi_latent_attention:  # down and up projections of q and kv, and the output
+        proj = ((1.0, attn / 5),)
+    else:
+        d = m.kv_channels or m.hidden_size // m.num_attention_heads
+        qkv, o = (m.num_attention_heads + 2 * m.num_query_groups) * d, m.num_attention_heads * d
+        proj = ((qkv / (qkv + o), attn * qkv / (qkv + o)), (o / (qkv + o), attn * o / (qkv + o)))
+    out = {"attention_proj": proj, "dense_mlp": _mlp(dense["dense_mlp"], 1), "output": ((1.0, output_flops(m, c)),)}
+    if m.num_experts > 1:
+        moe = layer_flops(m, c, moe=True)
+        out["experts"] = _mlp(moe["experts"], max(1, m.num_experts // c.ep))
+        out["shared_experts"] = _mlp(moe["shared_experts"], 1)
+        out["router"] = ((1.0, moe["router"]),)
+    return out
+
+
+def gemm_efficiency(flops_per_call: float, top: float, half_gflop: float) -> float:
+    """Share of the peak a GEMM of this size reaches: `top` for large ones, half of it at
+    `half_gflop` (fixed costs a call and tiles left idle weigh on small ones)."""
+    return top * flops_per_call / (flops_per_call + half_gflop * 1e9)
+
+
+@dataclass
+class StageWork:
+    """One stage's work for one micro-batch on one of its ranks."""
+    index: int
+    layers: int
+    moe_layers: int
+    flops: dict[str, float] = field(default_factory=dict)  # forward + backward + recompute, by kind
+    gemms: dict[str, tuple] = field(default_factory=dict)  # kind: ((share of its FLOPs, FLOPs a call), ...)
+    bytes: float = 0.0
+    kernels: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "layers": self.layers, "moe_layers": self.moe_layers,
+                "tflop": {k: round(v / 1e12, 4) for k, v in self.flops.items()},
+                "elementwise_gb": round(self.bytes / 1e9, 4), "kernels": round(self.kernels)}
+
+
+def stage_work(m: ModelArch, c: TrainingConfig, rates: Rates) -> list[StageWork]:
+    """Each pipeline stage's work for one micro-batch (its layers over all its virtual stages; the
+    last stage holds the output layer, the loss and the MTP layers, each MTP layer with its own
+    output layer)."""
+    out = []
+    stages = pipeline_stages(m, c)
+    for st in stages:
+        w = StageWork(st.index, st.layers, st.moe_layers, gemms=gemm_calls(m, c))
+        for moe, n in ((False, st.layers - st.moe_layers), (True, st.moe_layers)):
+            if not n:
+                continue
+            f = layer_flops(m, c, moe)
+            for kind, v in f.items():
+                w.flops[kind] = w.flops.get(kind, 0.0) + 3 * n * v
+            w.flops["recompute"] = w.flops.get("recompute", 0.0) + n * recomputed_flops(m, c, f)
+            w.bytes += n * layer_bytes(m, c, moe)
+        if st.index == len(stages) - 1:
+            heads = 1 + m.mtp_num_layers
+            w.flops["output"] = 3 * heads * output_flops(m, c)
+            w.bytes += heads * 3 * 4 * tokens(m, c) * padded_vocab(m, c.tp) / c.tp  # fp32 logits for the loss
+        w.kernels = rates["kernels_per_layer"] * st.layers
+        out.append(w)
+    return out
+
+
+GROUPED = ("experts",)
+ATTENTION = ("attention_core",)
+
+
+def matrix_seconds(w: StageWork, kinds, peak: float, top: float, half_gflop: float) -> float:
+    """Seconds the GPU takes for the stage's FLOPs of `kinds`, each GEMM call at its size's efficiency."""
+    out = 0.0
+    for kind in kinds:
+        calls = w.gemms.get(kind) or ((1.0, w.flops[kind]),)
+        out += sum(w.flops[kind] * share / (peak * gemm_efficiency(size, top, half_gflop))
+                   for share, size in calls if size > 0)
+    return out
+
+
+def compute_ms(w: StageWork, c: TrainingConfig, gpu_type: str, rates: Rates) -> dict[str, float]:
+    """{gemm, grouped_gemm, attention, elementwise}: ms each on the GPU (kernels back to back).
+    GEMMs at their size's efficiency (gemm_efficiency); recomputed FLOPs at the stage's mean rate;
+    FP8 GEMMs take `fp8_matrix_time_factor` times their BF16 time (casts included)."""
+    g = gpus.GPUS[gpu_type]
+    peak = g.bf16_tflops * 1e12
+    # FP8 as measured against BF16 (GEMMs and their casts), not the data sheet's FP8 peak
+    fp8 = rates["fp8_matrix_time_factor"] if c.fp8_format else 1.0
+    half = rates["gemm_half_gflop"]
+    kinds = [k for k, v in w.flops.items() if v and k not in ATTENTION + ("recompute",)]
+    dense = [k for k in kinds if k not in GROUPED]
+    grouped = [k for k in kinds if k in GROUPED]
+    gemm_s = matrix_seconds(w, dense, peak, rates["gemm_efficiency"], half)
+    grouped_s = matrix_seconds(w, grouped, peak, rates["grouped_gemm_efficiency"], half)
+    done = sum(w.flops[k] for k in kinds)
+    if w.flops.get("recompute") and done:
+        gemm_s += w.flops["recompute"] * (gemm_s + grouped_s) / done
+    attention = sum(v for k, v in w.flops.items() if k in ATTENTION)
+    return {"gemm": 1e3 * fp8 * gemm_s, "grouped_gemm": 1e3 * fp8 * grouped_s,
+            "attention": 1e3 * attention / (g.bf16_tflops * 1e12 * rates["attention_efficiency"]),
+            "elementwise": 1e3 * w.bytes / (g.hbm_tb_s * 1e12 * rates["hbm_efficiency"])}

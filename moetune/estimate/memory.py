@@ -1,0 +1,430 @@
+"""The first wall: will a layout fit? A per-GPU memory estimate, and the feasible layouts.
+
+Weights, gradients and optimizer states follow mixed-precision Adam: bf16 weights (2 B), fp32
+gradients (4 B), fp32 master weights and two moments (12 B); the distributed optimizer splits the
+12 B over the data-parallel group (expert parameters over the expert-data-parallel group); the
+precision-aware optimizer keeps the moments in bf16 (8 B). Activations are counted per layer for
+one micro batch and multiplied by the micro batches a pipeline stage holds in flight. Sources:
+moe-optimization-workflow.md (fit first, least model parallelism first; recompute and offload),
+megatron-core-moe-readme.md (parallel folding, recompute modules).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from moetune.errors import MoetuneError
+from moetune.experiment import fit
+from moetune.experiment.config import TrainingConfig, run_args
+from moetune.experiment.constraints import check
+from moetune.experiment.model import ModelArch
+
+GB = 2**30
+FIXED_GB = 3.0  # CUDA context, NCCL buffers, allocator slack: not in the model's figure
+PLAN_HEADROOM_SHARE = 0.1  # of the GPU's memory a planned estimate leaves free (a fit's is experiment/fit.py headroom_gb)
+
+
+@dataclass(frozen=True)
+class Params:
+    """Parameter counts of one model, split by how they are sharded."""
+
+    dense: float  # attention + dense MLP + shared experts: split by TP (and PP)
+    experts: float  # routed experts: split by ETP x EP (and PP)
+    replicated: float  # norms, routers: split only by PP
+    embedding: float  # one embedding matrix (input or output), split by TP
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.experts + self.replicated + 2 * self.embedding
+
+
+def padded_vocab(m: ModelArch, tp: int, multiple: int = 128) -> int:
+    step = multiple * tp
+    return int(math.ceil(m.vocab_size / step) * step)
+
+
+def attention_params(m: ModelArch) -> float:
+    h = m.hidden_size
+    if m.multi_latent_attention:
+        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
+        q = m.q_lora_rank * (h + m.num_attention_heads * qk) if m.q_lora_rank else h * m.num_attention_heads * qk
+        kv = m.kv_lora_rank * (h + m.num_attention_heads * (m.qk_head_dim + m.v_head_dim)) + h * m.qk_pos_emb_head_dim
+        return q + kv + m.num_attention_heads * m.v_head_dim * h
+    d = m.kv_channels or h // m.num_attention_heads
+    return h * d * (2 * m.num_attention_heads + 2 * m.num_query_groups)
+
+
+def mla_replicated_params(m: ModelArch) -> float:
+    """MLA's down-projections (q to q_lora_rank, kv to kv_lora_rank plus the shared RoPE key) and
+    their norms are not split by tensor parallelism in Megatron (every TP rank holds them whole);
+    with DeepSeek-V3 at TP8 that is 0.8 B parameters a rank that a /TP count misses (the fit lease:
+    docs/memory.md)."""
+    if not m.multi_latent_attention:
+        return 0.0
+    h = m.hidden_size
+    q_down = h * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0
+    return q_down + h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank
+
+
+def count_params(m: ModelArch, tp: int = 1) -> Params:
+    h = m.hidden_size
+    glu = 3  # SwiGLU: gate, up, down
+    layers = m.num_layers
+    moe_layers = m.moe_layers
+    attn = attention_params(m) * layers
+    dense_mlp = glu * h * m.ffn_hidden_size * m.first_dense_layers
+    shared = glu * h * (m.moe_shared_expert_intermediate_size or 0) * moe_layers
+    experts = glu * h * m.moe_ffn_hidden_size * m.num_experts * moe_layers
+    norms = 2 * h * layers + h
+    router = h * m.num_experts * moe_layers
+    if m.first_dense_layers == 0 and m.num_experts <= 1:
+        dense_mlp = glu * h * m.ffn_hidden_size * layers
+    return Params(dense=attn + dense_mlp + shared, experts=experts, replicated=norms + router,
+                  embedding=h * padded_vocab(m, tp))
+
+
+def mtp_params(m: ModelArch) -> Params:
+    """The multi-token-prediction layers (a MoE layer each where the model's last layer is)."""
+    if not m.mtp_num_layers:
+        return Params(0, 0, 0, 0)
+    h, n = m.hidden_size, m.mtp_num_layers
+    shared = 3 * h * (m.moe_shared_expert_intermediate_size or 0)
+    return Params(dense=n * (attention_params(m) + shared), experts=n * 3 * h * m.moe_ffn_hidden_size * m.num_experts,
+                  replicated=n * (2 * h + h * m.num_experts), embedding=0)
+
+
+class TooFewGPUs(MoetuneError):
+    """A layout's model-parallel groups need more GPUs than there are."""
+
+    def __init__(self, c: TrainingConfig, gpus: int):
+        self.needed = min_gpus(c)
+        super().__init__(f"the layout TP{c.tp} PP{c.pp} EP{c.ep} CP{c.cp} needs {self.needed} GPUs "
+                         f"(or a multiple); {gpus} given")
+
+
+def min_gpus(c: TrainingConfig) -> int:
+    """The fewest GPUs a layout runs on: its dense (TP x PP x CP) and expert (ETP x EP x PP) groups."""
+    return math.lcm(c.tp * c.pp * c.cp, (c.etp or c.tp) * c.ep * c.pp)
+
+
+def bytes_per_param(shards: int, c: TrainingConfig) -> float:
+    optimizer = 8.0 if c.precision_aware_optimizer else 12.0
+    if c.distributed_optimizer:
+        optimizer /= shards
+    return 2 + 4 + optimizer
+
+
+def activation_bytes_per_layer(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
+    """One layer, one micro batch, on one GPU (bf16 activations saved for backward)."""
+    s = (c.seq_length or m.seq_length) / c.cp
+    b, h = c.micro_batch, m.hidden_size
+    tp = c.tp
+    sp = tp if c.sequence_parallel else 1
+    d = m.kv_channels or h // m.num_attention_heads
+    q = m.num_attention_heads * d
+    kv = 2 * m.num_query_groups * d
+    mods = set(c.recompute_modules) | set(c.offload_modules)
+    layernorm = 0 if ({"layernorm", "attn_norm", "mlp_norm"} & mods) else 2 * 2 * s * b * h / sp
+    qkv_in = 0 if "qkv_linear" in c.offload_modules else 2 * s * b * h / sp
+    # Q, K, V and the output (which the projection keeps as its input), and the softmax statistics.
+    # Recomputing core_attn keeps the checkpoint's inputs (Q, K, V) and the output all the same:
+    # under fused attention it frees only the statistics (unfused: the score matrix too, below).
+    # Mixtral 8x7B at PP 4, micro batch 2 with core_attn recompute ran out of memory on an H100
+    # (over 79.8 GiB) where dropping Q, K, V and the output would estimate 76.3.
+    stats = 0 if "core_attn" in mods else 4 * s * b * m.num_attention_heads / tp
+    core = 2 * s * b * (q + kv + q) / tp + stats
+    proj_in = 0 if "attn_proj" in c.offload_modules else 2 * s * b * q / tp
+    residual = 2 * s * b * h / sp
+    attn = layernorm + qkv_in + core + proj_in + residual + attention_scores_bytes(m, c, mods)
+    if not moe:
+        mlp = 0 if "mlp" in mods else 2 * s * b * (h / sp + 3 * m.ffn_hidden_size / tp)
+        return attn + mlp
+    if "moe" in mods:
+        return attn + 2 * s * b * h / sp
+    tokens = s * b * m.moe_router_topk / sp  # tokens an EP rank holds after dispatch (balanced)
+    f = m.moe_ffn_hidden_size / (c.etp or c.tp)
+    act = 0 if "moe_act" in mods else 2 * tokens * f  # SwiGLU output, kept for fc2
+    fc1_in = 0 if "expert_fc1" in mods else 2 * tokens * h  # the permuted tokens, kept for fc1
+    experts = 2 * tokens * h + fc1_in + 2 * tokens * 2 * f + act  # dispatched in, permuted, fc1 out, act
+    router = 4 * s * b * m.num_experts / sp
+    shared = 0
+    if m.moe_shared_expert_intermediate_size and "shared_experts" not in mods:
+        shared = 2 * s * b * 3 * m.moe_shared_expert_intermediate_size / tp
+    return attn + experts + router + shared
+
+
+def attention_scores_bytes(m: ModelArch, c: TrainingConfig, mods: set) -> float:
+    """Unfused (local) attention keeps the score matrix for backward: softmax output (2 B), dropout
+    mask (1 B) and dropout output (2 B) per head and query-key pair, 5·a·s²·b (Korthikanti et al.
+    2022, Table 2). Flash/fused attention (Transformer Engine) keeps none of it."""
+    if c.transformer_impl != "local" or "core_attn" in mods:
+        return 0.0
+    s = (c.seq_length or m.seq_length) / c.cp
+    return 5 * (m.num_attention_heads / c.tp) * s * s * c.micro_batch
+
+
+def in_flight(c: TrainingConfig, microbatches: int) -> float:
+    """Micro batches whose activations the first pipeline stage holds at its peak, in units of
+    a full stage (1F1B: PP; interleaved: PP x (1 + (PP-1)/(PP x VPP)))."""
+    if c.pp == 1:
+        return 1.0
+    if c.vpp:
+        return c.pp * (1 + (c.pp - 1) / (c.pp * c.vpp))
+    return min(microbatches, c.pp)
+
+
+@dataclass
+class Estimate:
+    weights_gb: float
+    grads_gb: float
+    optimizer_gb: float
+    activations_gb: float
+    fixed_gb: float = FIXED_GB
+    parameters_b: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def model_state_gb(self) -> float:
+        return self.weights_gb + self.grads_gb + self.optimizer_gb
+
+    @property
+    def total_gb(self) -> float:
+        return self.model_state_gb + self.activations_gb + self.fixed_gb
+
+    def to_dict(self) -> dict:
+        return {"weights_gb": round(self.weights_gb, 3), "grads_gb": round(self.grads_gb, 3),
+                "optimizer_gb": round(self.optimizer_gb, 3), "activations_gb": round(self.activations_gb, 3),
+                "fixed_gb": self.fixed_gb, "total_gb": round(self.total_gb, 3)}
+
+
+# Activations saved for backward, measured over computed (fit lease on one H200, rank 0 of ten
+# production layouts, docs/memory.md), per model family: the per-tensor count above is the textbook
+# one (Korthikanti et al. 2022); Megatron with Transformer Engine, grouped GEMM and the alltoall
+# dispatcher keeps fewer copies of the routed tokens than it counts (fewest where top-k and expert
+# count are large: Qwen3), and MLA's cache of the compressed latents is not modelled (DeepSeek).
+# A family not measured keeps the count as it is (1.0; moe_proxy is checked against the trial bank).
+ACTIVATION_SCALE = {"qwen3": 0.84, "mixtral": 0.96, "deepseek": 1.0}
+
+
+def family(m: ModelArch) -> str:
+    """The model family a measured term belongs to: the name up to the first '_' (qwen3_235b →
+    qwen3, deepseek_v3 → deepseek)."""
+    return m.name.split("_")[0].lower()
+
+
+def first_stage_layers(m: ModelArch, c: TrainingConfig) -> tuple[float, float]:
+    """(dense-MLP layers, MoE layers) on the first pipeline stage: the uneven pipeline's first stage
+    (--decoder-first-pipeline-num-layers) or an even share, the model's leading dense layers first."""
+    if c.pp == 1:
+        n = float(m.num_layers)
+    elif c.first_pp_layers:
+        n = float(c.first_pp_layers)
+    elif c.last_pp_layers:
+        n = (m.num_layers - c.last_pp_layers) / (c.pp - 1)
+    else:
+        n = m.num_layers / c.pp
+    if m.num_experts <= 1:
+        return n, 0.0
+    dense = min(float(m.first_dense_layers), n)
+    return dense, n - dense
+
+
+def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True) -> Estimate:
+    """Peak memory of the first pipeline stage's rank (embedding, most micro batches in flight),
+    as Megatron's `max allocated` reports it (weights, gradients, optimizer states, activations)
+    plus FIXED_GB. Calibrated on the fit lease (docs/memory.md).
+    `routing=False` prices every layer as a dense layer of `ffn_hidden_size` spread evenly over the
+    stages, with MTP on the stage, the scope of Megatron's own theoretical figure (for comparing
+    like with like, not for planning)."""
+    if gpus < min_gpus(c):
+        raise TooFewGPUs(c, gpus)
+    if not routing:
+        return _estimate_dense_scope(m, c, gpus)
+    p = count_params(m, c.tp)
+    dp = c.data_parallel(gpus)
+    etp = c.etp or c.tp
+    edp = gpus // (etp * c.ep * c.pp)
+    h, E = m.hidden_size, m.num_experts
+    n_dense, n_moe = first_stage_layers(m, c)
+    n = n_dense + n_moe
+    mla_rep = mla_replicated_params(m)
+    attn_split = attention_params(m) - mla_rep
+    moe = m.num_experts > 1
+    dense_mlp = 3 * h * m.ffn_hidden_size
+    shared = 3 * h * (m.moe_shared_expert_intermediate_size or 0)
+    expert = 3 * h * m.moe_ffn_hidden_size * E if moe else 0
+    dense = (attn_split * n + dense_mlp * n_dense + shared * n_moe + p.embedding) / c.tp
+    replicated = (mla_rep + 2 * h) * n + (h * E if moe else 0) * n_moe
+    experts = expert * n_moe / (etp * c.ep)
+    if c.pp == 1:  # the only stage: the output layer, the final norm and the MTP layers too
+        mtp = mtp_params(m)
+        dense += (p.embedding + mtp.dense) / c.tp
+        replicated += h + mtp.replicated
+        experts += mtp.experts / (etp * c.ep)
+    weights = 2 * (dense + replicated + experts)
+    grads = 4 * (dense + replicated + experts)
+    opt = ((bytes_per_param(dp * c.cp, c) - 6) * (dense + replicated)
+           + (bytes_per_param(edp, c) - 6) * experts)
+    microbatches = max(1, c.global_batch // (c.micro_batch * max(dp, 1)))
+    s = (c.seq_length or m.seq_length) / c.cp
+    if c.recompute_granularity == "full":
+        per_stage = n * 2 * s * c.micro_batch * h / (c.tp if c.sequence_parallel else 1)
+    else:
+        per_stage = (n_dense * activation_bytes_per_layer(m, c, moe=False)
+                     + n_moe * activation_bytes_per_layer(m, c, moe=True))
+    act = per_stage * in_flight(c, microbatches) * ACTIVATION_SCALE.get(family(m), 1.0)
+    if c.pp == 1:  # logits in fp32 on the only stage
+        act += 4 * s * c.micro_batch * padded_vocab(m, c.tp) / c.tp
+    notes = []
+    if c.recompute_granularity == "full":
+        notes.append("full recompute: one checkpoint per layer")
+    return Estimate(weights / GB, grads / GB, opt / GB, act / GB,
+                    parameters_b=(p.total + mtp_params(m).total) / 1e9, notes=notes)
+
+
+def _estimate_dense_scope(m: ModelArch, c: TrainingConfig, gpus: int) -> Estimate:
+    """Peak memory of the most loaded GPU (the first pipeline stage, which holds the embedding).
+    `routing=False` prices every layer as a dense layer of `ffn_hidden_size`, the scope of
+    Megatron's own theoretical figure (for comparing like with like, not for planning)."""
+    p = count_params(m, c.tp)
+    dp = c.data_parallel(gpus)
+    etp = c.etp or c.tp
+    edp = gpus // (etp * c.ep * c.pp)
+    mtp = mtp_params(m)
+    # the most loaded stage: a 1/PP share of the layers, the embedding, and (as Megatron's own
+    # figure counts it) the MTP layers, which sit on the last stage beside the output layer
+    dense = (p.dense / c.pp + mtp.dense + p.embedding) / c.tp + p.replicated / c.pp + mtp.replicated
+    if c.pp == 1:
+        dense += p.embedding / c.tp  # the output layer sits on the same stage
+    experts = (p.experts / c.pp + mtp.experts) / (etp * c.ep)
+    shard_dense = dp * c.cp
+    weights = 2 * (dense + experts)
+    grads = 4 * (dense + experts)
+    opt = (bytes_per_param(shard_dense, c) - 6) * dense + (bytes_per_param(edp, c) - 6) * experts
+    microbatches = max(1, c.global_batch // (c.micro_batch * max(dp, 1)))
+    layers_per_stage = m.num_layers / c.pp
+    dense_share = 1.0  # every layer as a dense layer
+    if c.recompute_granularity == "full":
+        s = (c.seq_length or m.seq_length) / c.cp
+        per_layer = 2 * s * c.micro_batch * m.hidden_size / (c.tp if c.sequence_parallel else 1)
+    else:
+        per_layer = (dense_share * activation_bytes_per_layer(m, c, moe=False)
+                     + (1 - dense_share) * activation_bytes_per_layer(m, c, moe=True))
+    act = per_layer * layers_per_stage * in_flight(c, microbatches)
+    if c.pp == 1:  # logits in fp32 on the only stage
+        s = (c.seq_length or m.seq_length) / c.cp
+        act += 4 * s * c.micro_batch * padded_vocab(m, c.tp) / c.tp
+    notes = []
+    if c.recompute_granularity == "full":
+        notes.append("full recompute: one checkpoint per layer")
+    return Estimate(weights / GB, grads / GB, opt / GB, act / GB, parameters_b=(p.total + mtp.total) / 1e9,
+                    notes=notes)
+
+
+# -- layouts --------------------------------------------------------------------------------
+@dataclass
+class Layout:
+    config: TrainingConfig
+    args: list[str]
+    memory_gb: float  # the estimate with FIXED_GB: what the GPU must hold
+    breakdown: dict
+    tp_pp: int  # TP x PP, what `plan` orders layouts by (least first)
+    fits: bool = True  # memory_gb within the GPU's memory less PLAN_HEADROOM_SHARE, constraints passed
+    capacity_gb: float | None = None
+    refused: list[str] = field(default_factory=list)  # constraint codes that refuse it
+    measured_gb: float | None = None  # a fit's or a run's measured peak of this layout (the store's)
+
+    @property
+    def estimate_gb(self) -> float:
+        """The estimate of the peak Megatron's `max allocated` reports (no fixed overhead)."""
+        return self.memory_gb - FIXED_GB
+
+    def to_dict(self) -> dict:
+        return {"args": self.args, "estimate_gb": round(self.estimate_gb, 2),
+                "memory_gb": round(self.memory_gb, 2), "fits": self.fits, "capacity_gb": self.capacity_gb,
+                "refused": self.refused, "breakdown": self.breakdown,
+                "tp_pp": self.tp_pp, "config": self.config.to_dict(),
+                **({"measured_gb": round(self.measured_gb, 2)} if self.measured_gb is not None else {})}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def plan_cluster(exp, gpus: int | None = None, gpu_type: str | None = None):
+    """The experiment's cluster section with --gpus / --gpu-type applied: (cluster, world, capacity GB)."""
+    cluster = exp.cluster.model_copy(update={k: v for k, v in (("gpu_type", gpu_type),) if v})
+    if gpus:
+        per_node = min(gpus, cluster.gpus_per_node)
+        cluster = cluster.model_copy(update={"nodes": max(1, gpus // per_node), "gpus_per_node": per_node})
+    world = cluster.nodes * cluster.gpus_per_node
+    return cluster, world, cluster.memory_gb
+
+
+Measured = Callable[[TrainingConfig], "float | None"]  # a layout's measured peak, where known
+
+
+def fits_measured(peak_gb: float | None, capacity_gb: float) -> bool:
+    """A measured peak judged as a fit is (experiment/fit.py): with the fit's headroom, not the estimate's."""
+    return peak_gb is not None and peak_gb + fit.headroom_gb(capacity_gb) <= capacity_gb
+
+
+def baseline_layout(exp, gpus: int | None = None, gpu_type: str | None = None,
+                    headroom_share: float = PLAN_HEADROOM_SHARE, measured: Measured | None = None) -> Layout:
+    """The experiment's own baseline as a layout, fitting or not (`fits` says which; `refused`
+    names the constraints it breaks): the first trial a study submits, so the user sees whether
+    it fits before it goes to the cluster (moe-optimization-workflow.md, Phase 1: fit first)."""
+    cluster, world, capacity = plan_cluster(exp, gpus, gpu_type)
+    cfg = exp.baseline
+    if world % min_gpus(cfg):
+        raise TooFewGPUs(cfg, world)
+    est = estimate(exp.model, cfg, world)
+    refused = [v.code for v in check(cfg, exp.model, cluster)]
+    peak = measured(cfg) if measured else None
+    fits = est.total_gb <= (1 - headroom_share) * capacity or fits_measured(peak, capacity)
+    return Layout(cfg, cfg.to_args(exp.model) + run_args(), est.total_gb, est.to_dict(), cfg.tp * cfg.pp,
+                  fits=not refused and fits, capacity_gb=capacity, refused=refused, measured_gb=peak)
+
+
+def vpp_choices(m: ModelArch, pp: int, most: int = 8) -> list[int]:
+    """Virtual stages per pipeline rank that split the model's layers evenly over PP x VPP chunks."""
+    return [v for v in range(2, most + 1) if pp > 1 and m.num_layers % (pp * v) == 0]
+
+
+def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int = 20,
+         headroom_share: float = PLAN_HEADROOM_SHARE, measured: Measured | None = None,
+         virtual: bool = False) -> list[Layout]:
+    """Feasible layouts for the experiment's model, least model parallelism first (TP×PP, then
+    expert parallelism within NVLink before across it, then the smaller EP), selective recompute
+    only where a layout does not fit without it (moe-optimization-workflow.md, Phase 1). A layout
+    is feasible when it passes the constraint table and its estimate, fixed overhead included,
+    leaves `headroom_share` of the GPU's memory free, or when its measured peak fits as a fit's does
+    (`measured`: qwen3_235b's TP2 PP2 EP128 on an H100 is estimated within 2 % of the 68.9 GB it
+    measured, but the estimate's margin is wider than a measurement's). `virtual`: each pipeline
+    with every VPP of vpp_choices too."""
+    cluster, world, capacity = plan_cluster(exp, gpus, gpu_type)
+    m, base = exp.model, exp.baseline
+    out: list[Layout] = []
+    for tp in [t for t in (1, 2, 4, 8) if world % t == 0]:
+        for pp in [p for p in _divisors(world) if p <= 32 and world % (tp * p) == 0]:
+            for ep, vpp in [(e, v) for e in _divisors(m.num_experts) if e <= 128 and world % (e * pp) == 0
+                            for v in [None] + (vpp_choices(m, pp) if virtual else [])]:
+                for recompute in ((), ("moe_act", "layernorm") if base.grouped_gemm else ("layernorm",)):
+                    cfg = base.replace(tp=tp, pp=pp, ep=ep, etp=1, sequence_parallel=tp > 1, vpp=vpp,
+                                       first_pp_layers=None, last_pp_layers=None,
+                                       distributed_optimizer=True,
+                                       recompute_granularity="selective" if recompute else None,
+                                       recompute_modules=recompute)
+                    if check(cfg, m, cluster):
+                        continue
+                    est = estimate(m, cfg, world)
+                    peak = measured(cfg) if measured else None
+                    if est.total_gb > (1 - headroom_share) * capacity and not fits_measured(peak, capacity):
+                        continue
+                    out.append(Layout(cfg, cfg.to_args(m) + run_args(), est.total_gb, est.to_dict(), tp * pp,
+                                      capacity_gb=capacity, measured_gb=peak))
+                    break  # selective recompute only where the layout does not fit without it
+    out.sort(key=lambda l: (l.tp_pp, l.config.pp, l.config.ep > cluster.nvlink_domain,
+                            bool(l.config.recompute_modules), l.config.ep, l.memory_gb))
+    return out[:limit]

@@ -1,0 +1,154 @@
+"""The rates the step-time model divides by: link speeds and efficiencies, one table of rows, each
+with its source. A cluster's own measurement (a calibration) replaces a row by its name; a
+prediction says which rows it used and where each came from.
+
+Link rows are shares of a hardware figure of the GPU table (experiment/gpus.py: NVLink per direction,
+HBM) or of the NIC's rate, so that one published measurement on one GPU carries over to another.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Rate:
+    name: str
+    value: float
+    unit: str  # "share" of a hardware figure, "GB/s", "us", "kernels"
+    source: str
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "unit": self.unit, "source": self.source}
+
+
+# DeepEP's README, normal kernels on H800 (about 160 GB/s of NVLink measured, data sheet 200 GB/s a
+# direction; one CX7 400 Gb/s NIC a GPU, about 50 GB/s): intranode EP 8 dispatch 153, combine 158
+# GB/s; internode dispatch 43/58/51 and combine 43/57/50 GB/s at EP 16/32/64.
+_DEEPEP = "DeepEP README, normal kernels on H800"
+_MEASURED = "measured by moetune: data/trial_bank/bank.jsonl"
+# The rows by what they price: links, compute, the host, and how much overlap hides
+LINKS: tuple[Rate, ...] = (
+    Rate("nic_gb_s", 48.5, "GB/s", "a 400 Gb/s NIC a GPU (DGX H100/H200), about 48-49 GB/s bus bandwidth "
+         "in nccl-tests"),
+    Rate("deepep_nvlink_dispatch", 153 / 200, "share", f"{_DEEPEP}: 153 GB/s at EP 8 of 200 GB/s NVLink"),
+    Rate("deepep_nvlink_combine", 158 / 200, "share", f"{_DEEPEP}: 158 GB/s at EP 8 of 200 GB/s NVLink"),
+    Rate("deepep_rdma_dispatch", 51 / 50, "share", f"{_DEEPEP}: 43-58 GB/s at EP 16-64 (51 at EP 64) "
+         "of a 50 GB/s NIC"),
+    Rate("deepep_rdma_combine", 50 / 50, "share", f"{_DEEPEP}: 43-57 GB/s at EP 16-64 (50 at EP 64) "
+         "of a 50 GB/s NIC"),
+    Rate("hybridep_nvlink", 153 / 200, "share", "assumed DeepEP's dispatch rate until measured"),
+    Rate("hybridep_rdma", 50 / 50, "share", "assumed DeepEP's combine rate until measured"),
+    Rate("alltoall_nvlink", 0.5, "share", "assumed: NCCL all-to-all of MoE-sized messages inside a node, "
+         "a default until measured"),
+    Rate("alltoall_rdma", 0.75, "share", "assumed: NCCL all-to-all across nodes, of the NIC's rate, "
+         "a default until measured"),
+    Rate("collective_nvlink", 0.8, "share", "assumed: NCCL all-gather/reduce-scatter bus bandwidth "
+         "inside a node, of NVLink's rate a direction"),
+    Rate("collective_rdma", 1.0, "share", "NCCL ring collectives across nodes reach the NIC's "
+         "nccl-tests rate (nic_gb_s)"),
+)
+COMPUTE: tuple[Rate, ...] = (
+    # measured by moetune (benchmarks/predict_calibration.py over the trial bank's traces; its
+    # output benchmarks/results/predict_calibration.json)
+    Rate("gemm_efficiency", 0.969, "share", f"{_MEASURED}: the share of the BF16 peak large GEMMs tend to "
+         "(flops.gemm_efficiency), solved with gemm_half_gflop so that the model's GEMMs of rank 0 take the "
+         "trace's GEMM time in both H100 one-GPU studies (qwen3_30b_a3b trial 1; qwen3_235b trials 3, 5, 6)"),
+    Rate("gemm_half_gflop", 19.429, "GFLOP", f"{_MEASURED}: the GEMM size at half of gemm_efficiency, "
+         "solved with it from the same two studies (their GEMMs small and large)"),
+    Rate("grouped_gemm_efficiency", 0.969, "share", f"{_MEASURED}: TE's grouped GEMM runs as cuBLAS GEMMs, "
+         "timed with them (gemm_efficiency's trials)"),
+    Rate("attention_efficiency", 0.2911, "share", f"{_MEASURED}: causal attention FLOPs over the trace's "
+         "attention kernel time, median of the H100 one-GPU trials without CUDA graphs"),
+    Rate("hbm_efficiency", 0.3026, "share", f"{_MEASURED}: the model's element-wise bytes over the trace's "
+         "other kernel time (norms, activations, permutation, casts, optimizer), the same trials' median"),
+    Rate("fp8_matrix_time_factor", 1.1228, "share", f"{_MEASURED}: FP8 GEMM and cast time over BF16 GEMM "
+         "time, trial bank te_gg_fp8 against te_gg (H200, moe_proxy shapes)"),
+)
+OVERLAP: tuple[Rate, ...] = (
+    Rate("tp_overlap_hidden", 0.8, "share", "assumed share of TP collectives --tp-comm-overlap hides"),
+    Rate("ep_overlap_hidden", 0.8, "share", "assumed share of the expert all-to-all that "
+         "--overlap-moe-expert-parallel-comm hides behind the other micro-batch's compute"),
+)
+HOST: tuple[Rate, ...] = (
+    Rate("kernels_per_layer", 109.2207, "kernels", f"{_MEASURED}: launches a step per micro-batch and layer, "
+         "median of the H100 one-GPU trials without CUDA graphs (99-176)"),
+    Rate("host_us_per_kernel", 100.4229, "us", f"{_MEASURED}: step time over launches of the host-bound "
+         "(GPU busy under half) H100 one-GPU trials, 16 CPU cores a rank (88-147)"),
+    Rate("cuda_graph_te_launches_removed", 0.4251, "share", f"{_MEASURED}: launches TE CUDA graphs of attn, "
+         "moe_router and moe_preprocess remove, qwen3_30b_a3b one-GPU trials 1 and 2 (split evenly "
+         "among the scopes where fewer are graphed: assumed)"),
+    Rate("fp8_launch_factor", 1.2059, "share", f"{_MEASURED}: launches with FP8 over BF16, trial bank "
+         "te_gg_fp8 against te_gg (H200)"),
+    Rate("host_cpus_per_rank", 16, "cpus", f"{_MEASURED}: the CPU cores a rank had in host_us_per_kernel's "
+         "trials (the H100 device machine); a launch's cost is taken to scale inversely with a rank's "
+         "CPUs (assumed: the launching thread, autograd's backward thread, NCCL's proxies and the data "
+         "loader share them)"),
+)
+# The calibration probe (workloads/link_probe.py) on the machine the COMPUTE and HOST rows were measured
+# on: a cluster's calibration moves those rows by its own probe's figures over these, since the rows
+# are what a training step's kernels and launches reach there, which no probe measures directly.
+_REF = ("measured by moetune: the calibration probe on the H100 device machine, median of 4 runs "
+        "(benchmarks/calibration_h100, benchmarks/predict_calibration.py reference)")
+REFERENCE: tuple[Rate, ...] = (
+    Rate("ref_gemm_top", 0.7354, "share", f"{_REF}: its GEMM sweep's fitted top (measured.gemm_curve)"),
+    Rate("ref_gemm_half_gflop", 4.903, "GFLOP", f"{_REF}: its GEMM sweep's fitted half size"),
+    Rate("ref_hbm_share", 0.8829, "share", f"{_REF}: device-to-device copy over the data sheet's HBM rate"),
+    Rate("ref_launch_us", 6.8778, "us", f"{_REF}: a small eager op's launch (host_us_per_kernel's host)"),
+)
+PUBLISHED: tuple[Rate, ...] = LINKS + COMPUTE + HOST + OVERLAP + REFERENCE
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A rate that depends on a ratio: (x, y) points, read between them on a straight line and held
+    at the ends."""
+    name: str
+    points: tuple[tuple[float, float], ...]
+    source: str
+
+    def at(self, x: float) -> float:
+        pts = ((0.0, 0.0),) + self.points if self.points[0][0] > 0 else self.points
+        if x >= pts[-1][0]:
+            return pts[-1][1]
+        i = next(i for i, (px, _) in enumerate(pts) if px > x)
+        (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+    def to_dict(self) -> dict:
+        return {"points": [list(p) for p in self.points], "unit": "curve", "source": self.source}
+
+
+CURVES: tuple[Curve, ...] = (
+    # benchmarks/host_runahead.py: two Qwen3-30B-A3B layers on one H100 (TE, grouped GEMM, the
+    # dropless all-to-all dispatcher, whose token counts the host waits for), its host's launches
+    # and waits replayed against its kernels with the host scaled
+    Curve("host_wait_excess", ((0.1, 0.0025), (0.2, 0.0074), (0.3, 0.0198), (0.4, 0.0422), (0.5, 0.0737), (0.6, 0.1116),
+                               (0.7, 0.1504), (0.8, 0.1882), (0.9, 0.2243), (1.0, 0.2611), (1.1, 0.1806), (1.2, 0.1204),
+                               (1.4, 0.0513), (1.6, 0.0184), (2.0, 0.0087), (3.0, 0.0021), (5.0, 0.0008), (10.0, 0.0003)),
+          "measured by moetune: benchmarks/host_runahead/qwen3_30b_a3b_2layer_1gpu.sqlite.xz (two "
+          "Qwen3-30B-A3B layers on one H100, TE, grouped GEMM, dropless): a micro-batch's time over "
+          "the larger of its host's launch time and its stream's, against host / stream, the trace's "
+          "launches and waits replayed with the host scaled (benchmarks/host_runahead.py)"),
+)
+
+
+class Rates:
+    """The rows a prediction reads, by name; `measured` rows (a calibration's) replace published ones."""
+
+    def __init__(self, rows=PUBLISHED, measured: dict[str, tuple[float, str]] | None = None,
+                 curves=CURVES):
+        self.rows = {r.name: r for r in rows}
+        self.curves = {c.name: c for c in curves}
+        for name, (value, source) in (measured or {}).items():
+            if name not in self.rows:
+                raise KeyError(f"{name}: no such rate; known: {', '.join(sorted(self.rows))}")
+            self.rows[name] = replace(self.rows[name], value=value, source=source)
+
+    def __getitem__(self, name: str) -> float:
+        return self.rows[name].value
+
+    def curve(self, name: str) -> Curve:
+        return self.curves[name]
+
+    def to_dict(self) -> dict:
+        return {**{n: r.to_dict() for n, r in self.rows.items()}, **{n: c.to_dict() for n, c in self.curves.items()}}

@@ -1,0 +1,312 @@
+"""A trial's training configuration and its Megatron-LM command line, both ways.
+
+`FLAGS` is the one table that ties each field to its Megatron flag; rendering and parsing both
+read it, so a field can't be rendered one way and parsed another.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from moetune.experiment.model import ModelArch
+
+DISPATCHERS = ("alltoall", "allgather", "flex")
+FLEX_BACKENDS = ("deepep", "hybridep")
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+# what Megatron's TransformerConfig recomputes when selective recompute names no modules
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
+                   "moe_act", "fused_group_mlp")
+CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
+CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
+FP8_RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Everything a trial may change. Defaults are Megatron's own unless noted."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int | None = None  # virtual stages per pipeline rank
+    first_pp_layers: int | None = None  # uneven pipeline: layers of the first stage
+    last_pp_layers: int | None = None  # and of the last
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None  # expert tensor parallel; None follows Megatron (= tp)
+    sequence_parallel: bool = False
+    micro_batch: int = 1
+    global_batch: int = 8
+    seq_length: int | None = None  # None: the model's
+    dispatcher: str = "alltoall"  # moetune's baseline; Megatron's default is allgather
+    flex_backend: str | None = None
+    deepep_num_sms: int | None = None
+    hybridep_num_sms: int | None = None
+    overlap_ep_a2a: bool = False
+    delay_wgrad: bool = False
+    shared_expert_overlap: bool = False
+    tp_comm_overlap: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    distributed_optimizer: bool = False
+    precision_aware_optimizer: bool = False
+    recompute_granularity: str | None = None  # selective | full
+    recompute_modules: tuple[str, ...] = ()
+    recompute_num_layers: int | None = None  # full recompute, uniform method
+    offload_modules: tuple[str, ...] = ()
+    cuda_graph_impl: str = "none"
+    cuda_graph_modules: tuple[str, ...] = ()
+    fp8_format: str | None = None  # e4m3 | hybrid
+    fp8_recipe: str | None = None
+    grouped_gemm: bool = False
+    permute_fusion: bool = False
+    router_fusion: bool = False
+    cross_entropy_fusion: bool = False
+    router_dtype: str | None = None  # fp32 | fp64
+    force_balance: bool = False
+    capacity_factor: float | None = None  # token drop
+    pad_to_capacity: bool = False  # drop-and-pad
+    manual_gc: bool = False
+    manual_gc_interval: int | None = None
+    transformer_impl: str = "transformer_engine"  # local where TE is absent
+    train_iters: int = 20
+    profile_step_start: int = 10
+    profile_step_end: int = 13
+
+    # -- identity --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("recompute_modules", "offload_modules", "cuda_graph_modules"):
+            d[k] = list(d[k])
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainingConfig":
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"unknown training config keys {unknown}; allowed: {sorted(known)}")
+        data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> "TrainingConfig":
+        changes = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
+        return replace(self, **changes)
+
+    def config_hash(self) -> str:
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def diff(self, other: "TrainingConfig") -> dict[str, tuple[Any, Any]]:
+        """Fields that differ: {name: (self's, other's)}."""
+        a, b = self.to_dict(), other.to_dict()
+        return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
+
+    @property
+    def model_size(self) -> int:
+        """GPUs one model replica of the dense part spans: TP x PP x CP (Megatron's parallel_state
+        calls it model_size; the data-parallel size is the world over it)."""
+        return self.tp * self.pp * self.cp
+
+    @property
+    def selective_modules(self) -> tuple[str, ...]:
+        """The modules selective recompute runs again: those named, else Megatron's default."""
+        if self.recompute_granularity != "selective":
+            return ()
+        return self.recompute_modules or DEFAULT_RECOMPUTE_MODULES
+
+    def data_parallel(self, world: int) -> int:
+        """Replicas of the dense part on `world` GPUs (0 where the layout needs more)."""
+        return world // self.model_size
+
+    # -- Megatron command line ---------------------------------------------------------------
+    def to_args(self, model: ModelArch | None = None, has_apex: bool = True) -> list[str]:
+        """The Megatron-LM argv: model architecture and this config. `has_apex`: the job's image
+        has apex's fused kernels (NVIDIA's PyTorch containers do; the GPU machine does not)."""
+        argv = model.to_args() if model else []
+        if model and self.seq_length and self.seq_length != model.seq_length:
+            argv = _set_flag(argv, "--seq-length", str(self.seq_length))
+            argv = _set_flag(argv, "--max-position-embeddings", str(self.seq_length))
+        elif not model and self.seq_length:
+            argv += ["--seq-length", str(self.seq_length)]
+        for spec in FLAGS:
+            argv += spec.render(getattr(self, spec.field))
+        if self.recompute_granularity == "full":
+            argv += ["--recompute-method", "uniform"]
+        if self.offload_modules:
+            argv += ["--fine-grained-activation-offloading"]
+        argv += ["--bf16"]
+        if self.transformer_impl == "local":
+            argv += list(TE_LESS_FLAGS)
+        elif not has_apex:
+            argv += list(APEX_LESS_FLAGS)
+        return argv
+
+    @classmethod
+    def from_args(cls, argv: list[str], model: ModelArch | None = None) -> "TrainingConfig":
+        """Parse a Megatron argv back into a config (architecture flags are ignored; a
+        `--seq-length` equal to the model's own reads as None)."""
+        by_flag = {s.flag: s for s in FLAGS}
+        values: dict[str, Any] = {}
+        i = 0
+        while i < len(argv):
+            tok = argv[i]
+            spec = by_flag.get(tok)
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("--"):
+                j += 1
+            if spec:
+                values[spec.field] = spec.parse(argv[i + 1:j])
+            elif tok == "--seq-length" and i + 1 < len(argv):
+                values["seq_length"] = int(argv[i + 1])
+            i = j
+        if model and values.get("seq_length") == model.seq_length:
+            values["seq_length"] = None
+        return cls(**values)
+
+
+TE_LESS_FLAGS = ("--no-rope-fusion", "--no-persist-layer-norm", "--no-gradient-accumulation-fusion",
+                 "--no-masked-softmax-fusion")
+"""Fusions that need Transformer Engine or apex; off under `--transformer-impl local`
+(seen on the device, see ../shared/device-notes.md)."""
+
+
+APEX_LESS_FLAGS = ("--no-gradient-accumulation-fusion",)
+"""Off where apex is absent, Transformer Engine or not: the output layer is Megatron's own
+ColumnParallelLinear, which fuses the weight-gradient accumulation through apex's
+fused_weight_gradient_mlp_cuda and refuses to start without it
+(megatron/core/tensor_parallel/layers.py; seen on the device with TE 2.20)."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One TrainingConfig field and its Megatron flag. kind: int | float | str | switch | list."""
+
+    field: str
+    flag: str
+    kind: str
+    default: Any = None
+    always: bool = False  # render even at the default (moetune pins it)
+
+    def render(self, value: Any) -> list[str]:
+        if self.kind == "switch":
+            return [self.flag] if value else []
+        if self.kind == "list":
+            return [self.flag, *value] if value else []
+        if value is None or (value == self.default and not self.always):
+            return []
+        return [self.flag, str(value)]
+
+    def parse(self, tokens: list[str]) -> Any:
+        if self.kind == "switch":
+            return True
+        if self.kind == "list":
+            return tuple(tokens)
+        if not tokens:
+            raise ValueError(f"{self.flag} needs a value")
+        return {"int": int, "float": float, "str": str}[self.kind](tokens[0])
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("tp", "--tensor-model-parallel-size", "int", 1, always=True),
+    Flag("pp", "--pipeline-model-parallel-size", "int", 1, always=True),
+    Flag("vpp", "--num-virtual-stages-per-pipeline-rank", "int"),
+    Flag("first_pp_layers", "--decoder-first-pipeline-num-layers", "int"),
+    Flag("last_pp_layers", "--decoder-last-pipeline-num-layers", "int"),
+    Flag("cp", "--context-parallel-size", "int", 1),
+    Flag("ep", "--expert-model-parallel-size", "int", 1, always=True),
+    Flag("etp", "--expert-tensor-parallel-size", "int"),
+    Flag("sequence_parallel", "--sequence-parallel", "switch"),
+    Flag("micro_batch", "--micro-batch-size", "int", always=True),
+    Flag("global_batch", "--global-batch-size", "int", always=True),
+    Flag("dispatcher", "--moe-token-dispatcher-type", "str", always=True),
+    Flag("flex_backend", "--moe-flex-dispatcher-backend", "str"),
+    Flag("deepep_num_sms", "--moe-deepep-num-sms", "int"),
+    Flag("hybridep_num_sms", "--moe-hybridep-num-sms", "int"),
+    Flag("overlap_ep_a2a", "--overlap-moe-expert-parallel-comm", "switch"),
+    Flag("delay_wgrad", "--delay-wgrad-compute", "switch"),
+    Flag("shared_expert_overlap", "--moe-shared-expert-overlap", "switch"),
+    Flag("tp_comm_overlap", "--tp-comm-overlap", "switch"),
+    Flag("overlap_grad_reduce", "--overlap-grad-reduce", "switch"),
+    Flag("overlap_param_gather", "--overlap-param-gather", "switch"),
+    Flag("distributed_optimizer", "--use-distributed-optimizer", "switch"),
+    Flag("precision_aware_optimizer", "--use-precision-aware-optimizer", "switch"),
+    Flag("recompute_granularity", "--recompute-granularity", "str"),
+    Flag("recompute_modules", "--recompute-modules", "list"),
+    Flag("recompute_num_layers", "--recompute-num-layers", "int"),
+    Flag("offload_modules", "--offload-modules", "list"),
+    Flag("cuda_graph_impl", "--cuda-graph-impl", "str", "none"),
+    Flag("cuda_graph_modules", "--cuda-graph-modules", "list"),
+    Flag("fp8_format", "--fp8-format", "str"),
+    Flag("fp8_recipe", "--fp8-recipe", "str"),
+    Flag("grouped_gemm", "--moe-grouped-gemm", "switch"),
+    Flag("permute_fusion", "--moe-permute-fusion", "switch"),
+    Flag("router_fusion", "--moe-router-fusion", "switch"),
+    Flag("cross_entropy_fusion", "--cross-entropy-loss-fusion", "switch"),
+    Flag("manual_gc", "--manual-gc", "switch"),
+    Flag("manual_gc_interval", "--manual-gc-interval", "int"),
+    Flag("router_dtype", "--moe-router-dtype", "str"),
+    Flag("force_balance", "--moe-router-force-load-balancing", "switch"),
+    Flag("capacity_factor", "--moe-expert-capacity-factor", "float"),
+    Flag("pad_to_capacity", "--moe-pad-expert-input-to-capacity", "switch"),
+    Flag("transformer_impl", "--transformer-impl", "str", always=True),
+    Flag("train_iters", "--train-iters", "int", always=True),
+    Flag("profile_step_start", "--profile-step-start", "int", always=True),
+    Flag("profile_step_end", "--profile-step-end", "int", always=True),
+)
+
+
+def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    out = list(argv)
+    i = out.index(flag)
+    out[i + 1] = value
+    return out
+
+
+def run_args() -> list[str]:
+    """The fixed part of every trial's argv: mock data, a null tokenizer, logging, profiling."""
+    return [
+        "--mock-data", "--tokenizer-type", "NullTokenizer",
+        "--lr", "1e-4", "--min-lr", "1e-5", "--lr-decay-style", "cosine", "--weight-decay", "0.1",
+        "--clip-grad", "1.0", "--init-method-std", "0.008",
+        "--log-interval", "1", "--log-throughput",
+        "--eval-iters", "0", "--eval-interval", "1000000",
+        "--split", "100,0,0",
+    ]
+
+
+@dataclass(frozen=True)
+class FlagSince:
+    """A flag moetune renders that older Megatrons know by another name (same values)."""
+
+    flag: str
+    since: tuple[int, int]  # the first megatron-core (major, minor) whose parser has `flag`
+    before: str  # its name before that
+    source: str
+
+
+# Found by running each release's parse_args on every flag moetune renders (tests/test_megatron_validate.py)
+FLAG_VERSIONS: tuple[FlagSince, ...] = (
+    FlagSince("--cuda-graph-modules", (0, 18), "--cuda-graph-scope",
+              "megatron/training/arguments.py: megatron-core 0.17.1 has only --cuda-graph-scope; "
+              "0.18.0 adds --cuda-graph-modules and keeps the old name hidden"),
+)
+
+
+def megatron_minor(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a megatron-core version string ("0.17.1", "0.19.2+427767a"), else None."""
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def args_for_megatron(argv: list[str], version: str | None) -> list[str]:
+    """`argv` with each flag of FLAG_VERSIONS newer than megatron-core `version` given its older
+    name; unchanged when the version is unknown (None: the newest is assumed)."""
+    have = megatron_minor(version)
+    if have is None:
+        return list(argv)
+    renames = {row.flag: row.before for row in FLAG_VERSIONS if have < row.since}
+    return [renames.get(token, token) for token in argv]

@@ -1,0 +1,53 @@
+"""GPU types: memory and architecture generation, the one table every module reads.
+
+Memory is what the device reports to CUDA as its capacity, in GB (NVIDIA's data sheets). CPUs per
+GPU are the hardware threads of NVIDIA's reference system for that GPU (DGX A100: 2x64-core EPYC
+7742; DGX H100/H200 and DGX B200: 2x56-core Xeon; DGX B300: 2x64-core Xeon; Grace: 72 cores per
+superchip, two per four GPUs on GB200/GB300 NVL72) divided by its GPUs: what a rank gets where
+neither the cluster section, the preflight nor Slurm says what a node has.
+
+Rates are the data sheets' dense figures (no sparsity), SXM parts: peak BF16 and FP8 tensor TFLOP/s
+(Ampere has no FP8: its BF16 figure), HBM TB/s, and NVLink GB/s per GPU in one direction (half the
+data sheet's bidirectional total). The step-time model (experiment/predict) reads them."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Gpu(NamedTuple):
+    memory_gb: float
+    generation: str  # ampere | hopper | blackwell: what kernels and FP8 recipes it runs
+    cpus_per_gpu: int  # hardware threads per GPU on the reference node
+    bf16_tflops: float = 0.0
+    fp8_tflops: float = 0.0
+    hbm_tb_s: float = 0.0
+    nvlink_gb_s: float = 0.0  # one direction
+
+
+GPUS: dict[str, Gpu] = {
+    "A100": Gpu(80.0, "ampere", 32, 312, 312, 2.04, 300),
+    "H100": Gpu(80.0, "hopper", 28, 989, 1979, 3.35, 450),
+    "H800": Gpu(80.0, "hopper", 28, 989, 1979, 3.35, 200),
+    "H200": Gpu(141.0, "hopper", 28, 989, 1979, 4.8, 450),
+    "GH200": Gpu(96.0, "hopper", 72, 989, 1979, 4.0, 450),
+    "B200": Gpu(180.0, "blackwell", 28, 2250, 4500, 8.0, 900),
+    "B300": Gpu(270.0, "blackwell", 32, 2250, 4500, 8.0, 900),
+    "GB200": Gpu(186.0, "blackwell", 36, 2500, 5000, 8.0, 900),
+    "GB300": Gpu(279.0, "blackwell", 36, 2500, 5000, 8.0, 900),
+}
+GPU_TYPES = tuple(GPUS)
+
+
+def memory_gb(gpu_type: str | None) -> float | None:
+    gpu = GPUS.get(str(gpu_type or ""))
+    return gpu.memory_gb if gpu else None
+
+
+def generation(gpu_type: str | None, default: str = "unknown") -> str:
+    gpu = GPUS.get(str(gpu_type or ""))
+    return gpu.generation if gpu else default
+
+
+def cpus_per_gpu(gpu_type: str | None) -> int | None:
+    gpu = GPUS.get(str(gpu_type or ""))
+    return gpu.cpus_per_gpu if gpu else None

@@ -1,0 +1,153 @@
+"""The model architecture of an experiment, and the Megatron arguments that describe it."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field
+
+# The bounds an experiment's model section is validated against (experiment/schema.py reads this
+# class as the section's schema, so its fields live here only).
+Positive = Annotated[int, Field(gt=0)]
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """A transformer MoE as Megatron-LM sees it. Sizes are the published ones of each model."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    name: str
+    num_layers: Positive
+    hidden_size: Positive
+    num_attention_heads: Positive
+    num_query_groups: Positive
+    ffn_hidden_size: Positive  # dense layers (and the first dense layers of DeepSeek-V3)
+    moe_ffn_hidden_size: Positive
+    num_experts: Annotated[int, Field(gt=1)]
+    moe_router_topk: Positive
+    vocab_size: Positive
+    seq_length: Positive
+    kv_channels: int | None = None  # head dim, where it is not hidden/heads
+    moe_shared_expert_intermediate_size: int | None = None
+    first_dense_layers: Annotated[int, Field(ge=0)] = 0  # leading layers with a dense MLP (DeepSeek-V3: 3)
+    qk_layernorm: bool = False
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_head_dim: int | None = None
+    qk_pos_emb_head_dim: int | None = None
+    v_head_dim: int | None = None
+    rotary_base: int = 10000
+    moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"  # DeepSeek-V3: sigmoid
+    mtp_num_layers: Annotated[int, Field(ge=0)] = 0
+    untie_embeddings: bool = True
+    # DeepSeek-V3's router: node-limited (grouped) top-k, scaled weights, aux-loss-free bias
+    moe_router_num_groups: Annotated[int, Field(gt=0)] | None = None
+    moe_router_group_topk: Annotated[int, Field(gt=0)] | None = None
+    moe_router_topk_scaling_factor: Annotated[float, Field(gt=0)] | None = None
+    moe_router_enable_expert_bias: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelArch":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def from_args(cls, argv: list[str], name: str = "from-args") -> "ModelArch":
+        """The architecture named by a Megatron argv (the flags `to_args` writes); inverse of it."""
+        def val(flag, cast=int, default=None):
+            if flag in argv:
+                i = argv.index(flag)
+                if i + 1 < len(argv):
+                    return cast(argv[i + 1])
+            return default
+        heads = val("--num-attention-heads", default=1)
+        freq = val("--moe-layer-freq", str)
+        first = int(freq.split("*")[1].split("+")[0].strip("[]()0")) if freq and "*" in freq else 0
+        ffn = val("--ffn-hidden-size", default=1)
+        return cls(
+            name=name, num_layers=val("--num-layers", default=1), hidden_size=val("--hidden-size", default=1),
+            num_attention_heads=heads, num_query_groups=val("--num-query-groups", default=heads),
+            ffn_hidden_size=ffn, moe_ffn_hidden_size=val("--moe-ffn-hidden-size", default=ffn),
+            num_experts=val("--num-experts", default=2), moe_router_topk=val("--moe-router-topk", default=2),
+            vocab_size=val("--vocab-size", default=32000), seq_length=val("--seq-length", default=4096),
+            kv_channels=val("--kv-channels"),
+            moe_shared_expert_intermediate_size=val("--moe-shared-expert-intermediate-size"),
+            first_dense_layers=first, qk_layernorm="--qk-layernorm" in argv,
+            multi_latent_attention="--multi-latent-attention" in argv,
+            q_lora_rank=val("--q-lora-rank"), kv_lora_rank=val("--kv-lora-rank"),
+            qk_head_dim=val("--qk-head-dim"), qk_pos_emb_head_dim=val("--qk-pos-emb-head-dim"),
+            v_head_dim=val("--v-head-dim"), rotary_base=val("--rotary-base", default=10000),
+            moe_router_score_function=val("--moe-router-score-function", str, "softmax"),
+            mtp_num_layers=val("--mtp-num-layers", default=0),
+            untie_embeddings="--untie-embeddings-and-output-weights" in argv,
+            moe_router_num_groups=val("--moe-router-num-groups"),
+            moe_router_group_topk=val("--moe-router-group-topk"),
+            moe_router_topk_scaling_factor=val("--moe-router-topk-scaling-factor", float),
+            moe_router_enable_expert_bias="--moe-router-enable-expert-bias" in argv)
+
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers
+
+    def moe_layer_freq(self) -> str | None:
+        """Megatron's `--moe-layer-freq` pattern, or None when every layer is MoE."""
+        if not self.first_dense_layers:
+            return None
+        return f"([0]*{self.first_dense_layers}+[1]*{self.moe_layers})"
+
+    def to_args(self) -> list[str]:
+        """Architecture flags of Megatron-LM's `pretrain_gpt.py`."""
+        a = [
+            "--num-layers", str(self.num_layers),
+            "--hidden-size", str(self.hidden_size),
+            "--num-attention-heads", str(self.num_attention_heads),
+            "--ffn-hidden-size", str(self.ffn_hidden_size),
+            "--seq-length", str(self.seq_length),
+            "--max-position-embeddings", str(self.seq_length),
+            "--vocab-size", str(self.vocab_size),
+            "--num-experts", str(self.num_experts),
+            "--moe-router-topk", str(self.moe_router_topk),
+            "--moe-ffn-hidden-size", str(self.moe_ffn_hidden_size),
+            "--normalization", "RMSNorm",
+            "--swiglu",
+            "--disable-bias-linear",
+            "--position-embedding-type", "rope",
+            "--rotary-base", str(self.rotary_base),
+            "--moe-router-score-function", self.moe_router_score_function,
+        ]
+        if self.num_query_groups != self.num_attention_heads:
+            a += ["--group-query-attention", "--num-query-groups", str(self.num_query_groups)]
+        if self.kv_channels:
+            a += ["--kv-channels", str(self.kv_channels)]
+        if self.moe_shared_expert_intermediate_size:
+            a += ["--moe-shared-expert-intermediate-size",
+                  str(self.moe_shared_expert_intermediate_size)]
+        if self.first_dense_layers:
+            a += ["--moe-layer-freq", self.moe_layer_freq()]
+        if self.qk_layernorm:
+            a += ["--qk-layernorm"]
+        if self.multi_latent_attention:
+            a += ["--multi-latent-attention",
+                  "--kv-lora-rank", str(self.kv_lora_rank),
+                  "--qk-head-dim", str(self.qk_head_dim),
+                  "--qk-pos-emb-head-dim", str(self.qk_pos_emb_head_dim),
+                  "--v-head-dim", str(self.v_head_dim)]
+            if self.q_lora_rank:
+                a += ["--q-lora-rank", str(self.q_lora_rank)]
+        if self.mtp_num_layers:
+            a += ["--mtp-num-layers", str(self.mtp_num_layers)]
+        if self.untie_embeddings:
+            a += ["--untie-embeddings-and-output-weights"]
+        if self.moe_router_num_groups:
+            a += ["--moe-router-num-groups", str(self.moe_router_num_groups),
+                  "--moe-router-group-topk", str(self.moe_router_group_topk)]
+        if self.moe_router_topk_scaling_factor:
+            a += ["--moe-router-topk-scaling-factor", str(self.moe_router_topk_scaling_factor)]
+        if self.moe_router_enable_expert_bias:
+            a += ["--moe-router-enable-expert-bias"]
+        return a

@@ -1,0 +1,140 @@
+"""The stage framework, knowing no stage by name: a `Stage` is a function from files in a trial
+folder to files out, with a function naming its inputs; `run(store, trial_id, stage)` records each
+run in the store with the hash of those inputs (names and contents) and skips a stage whose last
+good run had the same hash and whose outputs are all there, unless forced. What differs between
+stages is data on the `Stage` (which options it takes, whether a forced run is told so), never a
+test of its name here. The stages themselves are trial/stages.py.
+
+The trial folder is `trial.folder` once rendered, else `<runs_root>/<study>/<trial id>/`; its file
+names are job/paths.py `TrialPaths`. The experiment comes from the study's `experiment` record: its
+`model` and `cluster` sections where they are stored there, else loaded by its `experiment` name.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from moetune.errors import MoetuneError
+from moetune.job.paths import TrialPaths
+from moetune import settings
+from moetune.paths import trial_folder
+from moetune.experiment.schema import load_experiment, tuning_value
+from moetune.experiment.model import ModelArch
+from moetune.store import Study, now
+
+
+class StageError(MoetuneError):
+    """A stage cannot run or failed (one line: which trial, which stage, what to do)."""
+
+
+class NotReady(StageError):
+    """The job has not ended yet; collect again later (not a failure, not recorded)."""
+
+
+# -- hashing and currency ----------------------------------------------------------------------
+def file_hash(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def inputs_hash(stage: str, files: list[Path], extra: Any = None) -> str:
+    h = hashlib.sha256(stage.encode())
+    for p in sorted(files, key=lambda p: p.name):
+        h.update(f"\0{p.name}\0{file_hash(p)}".encode())
+    h.update(json.dumps(extra, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:32]
+
+
+def current(store, trial_id: int, stage: str, key: str):
+    run = store.last_stage(trial_id, stage)
+    if run and run.inputs_hash == key and all(Path(p).exists() for p in run.outputs):
+        return run
+    return None
+
+
+# -- the trial's context -----------------------------------------------------------------------
+class TrialContext:
+    """One trial with what its stages read: store rows, experiment parts, folder and its files."""
+
+    def __init__(self, store, trial_id: int, runs_root: str | Path | None = None,
+                 executor: str | None = None):
+        self.store = store
+        self.row = store.trial(trial_id)
+        with store.session() as s:
+            self.study = s.get(Study, self.row.study_id)
+        self.experiment = dict(self.study.experiment or {})
+        self.folder = trial_folder(runs_root or settings.runs(), self.study.name, self.row)
+        self.paths = TrialPaths(self.folder)
+        self.executor = executor or self.experiment.get("executor") or "auto"
+
+    @property
+    def id(self) -> int:
+        return self.row.id
+
+    def need(self, path: Path, stage: str) -> Path:
+        """A file of the trial's folder that `stage` writes, or a line saying to run that first."""
+        if not path.exists():
+            raise StageError(f"trial {self.id}: {path} is missing; run `moetune stage {stage} "
+                             f"--trial {self.id}` first")
+        return path
+
+    def model_and_cluster(self):
+        """(ModelArch, cluster mapping or object) of the study's experiment."""
+        exp = self.experiment
+        if isinstance(exp.get("model"), dict) and isinstance(exp.get("cluster"), dict):
+            return ModelArch.from_dict(exp["model"]), exp["cluster"]
+        loaded = load_experiment(exp.get("experiment") or self.study.model)
+        return loaded.model, loaded.cluster
+
+    @property
+    def one_gpu(self) -> bool:
+        """The study runs every trial as one rank of its layout alone on one GPU (tuning.one_gpu;
+        stages.one_gpu_rank)."""
+        return bool(tuning_value(self.experiment.get("tuning") or {}, "one_gpu"))
+
+    def job_name(self) -> str:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.study.name)
+        # the folder's hash keeps two stores' trials of one study name apart in Slurm
+        where = hashlib.sha256(str(self.folder).encode()).hexdigest()[:8]
+        return f"moetune.{safe[:60]}.t{self.id}.{where}"
+
+
+# -- a stage and one run of it -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    inputs: Callable[..., tuple[list[Path], Any]]  # (t, **input_options) -> (files, extra)
+    do: Callable[..., list[Path]]  # (t, **options) -> output paths
+    options: tuple[str, ...] = ()  # the run's options passed on to `do`
+    input_options: tuple[str, ...] = ()  # those that also change what its inputs are
+    takes_force: bool = False  # `do` is told when the run is forced (it sets an attempt aside...)
+
+
+def run(store, trial_id: int, stage: Stage, force: bool = False, *,
+        runs_root: str | Path | None = None, executor: str | None = None,
+        **options: Any) -> list[str]:
+    """Run one stage of one trial (skipped when current unless force); its output paths. Raises
+    StageError (NotReady for a job still running: not recorded)."""
+    t = TrialContext(store, trial_id, runs_root, executor)
+    files, extra = stage.inputs(t, **{k: options[k] for k in stage.input_options if options.get(k)})
+    key = inputs_hash(stage.name, files, extra)
+    done = current(store, trial_id, stage.name, key)
+    if done and not force:
+        return list(done.outputs)
+    kwargs = {k: v for k, v in options.items() if k in stage.options}
+    if stage.takes_force:
+        kwargs["force"] = force
+    started = now()
+    t.folder.mkdir(parents=True, exist_ok=True)
+    try:
+        outputs = stage.do(t, **kwargs)
+    except NotReady:
+        raise
+    except MoetuneError as e:
+        store.record_stage(trial_id, stage.name, key, [], status="failed", error=str(e), started_at=started)
+        raise StageError(str(e)) from None
+    store.record_stage(trial_id, stage.name, key, [str(p) for p in outputs], started_at=started)
+    return [str(p) for p in outputs]

@@ -1,0 +1,511 @@
+"""A trial's stages, each a function from files in the trial folder to files out:
+
+    render  : config (+ experiment, templates) → job.sbatch, job.sh, spec.json, config.json, command.txt
+    submit  : job.sh, spec.json                → job.json (job id; submitit, Slurm or local)
+    collect : job.json                         → state.json, log.txt, trace_*.nsys-rep
+    export  : trace_*.nsys-rep                 → trace_*.sqlite (nsys export, on this node), or on
+              Slurm (cluster.postprocess.where: job) a CPU job after the trial's that exports each
+              rank and writes its summary: trace_*.sqlite, trace_*.metrics.json (job/postprocess.py)
+    analyze : trace_*.sqlite, log.txt          → analysis.json (analysis.analyze), or from the
+              trace_*.metrics.json where every report has one (analysis.summary: no SQLite read)
+    decide  : analysis.json, config.json       → decision.json (the decisions the store holds)
+
+and, before render when the tuner fits first (experiment/fit.py):
+
+    fit     : config (+ experiment, templates) → fit/job.sh, fit/log_rank_R.txt, fit/fit.json
+              (the layout's bounding ranks, one after another on one GPU, fake process group: the
+              first and last stage and the one with the most MoE layers, experiment/fit.py bounding_ranks)
+
+Each is a `Stage` of trial/framework.py, which records every run with the hash of its inputs and
+skips a stage whose outputs are current unless forced; the file names are job/paths.py
+`TrialPaths`. `run_stage(store, trial_id, name)` is what `moetune stage` calls.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from moetune import analysis
+from moetune.analysis import summary
+from moetune.analysis.logs import parse_log
+from moetune.analysis.nsys import nsys_binary
+from moetune.job import render
+from moetune.job import postprocess
+from moetune.job.paths import TrialPaths
+from moetune.job import scheduler as jobs
+from moetune.experiment import fit, gpus
+from moetune.experiment import preflight as preflight_spec
+from moetune.experiment.config import TrainingConfig, args_for_megatron, run_args
+from moetune.experiment.schema import tuning_value
+from moetune.experiment.section import as_dict, rank_count
+from moetune.store import now
+from moetune.trial import framework
+from moetune.trial.framework import NotReady, Stage, StageError, TrialContext
+
+STAGE_ORDER = ("render", "submit", "collect", "export", "analyze", "decide")  # one run of a trial
+FIT = "fit"  # before render, where the tuner fits first
+
+
+# -- the stages ------------------------------------------------------------------------------
+def _fit_inputs(t: TrialContext) -> tuple[list[Path], Any]:
+    model, cluster = t.model_and_cluster()
+    cluster_d = as_dict(cluster)
+    return [], {"config": t.row.config, "model": model.to_dict(), "cluster": cluster_d,
+                "folder": str(t.folder), "launcher": _launcher(t), **job_facts(t),
+                "templates": render.template_texts()}
+
+
+def _render_inputs(t: TrialContext) -> tuple[list[Path], Any]:
+    files, extra = _fit_inputs(t)
+    bound = one_gpu_rank(t)  # a fit measured again may name another rank
+    return files, {**extra, **({"one_gpu_rank": bound.to_dict()} if bound else {})}
+
+
+def one_gpu_rank(t: TrialContext) -> fit.BoundRank | None:
+    """In a one-GPU study, the rank that stands for the trial's layout (experiment/fit.py bound_rank):
+    of its stages holding MoE layers, the one its fit (fit/fit.json) measured slowest; without a
+    fit, the one with the most MoE layers and micro-batches in flight. None outside one."""
+    if not t.one_gpu:
+        return None
+    config = TrainingConfig.from_dict(t.row.config)
+    pinned = pinned_rank(t, config)
+    if pinned:
+        return pinned
+    model, cluster = t.model_and_cluster()
+    fitted = t.paths.fit.fit_result
+    measured = json.loads(fitted.read_text()).get("ranks") if fitted.exists() else None
+    return fit.bound_rank(model, config, rank_count(cluster), measured)
+
+
+def pinned_rank(t: TrialContext, config: TrainingConfig) -> fit.BoundRank | None:
+    """The rank an ancestor of the same pipeline layout ran: trials of one layout are compared on
+    one rank. A fit of three iterations can rank two close stages either way from trial to trial,
+    and a change judged on another stage than its parent's measures the stage, not the change."""
+    key = fit.pipeline_layout(config)
+    parent_id = t.row.parent_id
+    first = None
+    while parent_id is not None:
+        parent = t.store.trial(parent_id)
+        recorded = TrialPaths(parent.folder).one_gpu_rank if parent.folder else None
+        if recorded and recorded.exists() and \
+                fit.pipeline_layout(TrainingConfig.from_dict(parent.config)) == key:
+            first = (parent, json.loads(recorded.read_text()))
+        parent_id = parent.parent_id
+    if first is None:
+        return None
+    bound = first[1]  # its why as recorded: the report names the trial whose fit chose it
+    return fit.BoundRank(int(bound["rank"]), int(bound["stage"]), bound["why"])
+
+
+def _launcher(t: TrialContext) -> str:
+    slurm = t.executor == "slurm" or (t.executor == "auto" and jobs.slurm_available())
+    return "srun" if slurm else "local"
+
+
+def job_facts(t: TrialContext) -> dict:
+    """What the trial's job script takes from the machines, read once: `node_cpus`, CPUs of one
+    compute node shared out among its ranks (render.cpus_per_rank): what the latest preflight of
+    this cluster and image found on a node, else Slurm's word for the partition, or this machine's
+    where the job runs here; `megatron_core`, the image's version the preflight found (None where
+    none ran: a flag Megatron renamed then goes by its newest name)."""
+    _, cluster = t.model_and_cluster()
+    c = as_dict(cluster)
+    row = t.store.latest_preflight(str(c.get("name") or "cluster"), preflight_spec.image_key(c))
+    found = preflight_spec.capabilities(row.record, c) if row and row.record else {}
+    if _launcher(t) == "local":
+        cpus = os.cpu_count()
+    else:
+        cpus = found.get("node_cpus") or jobs.node_cpus(c.get("partition"))
+    return {"node_cpus": cpus, "megatron_core": found.get("megatron_core")}
+
+
+def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluster, tuning,
+               launcher: str, node_cpus: int | None, megatron_core: str | None = None,
+               rank: int = 0) -> render.JobSpec:
+    """What one trial submits: its layout's job, or in a one-GPU study (tuning.one_gpu) the
+    layout's `rank` alone, profiled (experiment/fit.py one_gpu_config; fit.OneGpuError where the step
+    cannot hold the layout). `megatron_core`: the image's version, where the preflight found it:
+    a flag that Megatron renamed goes by the name that version knows."""
+    one_rank = None
+    if tuning_value(tuning or {}, "one_gpu"):
+        world = rank_count(cluster)
+        samples = int(tuning_value(tuning or {}, "one_gpu_samples"))
+        config = fit.one_gpu_config(config, world, samples)
+        one_rank = ((rank,), world)
+    argv = config.to_args(model, has_apex=as_dict(cluster).get("has_apex") is not False) + run_args()
+    if one_rank:
+        argv += list(fit.FAKE_GROUP_ARGS)
+    argv = args_for_megatron(argv, megatron_core)
+    return render.job_spec(name=name, folder=folder, config=config.to_dict(), argv=argv,
+                           cluster=cluster, launcher=launcher, fit=one_rank, profile=True,
+                           node_cpus=node_cpus)
+
+
+def write_trial_job(spec: render.JobSpec, config: dict) -> list[Path]:
+    """The job's scripts and, beside them, its spec, the trial's config and the command line."""
+    out = render.write_job(spec)
+    for path, text in ((spec.paths.spec, json.dumps(asdict(spec), indent=1, sort_keys=True)),
+                       (spec.paths.config, json.dumps(config, indent=1, sort_keys=True)),
+                       (spec.paths.command, " ".join(map(render.shell_word, spec.command)))):
+        path.write_text(text + "\n")
+        out.append(path)
+    return out
+
+
+def do_render(t: TrialContext) -> list[Path]:
+    model, cluster = t.model_and_cluster()
+    bound = one_gpu_rank(t)
+    try:
+        spec = trial_spec(name=t.job_name(), folder=t.folder, config=TrainingConfig.from_dict(t.row.config),
+                          model=model, cluster=cluster, tuning=t.experiment.get("tuning"),
+                          launcher=_launcher(t), **job_facts(t), rank=bound.rank if bound else 0)
+    except fit.OneGpuError as e:
+        raise StageError(f"trial {t.id}: {e}") from None
+    out = write_trial_job(spec, t.row.config)
+    if bound:
+        t.paths.one_gpu_rank.write_text(json.dumps(bound.to_dict(), indent=1, sort_keys=True) + "\n")
+        out.append(t.paths.one_gpu_rank)
+    t.store.update_trial(t.id, folder=str(t.folder))
+    return out
+
+
+def do_fit(t: TrialContext) -> list[Path]:
+    """The layout's bounding ranks, one after another on one GPU under Megatron's fake
+    process group, as a job of its own in fit/ (rendered from the same templates, submitted the
+    same way); each rank's peak and step time, and whether the layout fits (fit/fit.json)."""
+    model, cluster = t.model_and_cluster()
+    cluster_d = as_dict(cluster)
+    folder = t.paths.fit.folder
+    if folder.exists():  # a fit is measured whole, never half from an earlier run
+        shutil.rmtree(folder)
+    world = rank_count(cluster)
+    config = fit.fit_config(TrainingConfig.from_dict(t.row.config), world)
+    ranks = fit.bounding_ranks(config, world, model)
+    facts = job_facts(t)
+    argv = args_for_megatron(config.to_args(model, has_apex=cluster_d.get("has_apex") is not False)
+                             + run_args() + list(fit.FAKE_GROUP_ARGS), facts["megatron_core"])
+    spec = render.job_spec(name=t.job_name() + ".fit", folder=folder, config=config.to_dict(),
+                           argv=argv, cluster=cluster, launcher=_launcher(t), fit=(ranks, world),
+                           node_cpus=facts["node_cpus"])
+    render.write_job(spec)
+    ref = jobs.submit(spec, jobs.resolve_kind(t.executor))
+    state = jobs.wait(ref, poll_s=1.0)
+    stages_of = {fit.stage_rank(s.index, config, world): s for s in fit.pipeline_stages(model, config)
+                 if world >= config.pp}
+    measured = {r: {**_fit_rank(t.paths.fit.rank_log(r)),
+                    **({"stage": stages_of[r].index, "moe_layers": stages_of[r].moe_layers}
+                       if r in stages_of else {})} for r in ranks}
+    capacity = cluster_d.get("gpu_memory_gb") or gpus.memory_gb(cluster_d.get("gpu_type"))
+    if not capacity:
+        raise StageError(f"trial {t.id}: cluster.gpu_type {cluster_d.get('gpu_type')!r} has no known "
+                         "memory; set cluster.gpu_memory_gb")
+    result = {**fit.verdict(measured, capacity).to_dict(), "world": world,
+              "job": {"job_id": ref.job_id, "state": state.state},
+              "ranks": {str(r): m for r, m in measured.items()}}
+    out = t.paths.fit.fit_result
+    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    t.store.set_metrics(t.id, fit.fit_metrics(result))  # plan reads fit_peak_gb
+    return [out]
+
+
+def _fit_rank(log: Path) -> dict:
+    """One fit rank's measurement from its log: peak memory after the optimizer states exist,
+    steady step time (the rank's compute alone: the fake group skips every collective), failure."""
+    if not log.exists():
+        return {"failure": "no log", "max_allocated_gb": None}
+    p = parse_log(log)
+    return {k: p.get(k) for k in ("max_allocated_gb", "max_reserved_gb", "step_time_ms", "iterations",
+                                  "failure", "failure_line")}
+
+
+def load_fit(t: TrialContext) -> dict:
+    return json.loads(t.need(t.paths.fit.fit_result, FIT).read_text())
+
+
+def load_spec(t: TrialContext) -> render.JobSpec:
+    d = json.loads(t.need(t.paths.spec, "render").read_text())
+    nsys = render.NsysSpec(**{**d["nsys"], "options": tuple(d["nsys"]["options"]),
+                              "ranks": tuple(d["nsys"]["ranks"])}) if d.get("nsys") else None
+    tuples = {k: tuple(tuple(x) if isinstance(x, list) else x for x in d[k])
+              for k in ("command", "env", "container_mounts", "modules", "fit_ranks")
+              if k in d}
+    return render.JobSpec(**{**d, **tuples, "nsys": nsys})
+
+
+def submit_inputs(t: TrialContext) -> tuple[list[Path], Any]:
+    return [t.need(t.paths.job_script, "render"), t.need(t.paths.spec, "render")], None
+
+
+def _set_aside(t: TrialContext, job_id: str) -> None:
+    """A forced re-submit keeps the earlier attempt's files under previous/<job id>/."""
+    dest = t.paths.previous(job_id)
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in t.paths.attempt():
+        shutil.move(str(p), str(dest / p.name))
+
+
+def do_submit(t: TrialContext, force: bool = False) -> list[Path]:
+    spec = load_spec(t)
+    out = t.paths.job
+    earlier = {p.name for p in t.paths.previous("*").parent.glob("*")}
+    if out.exists():
+        old = json.loads(out.read_text())
+        earlier.add(old["job_id"])
+        pp = t.paths.postprocess
+        if pp.exists() and old.get("kind") == "slurm":  # it would write into the next attempt's folder
+            postprocess.cancel(json.loads(pp.read_text())["job_id"])
+        _set_aside(t, old["job_id"])
+    kind = jobs.resolve_kind(t.executor)
+    ref = None
+    if kind == "slurm" and not force:
+        # a submit whose job id never reached the store (the tuner was killed right after
+        # sbatch): that job is this trial's, so take it instead of submitting a second one
+        found = jobs.find_slurm_job(spec.name)
+        if found and found not in earlier:
+            ref = jobs.JobRef(job_id=found, kind="slurm", folder=str(spec.paths.submitit),
+                              name=spec.name)
+    if ref is None:
+        ref = jobs.submit(spec, kind)
+    out.write_text(json.dumps({**ref.to_dict(), "submitted_at": now()}, indent=1, sort_keys=True) + "\n")
+    t.store.update_trial(t.id, job_id=ref.job_id, state="submitted", submitted_at=now())
+    return [out]
+
+
+def _collect_inputs(t: TrialContext) -> tuple[list[Path], Any]:
+    return [t.need(t.paths.job, "submit")], None
+
+
+def load_ref(t: TrialContext) -> jobs.JobRef:
+    d = json.loads(t.need(t.paths.job, "submit").read_text())
+    return jobs.JobRef(job_id=d["job_id"], kind=d["kind"], folder=d["folder"], name=d["name"])
+
+
+def do_collect(t: TrialContext, wait: bool = True, poll_s: float = 2.0,
+               timeout_s: float | None = None) -> list[Path]:
+    ref = load_ref(t)
+    if wait:
+        st = jobs.wait(ref, poll_s=poll_s, timeout_s=timeout_s)
+    else:
+        st = jobs.job_state(ref)
+        if not st.terminal:
+            raise NotReady(f"trial {t.id}: job {ref.job_id} is {st.state}; collect again later")
+    state = t.paths.state
+    state.write_text(json.dumps({"job_id": ref.job_id, **st.to_dict()}, indent=1, sort_keys=True) + "\n")
+    t.store.update_trial(t.id, state=st.outcome.trial_state, started_at=st.start, ended_at=st.end)
+    return [state] + [p for p in (t.paths.log,) if p.exists()] + t.paths.reports
+
+
+def as_job(t: TrialContext, local: bool = False) -> bool:
+    """Whether export and the per-rank metrics run as a Slurm job of their own (not `--local`,
+    not the local executor, not cluster.postprocess.where: login, and only with reports)."""
+    if local or _launcher(t) != "srun":
+        return False
+    _, cluster = t.model_and_cluster()
+    return postprocess.settings(cluster)["where"] == "job" and (load_spec(t).nsys is not None)
+
+
+def _stat_key(files: list[Path]) -> list:
+    # a report's name, size and mtime stand for its contents: hashing GBs of reports on the
+    # login node is the work the post-processing job is there to take off it
+    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+
+
+def _export_inputs(t: TrialContext, local: bool = False) -> tuple[list[Path], Any]:
+    t.need(t.paths.state, "collect")
+    if as_job(t, local):
+        return [t.paths.job], {"job": _stat_key(t.paths.reports)}
+    return t.paths.reports, None
+
+
+def start_postprocess(t: TrialContext, force: bool = False) -> str | None:
+    """Submit the trial's post-processing job after its current job (afterany), unless one for
+    that job is already submitted; its job id. None where it does not run as a job."""
+    if not as_job(t):
+        return None
+    ref = load_ref(t)
+    state = t.paths.postprocess
+    if state.exists() and not force:
+        known = json.loads(state.read_text())
+        if known.get("for_job") == ref.job_id:
+            return known["job_id"]
+    spec = load_spec(t)
+    _, cluster = t.model_and_cluster()
+    ranks = [r for r in spec.nsys.ranks if r < spec.ntasks]
+    try:
+        return postprocess.submit(t.folder, ranks, cluster, after=ref.job_id,
+                                  name=t.job_name() + ".post")
+    except postprocess.PostprocessError as e:
+        raise StageError(f"trial {t.id}: {e}") from None
+
+
+def _nsys(t: TrialContext) -> str:
+    try:
+        return nsys_binary()
+    except analysis.TraceError as e:
+        raise StageError(f"trial {t.id}: {e}") from None
+
+
+def do_export(t: TrialContext, local: bool = False, force: bool = False) -> list[Path]:
+    """Each rank's report → SQLite. A bare .qdstrm (nsys could not run its importer inside the
+    job) is imported to .nsys-rep first. As a job (as_job): wait for the post-processing job,
+    which does that and writes each rank's summary; the reports are not opened here."""
+    if as_job(t, local):
+        return _export_as_job(t, force)
+    for stale in t.paths.each(t.paths.metrics):  # made from an earlier export
+        stale.unlink()
+    # each rank's report as the post-processing job reads it: the job's own export where it made
+    # one, else the report exported here (a bare .qdstrm imported first)
+    ranks = {t.paths.rank_of(p) for p in t.paths.reports}
+    imported, out = [], []
+    for rank in sorted(ranks):
+        report = postprocess.rank_report(t.folder, rank)
+        rep = t.paths.report(rank)
+        if not rep.exists():
+            imported.append(rep)
+        try:
+            sqlite = postprocess.export(report)
+        except (postprocess.PostprocessError, analysis.TraceError) as e:
+            raise StageError(f"trial {t.id}: {e}") from None
+        out += [sqlite, postprocess.write_recipes(_nsys(t), rep, sqlite)]
+    return imported + out
+
+
+def _export_as_job(t: TrialContext, force: bool) -> list[Path]:
+    job_id = start_postprocess(t, force=force)
+    known = json.loads(t.paths.postprocess.read_text())
+    _, cluster = t.model_and_cluster()
+    limit_s = 60 * render.time_minutes(postprocess.settings(cluster)["time_limit"])
+    # the trial's job first (it may queue long), then the array's own time limit and some slack
+    jobs.wait(load_ref(t), poll_s=1.0)
+    state = postprocess.wait(job_id, len(known["ranks"]), timeout_s=limit_s + 600)
+    if state != "COMPLETED":
+        tails = [line for p in t.paths.each(t.paths.postprocess_out)
+                 for line in p.read_text(errors="replace").strip().splitlines()[-1:]]
+        raise StageError(f"trial {t.id}: post-processing job {job_id} ended {state}"
+                         + (f": {tails[0][:200]}" if tails else f"; see {t.paths.postprocess_out('*')}"))
+    return sorted(t.paths.each(t.paths.sqlite) + t.paths.each(t.paths.metrics))
+
+
+def summaries(t: TrialContext) -> list[Path] | None:
+    """The per-rank summaries, in the reports' order, where every exported report has one made
+    for the trial's current job; else None (analyze the SQLite here)."""
+    found = [t.paths.metrics(t.paths.rank_of(p)) for p in t.paths.each(t.paths.sqlite)]
+    if not found or not all(p.exists() for p in found):
+        return None
+    job = load_ref(t).job_id if t.paths.job.exists() else None
+    return found if all(_for_job(p) == job for p in found) else None
+
+
+def _for_job(path: Path) -> str | None:
+    """The job a summary was made for. The file is written with sorted keys, `for_job` first, so
+    its head says it without parsing megabytes of kernel starts."""
+    with open(path) as f:
+        head = f.read(200)
+    m = re.match(r'\{"for_job":\s*(?:"([^"]*)"|null)', head)
+    return m.group(1) if m else json.loads(Path(path).read_text()).get("for_job")
+
+
+def _analyze_inputs(t: TrialContext, local: bool = False) -> tuple[list[Path], Any]:
+    small = None if local else summaries(t)
+    log = [p for p in (t.paths.log,) if p.exists()]
+    traces = small if small is not None else t.paths.each(t.paths.sqlite)  # a summary stands for its SQLite
+    return [t.need(t.paths.state, "collect")] + sorted(log + traces + t.paths.each(t.paths.recipes)), None
+
+
+def do_analyze(t: TrialContext, local: bool = False) -> list[Path]:
+    traces = [str(p) for p in t.paths.each(t.paths.sqlite)]
+    log = t.paths.log
+    if not traces and not log.exists():
+        raise StageError(f"trial {t.id}: no trace and no log in {t.folder}; nothing to analyze")
+    small = None if local else summaries(t)
+    try:
+        if small is not None:  # combine only: the SQLite stays unread on this node
+            result = summary.combine_summaries([summary.load_summary(p) for p in small],
+                                               log=str(log) if log.exists() else None)
+            result["summaries"] = [str(p) for p in small]
+        else:
+            result = analysis.analyze(traces, log=str(log) if log.exists() else None)
+    except analysis.TraceError as e:
+        raise StageError(f"trial {t.id}: {e}") from None
+    # moetune's figures beside NVIDIA's recipes, as the export (here or in its job) compared them
+    beside = {t.paths.trace(t.paths.rank_of(p)).name: json.loads(p.read_text())
+              for p in t.paths.each(t.paths.recipes)}
+    if beside:
+        result["recipes"] = beside
+    out = t.paths.analysis
+    out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
+    combined = (result.get("metrics") or {}).get("combined") or {}
+    t.store.set_metrics(t.id, combined)
+    for rank, values in ((result.get("metrics") or {}).get("per_rank") or {}).items():
+        t.store.set_metrics(t.id, values, rank=int(rank))
+    t.store.update_trial(t.id, wall=result.get("wall"),
+                         **{k: combined.get(k) for k in ("step_time_ms", "step_time_std_ms",
+                                                         "tflops_per_gpu", "peak_memory_gb")})
+    return [out]
+
+
+def _decide_inputs(t: TrialContext) -> tuple[list[Path], Any]:
+    return [t.need(t.paths.analysis, "analyze"), t.need(t.paths.config, "render")], None
+
+
+def recorded_decisions(store, trial, analysis_result: dict) -> dict:
+    """The decide stage's content: the decisions the store holds for this trial (the tuning loop
+    makes them; this stage writes them beside the trial's other files)."""
+    ds = [d for d in store.decisions(trial.study_id) if d.trial_id == trial.id]
+    return {"trial": trial.number, "config_hash": trial.config_hash, "fix": trial.fix,
+            "wall": analysis_result.get("wall"),
+            "decisions": [{"kind": d.kind, "rule": d.rule, "reason": d.reason,
+                           "evidence": d.evidence, "at": d.created_at} for d in ds]}
+
+
+def do_decide(t: TrialContext) -> list[Path]:
+    result = json.loads(t.paths.analysis.read_text())
+    decision = recorded_decisions(t.store, t.row, result)
+    out = t.paths.decision
+    out.write_text(json.dumps(decision, indent=1, sort_keys=True, default=str) + "\n")
+    return [out]
+
+
+STAGES: dict[str, Stage] = {st.name: st for st in (
+    Stage(FIT, _fit_inputs, do_fit),
+    Stage("render", _render_inputs, do_render),
+    Stage("submit", submit_inputs, do_submit, takes_force=True),
+    Stage("collect", _collect_inputs, do_collect, options=("wait", "poll_s", "timeout_s")),
+    Stage("export", _export_inputs, do_export, options=("local",), input_options=("local",),
+          takes_force=True),
+    Stage("analyze", _analyze_inputs, do_analyze, options=("local",), input_options=("local",)),
+    Stage("decide", _decide_inputs, do_decide),
+)}
+
+
+def run_stage(store, trial_id: int, stage: str, force: bool = False, **options: Any) -> list[str]:
+    """Run the stage of this name for one trial (framework.run: skipped when current unless
+    force); its output paths. Options: runs_root, executor, and the stage's own (collect: wait=True,
+    poll_s=2.0, timeout_s=None; export, analyze: local)."""
+    if stage not in STAGES:
+        raise StageError(f"unknown stage {stage!r}; stages: {', '.join(STAGE_ORDER)}")
+    return framework.run(store, trial_id, STAGES[stage], force, **options)
+
+
+def run_stages(store, trial_id: int, through: str = "analyze", **options: Any) -> dict[str, list[str]]:
+    """Every stage of a trial in order up to `through`; {stage: outputs}."""
+    out = {}
+    for stage in STAGE_ORDER[:STAGE_ORDER.index(through) + 1]:
+        out[stage] = run_stage(store, trial_id, stage, **options)
+    return out
+
+
+def unfinished(store, study_id: int) -> list[int]:
+    """Trials submitted whose collect has not run: what a resumed tuner re-attaches to."""
+    return [tr.id for tr in store.trials(study_id)
+            if store.last_stage(tr.id, "submit") and not store.last_stage(tr.id, "collect")]
+
+
+def resume(store, study_id: int, **options: Any) -> dict[int, list[str]]:
+    """Re-attach to the study's submitted-but-uncollected jobs and collect them."""
+    return {tid: run_stage(store, tid, "collect", **options) for tid in unfinished(store, study_id)}

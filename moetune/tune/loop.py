@@ -1,0 +1,591 @@
+"""The tuning loop: baseline → profile → classify → best untried rule → run → keep or revert.
+
+The loop keeps no state of its own: every step reads the study from the store (`StudyState`) and
+writes one decision back, so a tuner killed at any point and started again continues where it
+was, runs no config twice (one trial per config hash) and ends with the same best config.
+
+Each decision's kind is one of tune/state.py DECISION_KINDS; a pending trial is run and judged
+by `Tuner.run_and_judge`, its outcome deciding through OUTCOME_RULINGS.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tqdm import tqdm
+
+from moetune.decide import applied
+from moetune.decide import one_gpu as one_gpu_step
+from moetune.decide import rules as rules_mod
+from moetune.decide.judge import compare, judged_step
+from moetune import settings
+from moetune.errors import MoetuneError
+from moetune.job.render import time_minutes
+from moetune.job.replay import find as find_entry, load_bank
+from moetune.job.paths import TrialPaths
+from moetune.paths import trial_folder
+from moetune.experiment import fit
+from moetune.experiment.config import TrainingConfig
+from moetune.experiment import preflight as preflight_spec
+from moetune.experiment.constraints import check
+from moetune.experiment.schema import load_experiment, tuning_value
+from moetune.experiment.section import as_dict, get as attr, gpu_count
+from moetune.store import now
+from moetune.trial import preflight
+from moetune.trial import run as runner
+from moetune.trial import stages
+from moetune.tune import predicted
+from moetune.tune.lock import study_lock
+from moetune.tune.state import DECISION_KINDS, StudyState, image_of, study_state
+from moetune.tune.summary import summary
+
+RETRY_CAP = 2  # re-submits of one trial after node failures; then it is judged as it ended
+
+
+class TunerError(MoetuneError):
+    """A problem with the study an engineer can act on (one line)."""
+
+
+def _combined(analysis: dict | None) -> dict:
+    return ((analysis or {}).get("metrics") or {}).get("combined") or {}
+
+
+def _load_analysis(store, runs_root: Path, study: str, trial) -> dict | None:
+    p = TrialPaths(trial_folder(runs_root, study, store.trial(trial.id))).analysis
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def fit_analysis(fitted: dict) -> dict:
+    """A fit that did not fit, as the analysis the rule table reads: the memory wall, with the
+    measured peak against what the GPU leaves after the headroom (experiment/fit.py)."""
+    room = (fitted.get("capacity_gb") or 0) - (fitted.get("headroom_gb") or 0)
+    oom = any(r.get("failure") == "oom" for r in (fitted.get("ranks") or {}).values())
+    return {"wall": "memory", "confidence": 1.0, "gpu_memory_gb": fitted.get("capacity_gb"),
+            "evidence": [{"rule": "fit_exceeds", "wall": "memory", "metric": "fit_peak_gb",
+                          "value": fitted.get("peak_gb"), "threshold": round(room, 2),
+                          "source": "moe-optimization-workflow.md (Phase 1: make the run memory-feasible)",
+                          "reason": fitted.get("reason")}],
+            "metrics": {"combined": {"peak_memory_gb": fitted.get("peak_gb")}},
+            "log": {"failure": "oom" if oom else None}}
+
+
+def _ms(v) -> str:
+    return "? ms" if v is None else f"{v:.1f} ms"
+
+
+def _gpu_hours(analysis: dict | None, gpus: int) -> float:
+    its = ((analysis or {}).get("log") or {}).get("iteration_ms") or []
+    return sum(its) / 3.6e6 * gpus
+
+
+class Tuner:
+    def __init__(self, experiment, store, *, executor: str, runs_root: Path, study_name: str,
+                 max_trials=None, bank_dir=None, progress=True, rules=None):
+        self.exp, self.store, self.executor = experiment, store, executor
+        self.runs_root, self.study_name = Path(runs_root), study_name
+        self.bank_dir = Path(bank_dir) if bank_dir else None
+        self.progress = progress
+        self.rules = rules if rules is not None else rules_mod.load_rules()
+        self.rule_by_id = {r.id: r for r in self.rules}
+        self.fit_order = rules_mod.load_fit_order(rules=self.rules)
+        self.max_trials = int(tuning_value(experiment.tuning, "budget_trials", max_trials))
+        self.budget_gpu_hours = float(tuning_value(experiment.tuning, "budget_gpu_hours"))
+        self.rel_noise = float(tuning_value(experiment.tuning, "noise_threshold"))
+        self.alpha = float(tuning_value(experiment.tuning, "significance"))
+        self.patience = int(tuning_value(experiment.tuning, "patience"))
+        self.hang_timeout_s = float(tuning_value(experiment.tuning, "hang_timeout_s"))
+        # one GPU (tuning.one_gpu): every trial is one rank of the layout alone (the slowest MoE
+        # stage's), so a trial costs one GPU's time and only the rules one rank can show are proposed
+        self.one_gpu = bool(tuning_value(experiment.tuning, "one_gpu"))
+        tuning = as_dict(experiment.tuning)
+        # the one-GPU step, planned now for every trial the study can propose (decide/one_gpu.py)
+        self.samples = self._plan_samples() if self.one_gpu else None
+        if self.one_gpu:
+            tuning["one_gpu_samples"] = self.samples
+        record = {"experiment": experiment.name, "executor": "local" if executor == "replay" else executor,
+                  "replay": executor == "replay", "model": experiment.model.to_dict(),
+                  "cluster": as_dict(experiment.cluster), "tuning": tuning,
+                  "baseline": experiment.baseline.to_dict(), "plan": self._plan()}
+        self.study_name = self._study_for(study_name, record["plan"])
+        self.study = store.create_study(self.study_name, experiment.model.name, record)
+        self.gpus = 1 if self.one_gpu else gpu_count(experiment.cluster)
+        # fit first (experiment/fit.py): every multi-GPU layout measured on one GPU before it is submitted
+        fit_first = attr(experiment.tuning, "fit_first")
+        if fit_first is None:
+            fit_first = attr(experiment.cluster, "workload", "megatron") == "megatron"
+        self.fit_first = bool(fit_first) and executor != "replay" and gpu_count(experiment.cluster) > 1
+        # the step-time model (tune/predicted.py); not in a one-GPU study, whose trials measure one
+        # rank alone, not the cluster's step the model predicts
+        self.model = None if self.one_gpu else predicted.Model(experiment)
+        self.rank_moves = self.model is not None and bool(tuning_value(experiment.tuning, "predict_moves"))
+
+    # -- what the study measures, fixed at its start ------------------------------------
+    def _plan_samples(self) -> int:
+        try:
+            return one_gpu_step.plan_samples(self.exp.baseline, self.exp.model, self.exp.cluster,
+                                             self.exp.tuning, self.rules, check)
+        except one_gpu_step.StepError as e:
+            raise TunerError(f"{self.exp.path}: {e}") from None
+
+    def _plan(self) -> dict:
+        """What makes trials of a study comparable: the baseline, the world it runs in, and
+        (one GPU) the step every trial runs."""
+        return {"baseline": self.exp.baseline.config_hash(), "world": gpu_count(self.exp.cluster),
+                "one_gpu_samples": self.samples}
+
+    def _study_for(self, name: str, plan: dict) -> str:
+        """`name`, unless a study of that name was planned otherwise (the experiment's baseline,
+        world or one-GPU step changed since): its trials would not compare with this one's, so the
+        changed experiment gets a study of its own, named by its plan, and says so."""
+        found = next((s for s in self.store.studies() if s.name == name), None)
+        old = (found.experiment or {}).get("plan") if found else None
+        if old is None or old == plan:
+            return name
+        key = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:8]
+        changed = ", ".join(f"{k} {old.get(k)} -> {v}" for k, v in plan.items() if old.get(k) != v)
+        self.say(f"study {name} was planned otherwise ({changed}); its trials would not compare: "
+                 f"this experiment is study {name}-{key}")
+        return f"{name}-{key}"
+
+    # -- output -------------------------------------------------------------------------
+    def say(self, msg: str) -> None:
+        if self.progress:
+            print(f"[moetune] {msg}", file=sys.stderr, flush=True)
+
+    def decide(self, kind, reason, trial=None, rule=None, **evidence):
+        """One decision into the store, the study's record (DECISION_KINDS)."""
+        if kind not in DECISION_KINDS:
+            raise TunerError(f"decision kind {kind!r} is not one of {', '.join(DECISION_KINDS)}")
+        self.store.add_decision(self.study.id, kind, reason, trial_id=trial.id if trial else None,
+                                rule=rule, evidence=evidence)
+
+    def record_preflight(self, kind: str, reason: str, evidence: dict) -> None:
+        """The preflight's verdict in the study: a blocking one stops it before any trial; a
+        passing one after an earlier blocked run resumes it."""
+        if kind == "stop":
+            self.stop(reason, **evidence)
+            return
+        self.decide(kind, reason, **evidence)
+        last_stop = next((d for d in reversed(self.store.decisions(self.study.id)) if d.kind in ("stop", "resume")),
+                         None)
+        if last_stop is not None and last_stop.kind == "stop" and (last_stop.evidence or {}).get("blocking"):
+            self.decide("resume", "the preflight that stopped the study passes now")
+            self.store.set_study_state(self.study.id, "running")
+            # its trials run on the cluster as the experiment says now, the cause fixed
+            self.store.set_study_experiment(self.study.id, {**(self.study.experiment or {}),
+                                                            "cluster": as_dict(self.exp.cluster)})
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self) -> dict:
+        bar = _progress_bar(self.max_trials, self.progress)
+        try:
+            return self._run(bar)
+        finally:
+            bar.close()
+
+    def _run(self, bar) -> dict:
+        while True:
+            st = study_state(self.store, self.study, self.exp.cluster)
+            bar.n = min(st.runs, bar.total or st.runs)
+            bar.refresh()
+            if st.stopped:
+                break
+            if st.pending is not None:
+                self.run_and_judge(st.pending)
+                continue
+            if st.incumbent is None:
+                if st.trials and st.unfit is not None and self.propose_fit(st):
+                    continue
+                if st.unfit is not None:
+                    self.stop(f"no memory fix left to try on trial {st.unfit.number}, which does not fit "
+                              "one GPU; add GPUs or change the layout")
+                    continue
+                if st.trials:  # the baseline ran and was not kept, or its fit measured nothing
+                    base = st.trials[0]
+                    why = next((d.reason for d in self.store.decisions(self.study.id)
+                                if d.trial_id == base.id and d.kind in ("unfit", "stage_error")), base.state)
+                    self.stop(f"baseline trial did not complete ({why}); fix the baseline first")
+                    continue
+                cfg = self.exp.baseline
+                self.store.add_trial(self.study.id, cfg.to_dict(), cfg.config_hash(), fix=None)
+                self.say(f"trial 1: baseline {cfg.config_hash()}")
+                continue
+            reason = self.stop_reason(st)
+            if reason:
+                self.stop(reason)
+                continue
+            if not self.propose(st):
+                inc = st.incumbent
+                self.stop(f"no untried rule applies to trial {inc.number} (wall {inc.wall})")
+        return summary(self.store, self.study_name, self.runs_root)
+
+    def stop_reason(self, st: StudyState) -> str | None:
+        if st.runs >= self.max_trials:
+            return f"trial budget spent ({st.runs} of {self.max_trials})"
+        if st.gpu_hours >= self.budget_gpu_hours:
+            return f"GPU-hour budget spent ({st.gpu_hours:.2f} of {self.budget_gpu_hours})"
+        if st.since_keep >= self.patience:
+            return f"no gain in the last {st.since_keep} trials (patience {self.patience})"
+        return None
+
+    def stop(self, reason: str, **evidence) -> None:
+        self.say(f"stop: {reason}")
+        self.decide("stop", reason, **evidence)
+        self.store.set_study_state(self.study.id, "done")
+
+    def propose(self, st: StudyState) -> bool:
+        """Pick the best untried rule for the incumbent and add its trial. False: none left."""
+        inc = st.incumbent
+        analysis = _load_analysis(self.store, self.runs_root, self.study_name, inc)
+        if analysis is None:
+            raise TunerError(f"trial {inc.number}: analysis.json is missing; run "
+                             f"`moetune stage analyze --trial {inc.id}`")
+        props = rules_mod.proposals(analysis, TrainingConfig.from_dict(inc.config), self.exp.model,
+                                    self.exp.cluster, self.exp.tuning, check=check, rules=self.rules)
+        props = self._measurable(props)
+        if not self.rank_moves:
+            return self._propose(st, inc, analysis, props)
+        terms = {p.rule.id: self.model.terms(p.config) for p in props if p.ok and predicted.moves_layout(p.rule)}
+        model_ms = {rid: sum(t.values()) if t else None for rid, t in terms.items()}
+        return self._propose(st, inc, analysis, predicted.ranked(props, model_ms), terms)
+
+    def _measurable(self, props: list) -> list:
+        """In a one-GPU study, the proposals whose rule one rank alone can show (rules.yaml one_gpu)."""
+        return [p for p in props if p.rule.one_gpu] if self.one_gpu else props
+
+    def propose_fit(self, st: StudyState) -> bool:
+        """Nothing fits yet: the next memory fix on top of the last trial that did not fit, in the
+        table's fit order, to be fitted on one GPU in its turn. False: none left."""
+        parent = st.unfit
+        fitted = stages.load_fit(stages.TrialContext(self.store, parent.id, self.runs_root))
+        analysis = fit_analysis(fitted)
+        props = rules_mod.proposals(analysis, TrainingConfig.from_dict(parent.config), self.exp.model,
+                                    self.exp.cluster, self.exp.tuning, check=check, rules=self.rules)
+        order = {rid: i for i, rid in enumerate(self.fit_order)}
+        props = sorted((p for p in self._measurable(props) if p.rule.id in order), key=lambda p: order[p.rule.id])
+        return self._propose(st, parent, analysis, props)
+
+    def _propose(self, st: StudyState, parent, analysis: dict, props: list,
+                 model_terms: dict | None = None) -> bool:
+        """Add the trial of the first proposal not tried from this parent, not barred, not refused,
+        not run before and not predicted slower (`model_terms`: rule id -> the model's step of its
+        config by parts, or None, for the layout moves); record every one passed over."""
+        config = TrainingConfig.from_dict(parent.config)
+        corr = predicted.study_correction(self.store, self.study.id) if model_terms else None
+        tried = st.tried.get(parent.config_hash, set())
+        ev = {"parent": parent.config_hash, "wall": analysis.get("wall"),
+              "confidence": analysis.get("confidence")}
+        for p in props:
+            rid = p.rule.id
+            if rid in tried:
+                continue
+            if rid in st.crashed:  # a CUDA error or native crash is the fix's, not the parent's
+                self.decide("skip", f"{rid} crashed in trial {st.crashed[rid]} of this study; not "
+                                    "tried again", rule=rid, **ev)
+                continue
+            if rid in st.blocked:
+                self.decide("skip", f"{rid} did not take effect before on this cluster and image",
+                            rule=rid, **ev)
+                continue
+            if p.refused:
+                self.decide("skip", "refused by the constraint checker: " + "; ".join(p.refused),
+                            rule=rid, **ev)
+                continue
+            short = one_gpu_step.refusal(p.config, self.samples) if self.one_gpu else None
+            if short:  # the study's step is fixed: a trial it cannot hold would not compare
+                self.decide("skip", f"the study's one-GPU step cannot hold it: {short}", rule=rid, **ev)
+                continue
+            h = p.config.config_hash()
+            seen = self.store.trial_by_hash(self.study.id, h)
+            if seen is not None:
+                self.decide("skip", f"its config already ran as trial {seen.number}", rule=rid, **ev)
+                continue
+            lacking = self._bank_lacks(p.config)
+            if lacking:
+                self.decide("skip", lacking, rule=rid, **ev)
+                continue
+            forecast = self._forecast(parent, p.config, (model_terms or {}).get(rid), corr)
+            if forecast and forecast["slower"]:
+                self.decide("skip", f"predicted {forecast['step_time_ms']:.1f} ms a step against the "
+                            f"incumbent's {forecast['incumbent_ms']:.1f} ms, slower beyond the noise "
+                            f"({self.rel_noise:.0%})", rule=rid, prediction=forecast, **ev)
+                continue
+            trial = self.store.add_trial(self.study.id, p.config.to_dict(), h, parent_id=parent.id,
+                                         fix=rid)
+            change = {k: list(v) for k, v in config.diff(p.config).items()}
+            self.decide("apply", f"{p.rule.wall} wall: {p.rule.rationale}", trial, rid,
+                        change=change, source=p.rule.source,
+                        deciding=analysis.get("evidence") or [],
+                        **({"prediction": forecast} if forecast else {}), **ev)
+            self.say(f"trial {trial.number}: {rid} {change}")
+            return True
+        return False
+
+    def _forecast(self, parent, config: TrainingConfig, terms: dict | None,
+                  corr: predicted.TermCorrection | None) -> dict | None:
+        """A layout move's prediction against the incumbent (None: not priced): the model's step
+        (`terms`, by parts) corrected part by part by the study's trials (`corr`:
+        predicted.study_correction), the incumbent's judged step, whether it is slower beyond the
+        noise, and the GPU-hours its trial would cost."""
+        if terms is None or corr is None:
+            return None
+        ms = corr.apply(terms)
+        inc = self.store.metrics(parent.id).get("judged_step_time_ms") or parent.step_time_ms
+        if not inc:
+            return None
+        minutes = time_minutes(attr(self.exp.cluster, "time_limit", "00:30:00"))
+        return {"step_time_ms": round(ms, 3), "model_ms": round(sum(terms.values()), 3),
+                "model_terms_ms": {g: round(v, 3) for g, v in terms.items()}, "correction": corr.to_dict(),
+                "incumbent_ms": inc, "noise_threshold": self.rel_noise,
+                "slower": predicted.slower(ms, inc, self.rel_noise),
+                "gpu_hours": round(predicted.gpu_hours(self.gpus, ms, config.train_iters, minutes), 6),
+                "gpu_hours_basis": f"{self.gpus} GPUs x predicted step x {config.train_iters} "
+                                   f"iterations, at most the {minutes}-minute time limit"}
+
+    def _bank_lacks(self, config: TrainingConfig) -> str | None:
+        """Replaying: why a proposal is not proposed when the trial bank holds no run of its config
+        (the demo replays only what was recorded on the GPU machine); None otherwise."""
+        if self.executor != "replay" or find_entry(config, self.bank_dir) is not None:
+            return None
+        return (f"the trial bank holds no recorded run of its config {config.config_hash()}; the demo "
+                "proposes only what it can replay")
+
+    # -- a pending trial: run it, record its figures, decide ------------------------------
+    def run_and_judge(self, trial) -> None:
+        """The pending trial from its first stage to its decision: run (node failures retried),
+        its figures into the store, the decision its outcome takes (OUTCOME_RULINGS), and
+        decision.json beside its files."""
+        out = self.run_with_retries(trial)
+        self.record_figures(trial, out)
+        parent = self.store.trial(trial.parent_id) if trial.parent_id else None
+        ruling = rule_outcome(self, trial, out, parent)
+        self.decide(ruling.kind, ruling.reason, trial, trial.fix,
+                    **_outcome_evidence(out, parent), **ruling.evidence)
+        if ruling.line:
+            self.say(f"trial {trial.number}: {ruling.line}")
+        runner.write_decision_file(self.store, trial, self.runs_root, self.executor)
+
+    def _run_trial(self, trial, resubmit: bool = False):
+        return runner.run_trial(self.store, trial, executor=self.executor, runs_root=self.runs_root,
+                                bank_dir=self.bank_dir, hang_timeout_s=self.hang_timeout_s,
+                                fit_first=self.fit_first, resubmit=resubmit)
+
+    def run_with_retries(self, trial):
+        """The trial's outcome, its job submitted again (up to RETRY_CAP times) while it ends by a
+        node failure or preemption, which says nothing about the config (job/scheduler.py OUTCOMES
+        retry=True): the same trial runs again, on the nodes left. Each retry is a decision."""
+        out = self._run_trial(trial)
+        for attempt in range(1, RETRY_CAP + 1):
+            if not out.retry:
+                break
+            self.decide("retry", f"{out.state}: {out.error}; submitted again ({attempt} of "
+                        f"{RETRY_CAP})", trial, trial.fix, state=out.state, attempt=attempt,
+                        job_id=out.job_id, last_lines=out.last_lines)
+            self.say(f"trial {trial.number}: {out.state}, submitted again")
+            out = self._run_trial(trial, resubmit=True)
+        return out
+
+    def record_figures(self, trial, out) -> None:
+        """The trial's row (state, wall, step time, ...) and its scalar metrics in the store."""
+        m = _combined(out.analysis)
+        self.store.update_trial(
+            trial.id, state=out.state, wall=(out.analysis or {}).get("wall"),
+            step_time_ms=m.get("step_time_ms"), step_time_std_ms=m.get("step_time_std_ms"),
+            tflops_per_gpu=m.get("tflops_per_gpu") or ((out.analysis or {}).get("log") or {}).get("tflops_per_gpu"),
+            peak_memory_gb=m.get("peak_memory_gb"), ended_at=now())
+        scalars = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        scalars["gpu_hours"] = _gpu_hours(out.analysis, self.gpus)
+        judged_ms = judged_step(out.analysis).get("step_time_ms")
+        if judged_ms is not None:
+            scalars["judged_step_time_ms"] = judged_ms
+        if out.fit:
+            scalars.update(fit.fit_metrics(out.fit))
+        scalars.update(self._predicted(trial))
+        self.store.set_metrics(trial.id, scalars)
+
+    def _predicted(self, trial) -> dict:
+        """The model's step time of the trial's config, part by part, and corrected by the trials
+        completed before it: recorded beside what it measured (the next correction's input)."""
+        terms = self.model.terms(TrainingConfig.from_dict(trial.config)) if self.model else None
+        if terms is None:
+            return {}
+        corr = predicted.study_correction(self.store, self.study.id)
+        out = {"predicted_model_ms": sum(terms.values()), "prediction_scale": corr.scale,
+               "predicted_step_time_ms": corr.apply(terms)}
+        out.update({f"predicted_{g}_ms": v for g, v in terms.items()})
+        return out
+
+
+# -- what a trial's outcome decides ---------------------------------------------------------
+@dataclass(frozen=True)
+class Ruling:
+    """A judged trial's decision: its kind (tune/state.py DECISION_KINDS), its reason, evidence
+    beyond what every judged trial records, and the progress line (None: nothing said)."""
+    kind: str
+    reason: str
+    evidence: dict = field(default_factory=dict)
+    line: str | None = None
+
+
+def _outcome_evidence(out, parent) -> dict:
+    """What every judged trial's decision records: its parent, its state, and the fit that let it
+    onto the cluster or kept it off."""
+    ev = {"parent": parent.config_hash if parent else None, "state": out.state}
+    if out.fit:
+        ev["fit"] = {k: out.fit.get(k) for k in ("fits", "reason", "peak_gb", "headroom_gb",
+                                                 "capacity_gb", "failure")}
+    return ev
+
+
+def parent_kind(parent) -> str:
+    """The column OUTCOME_RULINGS matches a trial's parent on: `baseline` (the trial has none),
+    `unfit` (its fit kept the parent off the cluster: nothing ran before it to beat), else `ran`."""
+    if parent is None:
+        return "baseline"
+    return "unfit" if parent.state == "no_fit" else "ran"
+
+
+def _stage_error(tuner, trial, out, parent) -> Ruling:  # measured nothing: the study goes on
+    return Ruling("stage_error", out.error or f"{out.stage} failed",
+                  {"stage": out.stage, "last_lines": out.last_lines}, f"{out.error}; passed over")
+
+
+def _unfit(tuner, trial, out, parent) -> Ruling:  # never reached the cluster: a memory fix is fitted next
+    return Ruling("unfit", out.error or "does not fit", line=f"{out.error}")
+
+
+def _keep_baseline(tuner, trial, out, parent) -> Ruling:
+    ms = _combined(out.analysis).get("step_time_ms")
+    return Ruling("keep", "baseline", {"step_time_ms": ms},
+                  f"baseline {_ms(ms)}/step, wall {(out.analysis or {}).get('wall')}")
+
+
+def _revert_baseline(tuner, trial, out, parent) -> Ruling:
+    return Ruling("revert", f"baseline {out.state}: {out.error}", {"last_lines": out.last_lines})
+
+
+def _skip(tuner, trial, out, parent) -> Ruling:
+    return Ruling("skip", out.error or "skipped", line=f"skipped ({out.error})")
+
+
+def _keep_first_fit(tuner, trial, out, parent) -> Ruling:
+    ms = _combined(out.analysis).get("step_time_ms")
+    return Ruling("keep", f"the first layout that fits: {trial.fix} on top of trial {parent.number}",
+                  {"step_time_ms": ms}, f"{trial.fix} fits, {_ms(ms)}/step")
+
+
+def _revert_failed(tuner, trial, out, parent) -> Ruling:
+    log = (out.analysis or {}).get("log") or {}
+    return Ruling("revert", f"{out.state}: {out.error}",
+                  {"last_lines": out.last_lines, "failure": log.get("failure"),
+                   "failure_line": log.get("failure_line")}, f"{out.state}, reverted")
+
+
+def _compare_with_parent(tuner, trial, out, parent) -> Ruling:
+    """A completed change on a measured parent: not applied where its trace does not show the
+    fix (decide/applied.py), else kept only if faster beyond the noise (decide/judge.py)."""
+    rid = trial.fix
+    rule = tuner.rule_by_id.get(rid)
+    parent_an = _load_analysis(tuner.store, tuner.runs_root, tuner.study_name, parent)
+    verdict = applied.verify(rule.verify if rule else "none", out.analysis, parent_an)
+    ev = {"verify": verdict.status, "verify_reason": verdict.reason, "verify_evidence": verdict.evidence}
+    if not verdict.applied:
+        return Ruling("not_applied", verdict.reason,
+                      {"cluster": attr(tuner.exp.cluster, "name", "cluster"),
+                       "image": image_of(tuner.exp.cluster), **ev},
+                      f"{rid} not applied ({verdict.reason})")
+    c = compare(parent_an, out.analysis, tuner.rel_noise, tuner.alpha)
+    if c.keep:
+        return Ruling("keep", c.why(), {**ev, **c.evidence()},
+                      f"{rid} kept, {c.parent_ms:.1f} -> {c.new_ms:.1f} ms/step")
+    return Ruling("revert", c.why(), {**ev, **c.evidence()}, f"{rid} reverted, {c.why()}")
+
+
+ANY = "*"
+# What a trial's outcome decides, as data: (the trial's state, parent_kind, the ruling), the first
+# row that matches deciding. A baseline that did not complete is reverted whatever its state; a
+# change that did not complete is reverted unless it measured nothing (stage_error), never reached
+# the cluster (no_fit) or was skipped.
+OUTCOME_RULINGS: tuple[tuple[str, str, Callable[..., Ruling]], ...] = (
+    ("stage_error", ANY, _stage_error),
+    ("no_fit", ANY, _unfit),
+    ("completed", "baseline", _keep_baseline),
+    (ANY, "baseline", _revert_baseline),
+    ("skipped", ANY, _skip),
+    ("completed", "unfit", _keep_first_fit),
+    ("completed", "ran", _compare_with_parent),
+    (ANY, ANY, _revert_failed),
+)
+
+
+def rule_outcome(tuner, trial, out, parent) -> Ruling:
+    """The decision a trial's outcome takes: the first row of OUTCOME_RULINGS that matches."""
+    kind = parent_kind(parent)
+    return next(ruling(tuner, trial, out, parent) for state, of, ruling in OUTCOME_RULINGS
+                if state in (out.state, ANY) and of in (kind, ANY))
+
+
+def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs",
+         max_trials=None, progress: bool = True, bank_dir=None, study_name: str | None = None,
+         one_gpu: bool = False) -> dict:
+    """Run (or resume) the study of an experiment; returns `summary`. `one_gpu`: as if the
+    experiment said tuning.one_gpu (its study is named NAME-1gpu, apart from the cluster's)."""
+    exp = load_experiment(experiment_name)
+    if one_gpu:
+        exp.tuning = exp.tuning.model_copy(update={"one_gpu": True})
+    if executor == "auto":
+        executor = "slurm" if shutil.which("sbatch") else "local"
+    if executor not in ("slurm", "local", "replay"):
+        raise TunerError(f"executor {executor!r}: use auto, slurm, local or replay")
+    if executor == "replay":
+        bank_dir = Path(bank_dir or settings.bank())
+        load_bank(bank_dir)  # a clear error now rather than in every job
+        # the demo submits nothing to a cluster: its jobs render for this machine, whatever the
+        # experiment's cluster runs them in (a container needs Slurm's pyxis)
+        exp.cluster = exp.cluster.model_copy(update={"template": "venv", "executor": "local"})
+        # the bank's baseline ran on one GPU (benchmarks/device/tune.sh --one-gpu): replay it so
+        entry = find_entry(exp.baseline, bank_dir)
+        if entry and entry.get("one_gpu") and not exp.tuning.one_gpu:
+            exp.tuning = exp.tuning.model_copy(update={"one_gpu": True})
+    name = exp.name + ("-1gpu" if exp.tuning.one_gpu else "")
+    name = study_name or (f"{name}-replay" if executor == "replay" else name)
+    with study_lock(runs_root, name):  # one tuner per study; a killed one's lock goes with it
+        gate = preflight_gate(exp, store, executor, Path(runs_root))  # sets exp.cluster's probed keys
+        t = Tuner(exp, store, executor=executor, runs_root=Path(runs_root), study_name=name,
+                  max_trials=max_trials, bank_dir=bank_dir, progress=progress)
+        t.record_preflight(*gate)
+        return t.run()
+
+
+def preflight_gate(exp, store, executor: str, runs_root: Path) -> tuple[str, str, dict]:
+    """Before the first trial: what the trials will meet (trial/preflight.py), probed in a job of
+    the trials' own image, or the stored record still valid for this cluster and image. The
+    experiment's cluster takes the probed capabilities where its YAML leaves them unset; the
+    rules and constraints decide with it. (decision kind, reason, evidence) for the study: `stop`
+    with each blocking problem and its fix, else `preflight` with the notes."""
+    if executor == "replay":  # no job runs anywhere: the bank's trials carry their own image
+        return "preflight", "not run: the replay submits no job to probe", {}
+    cluster = exp.cluster
+    if exp.tuning.one_gpu:  # every trial is one rank on one GPU: probe what those jobs get
+        cluster = cluster.model_copy(update={"gpus_per_node": 1, "nodes": 1})
+    out = preflight.current(cluster, store, runs_root) or \
+        preflight.run(cluster, executor=executor, runs_root=runs_root, store=store)
+    exp.cluster = preflight_spec.resolve(exp.cluster, out.capabilities)
+    ev = {"preflight": out.folder, "job_id": out.job_id, "stored_at": out.stored_at,
+          "capabilities": out.capabilities, "notes": [p.line for p in out.problems if not p.blocking]}
+    where = f"preflight of cluster {exp.cluster.name} (job {out.job_id}, {out.folder})"
+    if out.blocking:
+        return "stop", f"{where}: " + " | ".join(p.line for p in out.blocking), \
+            {**ev, "blocking": [p.to_dict() for p in out.blocking]}
+    return "preflight", f"{where}: nothing blocks" + (f"; {len(ev['notes'])} notes" if ev["notes"] else ""), ev
+
+
+def _progress_bar(total: int, enabled: bool):
+    """A progress bar over the trial budget (stderr; off with progress=False or no terminal)."""
+    return tqdm(total=total, desc="trials", unit="trial", disable=not enabled or not sys.stderr.isatty(),
+                leave=False)

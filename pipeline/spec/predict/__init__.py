@@ -1,7 +1,0 @@
-"""An analytic step-time model of a Megatron MoE layout on a cluster (`moetune predict`, and
-`moetune plan`'s ranking): step.py assembles the terms, flops.py prices compute, comm.py the
-links, rates.py holds every rate with its source."""
-from moetune.pipeline.spec.predict.rates import PUBLISHED, Rate, Rates
-from moetune.pipeline.spec.predict.step import Node, Prediction, bubble_fraction, micro_batches, predict
-
-__all__ = ["PUBLISHED", "Node", "Prediction", "Rate", "Rates", "bubble_fraction", "micro_batches", "predict"]

@@ -1,0 +1,123 @@
+"""cli/plan.py, `moetune plan`: `--format json` gives estimate_gb (and measured_gb where the store holds a measured
+run of the layout); `--baseline` lists the experiment's baseline even where it does not fit."""
+import json
+
+import pytest
+
+from moetune.cli.main import main
+from moetune.experiment.schema import load_experiment
+from moetune.estimate.memory import FIXED_GB
+from moetune.experiment.section import as_dict
+from moetune.store import Store
+
+QWEN_BASELINE_MEASURED_GB = 85919.27 / 1024  # benchmarks/fit_lease: rank 0 on one H200, max allocated
+
+
+def _json(capsys, argv):
+    capsys.readouterr()
+    rc = main(argv)
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_baseline_listed_though_it_does_not_fit_an_h100(capsys, no_store):
+    """--baseline lists qwen3_235b's baseline on 256 H100s with fits false, its estimate within 10 %
+    of the fit lease's measured peak, exit 1; the full plan leaves it out."""
+    rc, rows = _json(capsys, ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--baseline",
+                              "--format", "json"])
+    assert rc == 1 and len(rows) == 1  # does not fit: the same exit code as the text
+    (row,) = rows
+    assert {k: row["config"][k] for k in ("tp", "pp", "ep")} == {"tp": 2, "pp": 2, "ep": 32}
+    assert row["fits"] is False and row["capacity_gb"] == 80.0 and row["refused"] == []
+    assert row["estimate_gb"] == pytest.approx(QWEN_BASELINE_MEASURED_GB, rel=0.10)
+    assert row["memory_gb"] == pytest.approx(row["estimate_gb"] + FIXED_GB, abs=0.01)
+    assert "measured_gb" not in row  # no store here
+    # the full plan does not list it: it is not feasible on an 80 GB H100
+    _, rows = _json(capsys, ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--format", "json",
+                             "--limit", "50"])
+    assert rows and all(r["fits"] for r in rows)
+    assert not any(r["config"]["tp"] == 2 and r["config"]["pp"] == 2 and r["config"]["ep"] == 32 for r in rows)
+    # on an H200 the same baseline fits
+    _, (row,) = _json(capsys, ["plan", "qwen3_235b", "--gpu-type", "H200", "--baseline", "--format", "json"])
+    assert row["fits"] is True and row["capacity_gb"] == 141.0
+
+
+def test_baseline_text_says_it_does_not_fit(capsys, no_store):
+    """The text form names the baseline's layout and GPUs and ends saying it does NOT fit."""
+    assert main(["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--baseline"]) == 1
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("qwen3_235b baseline TP2 PP2 EP32 on 256x H100") and out.endswith("does NOT fit")
+
+
+def test_measured_gb_from_the_store(capsys, tmp_path, monkeypatch):
+    """A fit of the baseline in the store gives its measured_gb; another layout's measured figure is
+    not taken for it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MOETUNE_DB", str(tmp_path / "db.sqlite"))
+    exp = load_experiment("qwen3_235b")
+    store = Store()
+    study = store.create_study("fit-qwen", exp.model.name, {"cluster": as_dict(exp.cluster)})
+    fit = exp.baseline.replace(capacity_factor=1.0, pad_to_capacity=True, train_iters=3)  # as the fit ran
+    t = store.add_trial(study.id, fit.to_dict(), fit.config_hash())
+    store.update_trial(t.id, state="completed", peak_memory_gb=QWEN_BASELINE_MEASURED_GB)
+    other = exp.baseline.replace(tp=4, ep=64)  # another layout: its figure must not be taken
+    t2 = store.add_trial(study.id, other.to_dict(), other.config_hash())
+    store.update_trial(t2.id, state="completed", peak_memory_gb=1.0)
+    _, (row,) = _json(capsys, ["plan", "qwen3_235b", "--baseline", "--format", "json"])
+    assert row["measured_gb"] == pytest.approx(QWEN_BASELINE_MEASURED_GB, abs=0.01)
+    assert row["estimate_gb"] == pytest.approx(row["measured_gb"], rel=0.10)
+    # at another GPU count the measurement is not this layout's (the optimizer shards differ)
+    _, (row,) = _json(capsys, ["plan", "qwen3_235b", "--gpus", "128", "--baseline", "--format", "json"])
+    assert "measured_gb" not in row
+
+
+def test_measured_gb_from_the_store_named_by_db(capsys, no_store):
+    """moetune --db STORE plan: the recorded one-GPU study (benchmarks/one_gpu_tuning) measured
+    qwen3_30b_a3b's baseline layout on one H100 at 65.6 GB; plan shows it beside the estimate."""
+    from moetune.paths import ROOT
+    db = str(ROOT / "benchmarks" / "one_gpu_tuning" / "moetune.db")
+    _, (row,) = _json(capsys, ["--db", db, "plan", "qwen3_30b_a3b", "--baseline", "--format", "json"])
+    assert row["measured_gb"] == pytest.approx(65.58, abs=0.01)
+    assert row["estimate_gb"] == pytest.approx(row["measured_gb"], rel=0.10)
+    _, (row,) = _json(capsys, ["plan", "qwen3_30b_a3b", "--baseline", "--format", "json"])
+    assert "measured_gb" not in row  # without --db: the (absent) default store
+
+
+def test_a_layout_measured_to_fit_is_planned_though_its_estimate_is_not(capsys, no_store):
+    """qwen3_235b's TP2 PP2 EP128 on 256 H100: estimated 70.1 + 3 GB fixed, over 90 % of 80 GB, so the
+    estimate alone leaves it out; the one-GPU study measured 68.9 GB, which with the fit's 7 GB
+    headroom fits, so plan lists it (without recompute) with its measurement."""
+    from moetune.paths import ROOT
+    db = str(ROOT / "benchmarks" / "one_gpu_tuning" / "moetune.db")
+    argv = ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--format", "json", "--limit", "100"]
+    layout = lambda r: (r["config"]["tp"], r["config"]["pp"], r["config"]["ep"], tuple(r["config"]["recompute_modules"]))
+    _, alone = _json(capsys, argv)
+    assert (2, 2, 128, ()) not in map(layout, alone)
+    _, rows = _json(capsys, ["--db", db] + argv)
+    row = next(r for r in rows if layout(r) == (2, 2, 128, ()))
+    assert row["measured_gb"] == pytest.approx(68.91, abs=0.01) and row["memory_gb"] > 0.9 * 80
+    assert (2, 2, 128, ("moe_act", "layernorm")) in map(layout, alone)  # recompute only where needed
+    assert (2, 2, 128, ("moe_act", "layernorm")) not in map(layout, rows)
+
+
+def test_plan_lists_the_baseline_where_it_fits(capsys, no_store):
+    """deepseek_v3 on its own 1024 H100s: the search's grid does not hold the baseline's layout
+    (PP 16 with its recompute), which fits; it is listed first, marked, in text and JSON alike."""
+    capsys.readouterr()
+    assert main(["plan", "deepseek_v3", "--order", "memory"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.endswith("baseline"))
+    assert row.split()[:4] == ["2", "16", "-", "64"]  # TP, PP, VPP, EP
+    rc, rows = _json(capsys, ["plan", "deepseek_v3", "--order", "memory", "--format", "json"])
+    assert rc == 0 and {k: rows[0]["config"][k] for k in ("tp", "pp", "ep")} == {"tp": 2, "pp": 16, "ep": 64}
+
+
+def test_baseline_on_too_few_gpus_is_one_line(capsys, no_store):
+    """A baseline whose parallel groups need more GPUs than given: one line naming how many, exit 1
+    (it does not fit), in both formats; no division by zero."""
+    for argv in (["plan", "deepseek_v3", "--gpus", "256", "--gpu-type", "H100", "--baseline"],
+                 ["plan", "qwen3_235b", "--gpus", "8", "--baseline"],
+                 ["plan", "qwen3_235b", "--gpus", "8", "--baseline", "--format", "json"]):
+        capsys.readouterr()
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "baseline needs" in err[0] and "GPUs" in err[0], err

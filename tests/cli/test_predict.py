@@ -1,0 +1,110 @@
+"""`moetune predict` (cli/predict.py): a recorded fit's measured compute replacing the analytic one,
+every shipped experiment predicted in text and JSON without a GPU, bad flags as one line, and
+`moetune plan` ranking its layouts fastest first. The model's modules have their own files
+(tests/test_predict_{comm,flops,rates,step}.py)."""
+import json
+
+import pytest
+
+from moetune.cli.main import main
+from moetune.paths import ROOT
+from moetune.experiment.schema import list_experiments
+ONE_GPU_DB = str(ROOT / "benchmarks" / "one_gpu_tuning" / "moetune.db")
+
+
+def _json(capsys, argv):
+    capsys.readouterr()
+    rc = main(argv)
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return json.loads(out.out)
+
+
+def test_a_fit_replaces_the_analytic_compute(capsys, no_store):
+    """The recorded one-GPU study of qwen3_30b_a3b on an H100 (benchmarks/one_gpu_tuning) measured
+    its baseline layout: one-GPU trial 1 judged 2544.1 ms for 4 micro-batches, its fit 1287.4 ms
+    for 2; the faster per micro-batch (636.0 ms) is the compute of each of the step's 64."""
+    argv = ["predict", "qwen3_30b_a3b", "--format", "json"]
+    fitted = _json(capsys, ["--db", ONE_GPU_DB] + argv + ["--compute", "fit"])
+    analytic = _json(capsys, ["--db", ONE_GPU_DB] + argv + ["--compute", "analytic"])
+    assert fitted["compute_source"] == "fit" and analytic["compute_source"] == "analytic"
+    assert fitted["terms"]["compute"] == pytest.approx(64 * 2544.1 / 4, rel=1e-4)
+    assert "one-GPU trial 1" in fitted["inputs"]["measured_compute"]
+    assert analytic["terms"]["compute"] != pytest.approx(fitted["terms"]["compute"], rel=0.05)
+    assert fitted["terms"]["ep_a2a"] == analytic["terms"]["ep_a2a"]  # only compute changes
+    # no store: --compute fit is one line, exit 2
+    capsys.readouterr()
+    assert main(argv + ["--compute", "fit"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no fit or one-GPU trial" in err[0]
+
+
+@pytest.mark.parametrize("name", list_experiments())
+def test_every_experiment_predicts_in_text_and_json(capsys, no_store, name):
+    """Analytic compute, no GPU, no store: the JSON has its keys and terms that add up; the text
+    is a table of the same terms."""
+    d = _json(capsys, ["predict", name, "--format", "json"])
+    for key in ("step_time_ms", "tokens_per_s_per_gpu", "terms", "compute_source", "assumptions"):
+        assert key in d
+    assert d["compute_source"] == "analytic" and d["step_time_ms"] > 0 and d["tokens_per_s_per_gpu"] > 0
+    assert sum(d["terms"].values()) == pytest.approx(d["step_time_ms"], rel=1e-3)
+    assert any("balanced" in a for a in d["assumptions"])
+    assert main(["predict", name]) == 0
+    out = capsys.readouterr().out
+    assert all(term in out for term in d["terms"]) and "tokens/s/GPU" in out
+
+
+def test_bad_flags_are_one_line(capsys, no_store):
+    for argv in (["predict", "qwen3_30b_a3b", "--recompute", "attn"],
+                 ["predict", "qwen3_30b_a3b", "--ep", "7"],
+                 ["predict", "qwen3_30b_a3b", "--vpp", "2"],
+                 ["predict", "qwen3_30b_a3b", "--dispatcher", "nccl"],
+                 ["predict", "no_such_model"]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        # the one line that says what is wrong (argparse's usage block before it, where it is argparse's)
+        err = [l for l in capsys.readouterr().err.strip().splitlines() if l.startswith("moetune predict:")]
+        assert len(err) == 1, (argv, err)
+
+
+def test_plan_ranks_the_predicted_fastest_first(capsys, no_store):
+    """qwen3_30b_a3b on 16 H100: plan's rows come fastest first, VPP pipelines among them, and the
+    first row's figure is what `moetune predict` gives for its layout; --order memory keeps the
+    old order (least model parallelism first)."""
+    rows = _json(capsys, ["plan", "qwen3_30b_a3b", "--format", "json", "--limit", "50"])
+    speeds = [r["predicted"]["tokens_per_s_per_gpu"] for r in rows]
+    assert speeds == sorted(speeds, reverse=True) and any(r["config"]["vpp"] for r in rows)
+    top = rows[0]["config"]
+    flags = [f"--{k.replace('_', '-')}={top[k]}" for k in ("tp", "pp", "ep", "micro_batch")]
+    flags += [f"--vpp={top['vpp']}"] if top["vpp"] else []
+    flags += [f"--recompute={','.join(top['recompute_modules'])}"] if top["recompute_modules"] else []
+    d = _json(capsys, ["predict", "qwen3_30b_a3b", "--format", "json"] + flags)
+    # plan rounds to whole tokens and 0.1 ms, predict's JSON to 0.1 token: compare within that
+    assert d["tokens_per_s_per_gpu"] == pytest.approx(speeds[0], abs=1)
+    assert d["step_time_ms"] == pytest.approx(rows[0]["predicted"]["step_time_ms"], abs=0.05)
+    old = _json(capsys, ["plan", "qwen3_30b_a3b", "--format", "json", "--order", "memory"])
+    mp = [r["tp_pp"] for r in old]
+    assert mp == sorted(mp) and all("predicted" not in r for r in old)
+
+
+def test_plan_reads_the_store_once_however_many_layouts_it_prices(capsys, no_store, monkeypatch):
+    """`moetune plan` over the recorded one-GPU study's store prices every fitting layout with one
+    opening of the store and one pass over its trials (StoreReadings), not one per layout."""
+    from moetune.cli import predict as cli_predict
+    opened, passes = [], []
+    real_init, real_reads = cli_predict.Store.__init__, cli_predict.StoreReadings._measurements
+
+    def counting_init(self, *a, **k):
+        opened.append(1)
+        real_init(self, *a, **k)
+
+    def counting_reads(self):
+        if self._compute is None:
+            passes.append(1)
+        return real_reads(self)
+    monkeypatch.setattr(cli_predict.Store, "__init__", counting_init)
+    monkeypatch.setattr(cli_predict.StoreReadings, "_measurements", counting_reads)
+    out = _json(capsys, ["--db", ONE_GPU_DB, "plan", "qwen3_30b_a3b", "--format", "json"])
+    priced = [l for l in out if l.get("predicted")]
+    assert len(priced) > 1
+    assert (len(opened), len(passes)) == (1, 1)

@@ -1,0 +1,76 @@
+"""estimate/comm.py: what a rank sends through the expert all-to-all, TP and DP collectives
+and over which link, against hand computations on a small made-up model."""
+import pytest
+
+from moetune.experiment.config import TrainingConfig
+from moetune.experiment.model import ModelArch
+from moetune.estimate import Rates
+from moetune.estimate import comm
+
+TOY = ModelArch(name="toy", num_layers=8, hidden_size=1024, num_attention_heads=8, num_query_groups=8,
+                ffn_hidden_size=4096, moe_ffn_hidden_size=512, num_experts=8, moe_router_topk=2,
+                vocab_size=32000, seq_length=1024)
+H100_NVLINK, NIC = 450e9, 48.5e9  # experiment/gpus.py, rates.py nic_gb_s
+
+def test_a2a_volume_of_a_small_model():
+    """A rank sends its tokens x top-k x hidden x 2 B each way: 2048 tokens (micro batch 2 of 1024)
+    x 2 x 1024 x 2 B = 8 MiB; with EP 4 inside one 8-GPU domain, 3/4 of it goes over NVLink at
+    the all-to-all row's share; dispatch and combine forward and backward make four transfers."""
+    c = TrainingConfig(ep=4, micro_batch=2)
+    r = comm.a2a(TOY, c, "H100", 8, Rates())
+    assert r["bytes_sent"] == 2048 * 2 * 1024 * 2 == 8 * 2**20
+    assert (r["share_in_nvlink"], r["share_across"]) == (0.75, 0.0)
+    one = 8 * 2**20 * 0.75 / (H100_NVLINK * 0.5) * 1e3
+    assert r["dispatch_ms"] == pytest.approx(one) and r["ms"] == pytest.approx(4 * one)
+
+
+def test_ep_peers_across_the_nvlink_domain_cost_what_the_nic_rows_say():
+    """EP 4 with 2-GPU NVLink domains: one peer inside (1/4 of the tokens), two across (1/2),
+    the NIC's share setting the pace; DeepEP's rows price the same traffic lower than NCCL's, and it
+    sends a token across once per remote domain."""
+    c = TrainingConfig(ep=4, micro_batch=2)
+    inside = comm.a2a(TOY, c, "H100", 8, Rates())
+    across = comm.a2a(TOY, c, "H100", 2, Rates())
+    sent = 8 * 2**20
+    assert (across["share_in_nvlink"], across["share_across"]) == (0.25, 0.5)
+    want = max(sent * 0.25 / (H100_NVLINK * 0.5), sent * 0.5 / (NIC * 0.75)) * 1e3
+    assert across["dispatch_ms"] == pytest.approx(want) and across["ms"] > 4 * inside["ms"]
+    deepep = comm.a2a(TOY, c.replace(dispatcher="flex", flex_backend="deepep"), "H100", 2, Rates())
+    # DeepEP sends a token once per remote domain: 2 domains of 4 experts each, top-2 of 8, so a
+    # token reaches the other domain with probability 1 - C(4,2)/C(8,2) = 22/28, against the one
+    # copy (2 x 1/2) an all-to-all sends across
+    assert deepep["dispatch_ms"] == pytest.approx(sent * 0.5 * (22 / 28) / (NIC * 51 / 50) * 1e3)
+    # a measured row replaces the published one by name
+    slow = comm.a2a(TOY, c, "H100", 2, Rates(measured={"alltoall_rdma": (0.25, "test")}))
+    assert slow["dispatch_ms"] == pytest.approx(3 * across["dispatch_ms"])
+
+
+def test_dp_reduce_bytes():
+    """Distributed optimizer, 1e9 dense parameters over 16 data-parallel ranks on two nodes: a
+    reduce-scatter of 4 GB of fp32 gradients, 15/16 of it through the NIC, then an all-gather of
+    the 2 GB of bf16 weights; without the distributed optimizer an all-reduce, twice the reduce."""
+    c = TrainingConfig(distributed_optimizer=True)
+    r = comm.dp_sync(1e9, 0.0, c, 16, "H100", 8, Rates())
+    assert r["grad_bytes"] == 4e9 and r["link"] == "nic"
+    assert r["reduce_ms"] == pytest.approx(4e9 * 15 / 16 / NIC * 1e3)
+    assert r["gather_ms"] == pytest.approx(r["reduce_ms"] / 2)
+    plain = comm.dp_sync(1e9, 0.0, c.replace(distributed_optimizer=False), 16, "H100", 8, Rates())
+    assert plain["reduce_ms"] == pytest.approx(2 * r["reduce_ms"]) and plain["gather_ms"] == 0
+
+
+def test_deepep_sends_a_token_once_per_remote_domain():
+    """Qwen3-30B-A3B's routing (128 experts, top-8) at EP 16 over two 8-GPU domains: an all-to-all
+    sends 8 x 8/16 = 4 copies of a token across, DeepEP one whenever any of its 8 experts is among
+    the other domain's 64: 1 - C(64,8)/C(128,8) of the time, so the NIC carries a quarter of that."""
+    from math import comb
+    m = ModelArch(name="a3b", num_layers=48, hidden_size=2048, num_attention_heads=32, num_query_groups=4,
+                  ffn_hidden_size=6144, moe_ffn_hidden_size=768, num_experts=128, moe_router_topk=8,
+                  vocab_size=151936, seq_length=4096)
+    c = TrainingConfig(ep=16, etp=1, micro_batch=1)
+    hit = 1 - comb(64, 8) / comb(128, 8)
+    assert comm.remote_domain_share(m, c, 8) == pytest.approx(hit / 4)
+    nccl = comm.a2a(m, c, "H100", 8, Rates())
+    deepep = comm.a2a(m, c.replace(dispatcher="flex", flex_backend="deepep"), "H100", 8, Rates())
+    assert deepep["share_across"] == pytest.approx(nccl["share_across"] * hit / 4)
+    # inside one domain nothing crosses, whatever the dispatcher
+    assert comm.a2a(m, c.replace(ep=8), "H100", 8, Rates())["share_across"] == 0

@@ -1,0 +1,89 @@
+"""estimate/step.py: the step's terms added up: pipeline fill and drain, host launch time
+against the GPU stream (and the measured excess near balance), CUDA graphs and FP8 on the host,
+against hand computations."""
+import pytest
+
+from moetune.experiment.config import TrainingConfig
+from moetune.experiment.model import ModelArch
+from moetune.estimate import Node, Rates, bubble_fraction, predict
+from moetune.estimate import step
+
+TOY = ModelArch(name="toy", num_layers=8, hidden_size=1024, num_attention_heads=8, num_query_groups=8,
+                ffn_hidden_size=4096, moe_ffn_hidden_size=512, num_experts=8, moe_router_topk=2,
+                vocab_size=32000, seq_length=1024)
+H100_NVLINK, NIC = 450e9, 48.5e9  # experiment/gpus.py, rates.py nic_gb_s
+
+def test_bubble_fraction_and_term():
+    """PP 4, VPP 2, 8 micro-batches: fill and drain are (4-1)/(2x8) = 3/16 of the steady part, and
+    the step's bubble term is (PP-1)/VPP of the slowest stage's micro-batch time."""
+    c = TrainingConfig(pp=4, vpp=2, micro_batch=1, global_batch=16)
+    assert bubble_fraction(c, 8) == 3 / 16
+    p = predict(TOY, c, Node("H100", 8, 8, 28), world=8)
+    assert p.inputs["micro_batches"] == 8 and p.inputs["bubble_fraction"] == 3 / 16
+    slowest = max(p.inputs["stage_micro_batch_ms"].values())
+    assert p.terms["pipeline_bubble"] == pytest.approx(1.5 * slowest)
+    assert p.step_time_ms == pytest.approx(sum(p.terms.values()))
+
+
+def test_graphed_share_of_launches():
+    """No graphs: the host launches everything; TE's partial graphs of attn, moe_router and
+    moe_preprocess remove the measured 0.4251 of a micro-batch's launches, one of the three scopes a
+    third of it; a whole-iteration graph removes them all."""
+    r = Rates()
+    te = TrainingConfig(cuda_graph_impl="transformer_engine")
+    assert step.graphed_share(TrainingConfig(), r) == 0.0
+    assert step.graphed_share(te.replace(cuda_graph_modules=("attn", "moe_router", "moe_preprocess")), r) == 0.4251
+    assert step.graphed_share(te.replace(cuda_graph_modules=("attn",)), r) == pytest.approx(0.4251 / 3)
+    assert step.graphed_share(TrainingConfig(cuda_graph_impl="full_iteration"), r) == 1.0
+
+
+def test_host_time_of_launches():
+    """1000 kernels at the measured 100.4229 us a launch, measured with 16 CPUs a rank: 100.4 ms
+    on 16 CPUs, half on 32; FP8 launches 1.2059 times as many; graphs of all three scopes leave
+    1 - 0.4251 of them."""
+    r, c = Rates(), TrainingConfig()
+    assert step.host_ms(1000, c, Node("H100", 8, 8, 16), r) == pytest.approx(100.4229)
+    assert step.host_ms(1000, c, Node("H100", 8, 8, 32), r) == pytest.approx(100.4229 / 2)
+    fp8 = c.replace(fp8_format="e4m3", fp8_recipe="tensorwise")
+    assert step.host_ms(1000, fp8, Node("H100", 8, 8, 16), r) == pytest.approx(100.4229 * 1.2059)
+    graphs = c.replace(cuda_graph_impl="transformer_engine", cuda_graph_modules=("attn", "moe_router", "moe_preprocess"))
+    assert step.host_ms(1000, graphs, Node("H100", 8, 8, 16), r) == pytest.approx(100.4229 * (1 - 0.4251))
+
+
+def _host_exposed(host: float, stream: float) -> float:
+    """What step.py adds to a stream for its host, by hand: the larger of the two, and the
+    measured excess at their ratio."""
+    return max(host, stream) * (1 + Rates().curve("host_wait_excess").at(host / stream)) - stream
+
+
+def test_host_shows_beyond_the_gpu_stream_and_near_balance():
+    """One GPU, no communication: a micro-batch takes the larger of the host's launch time and the
+    GPU's compute, times one plus the measured excess at their ratio. Micro batch 1 on 2 CPUs a
+    rank (8x the measured cost a launch): the host sets the pace and the host term is what it takes
+    beyond the compute with that excess; micro batch 16 on 64 CPUs: the GPU's 16 sequences take
+    longer than the same launches, and the host shows only as the excess at that ratio."""
+    c = TrainingConfig(micro_batch=1, global_batch=4)
+    slow = predict(TOY, c, Node("H100", 8, 8, 2), world=1)
+    i = slow.inputs
+    host, gpu = i["host_launch_ms_per_micro_batch"], i["compute_ms_per_micro_batch"]
+    assert host > gpu
+    assert slow.terms["host_launch"] == pytest.approx(4 * _host_exposed(host, gpu))
+    assert slow.inputs["stage_micro_batch_ms"]["0"] == pytest.approx(gpu + _host_exposed(host, gpu))
+    big = TrainingConfig(micro_batch=16, global_batch=64)
+    fast = predict(TOY, big, Node("H100", 8, 8, 64), world=1)
+    host, gpu = fast.inputs["host_launch_ms_per_micro_batch"], fast.inputs["compute_ms_per_micro_batch"]
+    assert host < gpu
+    assert fast.terms["host_launch"] == pytest.approx(4 * _host_exposed(host, gpu))
+    assert fast.terms["host_launch"] < 0.25 * 4 * gpu
+
+
+def test_the_wait_excess_peaks_at_balance_and_fades_either_way():
+    """host_wait_excess: 0 with no host, the most at host = stream, less the further either is
+    ahead, and read on straight lines between its points (held beyond the last)."""
+    curve = Rates().curve("host_wait_excess")
+    at = {r: curve.at(r) for r in (0.0, 0.4, 0.88, 1.0, 1.5, 3.0, 50.0)}
+    assert at[0.0] == 0.0
+    assert at[1.0] == max(at.values()) > at[0.88] > at[0.4] > 0
+    assert at[1.0] > at[1.5] > at[3.0] >= at[50.0] > 0
+    (x0, y0), (x1, y1) = curve.points[3], curve.points[4]
+    assert curve.at((x0 + x1) / 2) == pytest.approx((y0 + y1) / 2)
