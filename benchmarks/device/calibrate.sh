@@ -33,7 +33,7 @@ if ! "$PYTHON" -c 'import submitit, pydantic, sqlalchemy, yaml, jinja2' 2> /dev/
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 # `moetune` is not installed there: a link named moetune to this checkout makes it importable
-mkdir -p "$W/src" && ln -sfn "$PWD" "$W/src/moetune"
+mkdir -p "$W/src" && ln -sfn "$PWD/moetune" "$W/src/moetune"
 export PYTHONPATH="/tmp/site:$W/src:$PYTHONPATH"
 # the real path: moetune calibrate renders the job, submitit's local executor runs it, the record is
 # read back from the job's files and stored; then predict reads it from the store

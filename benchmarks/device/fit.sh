@@ -38,7 +38,7 @@ case "${1:-}" in
     python3 -c 'import torch, megatron.core, transformer_engine as te; print("torch", torch.__version__,
 "megatron-core", megatron.core.__version__, "TE", te.__version__)'
     rm -rf "$W" /tmp/fit-repo && mkdir -p "$W/logs" /tmp/fit-repo
-    cp -a pipeline analysis benchmarks /tmp/fit-repo/ || exit 1
+    cp -a moetune benchmarks /tmp/fit-repo/ || exit 1
     (cd /tmp/fit-repo && PYTHONPATH="/tmp/site-gpu:/tmp/site:/tmp/fit-repo" setsid bash -c \
       'python3 benchmarks/device/fit.py "$0/logs" "$@" > "$0/driver.log" 2>&1; touch "$0/done"' \
       "$W" "$@" < /dev/null > /dev/null 2>&1 &)

@@ -37,7 +37,7 @@ case "${1:-probe}" in
         --target /tmp/site .whl/*.whl || exit 1
     fi
     # `moetune` is not installed there: a link named moetune to this checkout makes it importable
-    mkdir -p "$W/src" && ln -sfn "$PWD" "$W/src/moetune"
+    mkdir -p "$W/src" && ln -sfn "$PWD/moetune" "$W/src/moetune"
     export PYTHONPATH="/tmp/site:$W/src:${PYTHONPATH:-}"
     # the cluster section as the device runs it: local executor, venv template, nsys 2025.3
     python3 - experiments/moe_proxy.yaml "$W/moe_proxy.yaml" "$NSYS" <<'EOF'

@@ -16,7 +16,7 @@ fi
 # what benchmarks/device_setup.sh built (Transformer Engine, DeepEP) sits in /tmp/site-gpu
 # `moetune` is not installed there: a folder holding a link named moetune to this checkout makes
 # moetune and moetune.analysis importable from it (the same layout a wheel installs)
-mkdir -p /tmp/moetune-src && ln -sfn "$PWD" /tmp/moetune-src/moetune
+mkdir -p /tmp/moetune-src && ln -sfn "$PWD/moetune" /tmp/moetune-src/moetune
 export PYTHONPATH="/tmp/site-gpu:/tmp/site:/tmp/moetune-src"
 NGPU=$(nvidia-smi -L | wc -l)
 

@@ -45,7 +45,7 @@ setup() {
 
 # `moetune` is not installed there: a link named moetune to this checkout makes it importable
 # (start points it at a copy the tuner runs from; later calls leave it there)
-mkdir -p /tmp/moetune-src && { [ -e /tmp/moetune-src/moetune ] || ln -sfn "$PWD" /tmp/moetune-src/moetune; }
+mkdir -p /tmp/moetune-src && { [ -e /tmp/moetune-src/moetune ] || ln -sfn "$PWD/moetune" /tmp/moetune-src/moetune; }
 export PYTHONPATH="/tmp/site:/tmp/moetune-src" MOETUNE_QDSTRM_IMPORTER="$W/importer" MOETUNE_NSYS="$B/target-linux-x64/nsys"
 
 case "${1:-}" in
@@ -58,8 +58,8 @@ case "${1:-}" in
     # the code the tuner and its jobs run, copied: the next call re-sends the checkout under them
     # (a run started from inside it failed at start, benchmarks/device/fit.sh)
     rm -rf /tmp/moetune-code && mkdir -p /tmp/moetune-code &&
-      cp -a pipeline analysis experiments sbatch_templates benchmarks pyproject.toml /tmp/moetune-code/ || exit 1
-    ln -sfn /tmp/moetune-code /tmp/moetune-src/moetune
+      cp -a moetune experiments sbatch_templates benchmarks pyproject.toml /tmp/moetune-code/ || exit 1
+    ln -sfn /tmp/moetune-code/moetune /tmp/moetune-src/moetune
     names=()
     for exp in "$@"; do
       name=$(basename "$exp" .yaml); names+=("$name")  # a name under experiments/, or a YAML path
