@@ -1,11 +1,8 @@
-"""`import checkout` first makes `moetune` this checkout's code, installed or not: the folders
-moetune/ and analysis/ are moetune and moetune.analysis (as a wheel installs them)."""
+"""`import checkout` first makes `moetune` this checkout's package, installed or not: its folder
+moetune/ goes first on the path."""
 import sys
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if "moetune" not in sys.modules:
-    _pkg = types.ModuleType("moetune")
-    _pkg.__path__ = [str(ROOT)]  # moetune.X is ROOT/X
-    sys.modules["moetune"] = _pkg
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))

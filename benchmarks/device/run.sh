@@ -2,6 +2,8 @@
 # On the GPU machine (device tool), from the repo root, with .whl and .devlib carried:
 #   bash benchmarks/device/run.sh scenarios            # analysis test scenarios
 #   bash benchmarks/device/run.sh bank [NAME ...]      # trial bank configs (default: all)
+#   bash benchmarks/device/run.sh sweep EXPERIMENT [NAME ...]   # benchmarks/device/comm_sweep.py's runs,
+#        every rank under nsys, each with its environment (the slow link: NCCL_P2P_DISABLE=1)
 # Writes NAME.log, NAME.sqlite.xz and NAME.json (timings) under $OUT; prints a table last.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -79,6 +81,16 @@ case "${1:-}" in
     done 3< /tmp/bank.txt
     wait
     ;;
-  *) echo "usage: $0 scenarios | bank [NAME ...]"; exit 2 ;;
+  sweep)
+    shift
+    python3 benchmarks/device/comm_sweep.py "$@" > /tmp/sweep.txt || exit 2
+    while read -r -u 3 name gpus env args; do
+      eval "set -- $args"
+      envs=(); [ "$env" = - ] || IFS=, read -r -a envs <<< "$env"
+      ( for kv in "${envs[@]}"; do export "${kv?}"; done
+        profile "$name" torchrun --standalone --nproc_per_node="$gpus" moetune/workloads/train_moe.py "$@" < /dev/null )
+    done 3< /tmp/sweep.txt
+    ;;
+  *) echo "usage: $0 scenarios | bank [NAME ...] | sweep EXPERIMENT [NAME ...]"; exit 2 ;;
 esac
 summary

@@ -28,13 +28,20 @@ def main() -> None:
     torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
         major=CAPABILITY[0], minor=CAPABILITY[1], name="stand-in", total_memory=80 << 30)
     import megatron.core.models.common.embeddings.rope_utils as rope_utils
+    import megatron.core.transformer.moe.moe_utils as moe_utils
     import megatron.core.utils as mcore_utils
     from packaging.version import Version
     from megatron.training.arguments import parse_args, validate_args, core_transformer_config_from_args
+    # TE's fused permutation ops (--moe-permute-fusion): None here, present in an image with TE
+    fused_permutation = {n: getattr(moe_utils, n) for n in (
+        "fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+        "fused_sort_chunks_by_index_with_probs", "fused_unpermute") if hasattr(moe_utils, n)}
     out = []
     for argv, world, CAPABILITY, has_te, env in jobs:
         if has_te and rope_utils.fused_apply_rotary_pos_emb is None:
             rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
+        for name, op in fused_permutation.items():
+            setattr(moe_utils, name, (op or (lambda *a, **k: None)) if has_te else op)
         mcore_utils._te_version = Version(TE_VERSION if has_te else "0.0.0")
         # the job's environment (job/render.py), and nothing left over from the argv before
         for k in ENV_KEYS:

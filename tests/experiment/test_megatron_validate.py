@@ -170,6 +170,16 @@ def test_the_device_te_configs_are_accepted_by_megatron():
     assert all(no_te), no_te
 
 
+def test_permute_fusion_is_accepted_with_te_and_refused_without():
+    """--moe-permute-fusion needs TE's fused permutation ops: an image with TE passes Megatron's
+    check, one without is refused, in one validating process (the stand-in does not leak)."""
+    exp = load_experiment("qwen3_30b_a3b_ep4")
+    argv = exp.baseline.replace(permute_fusion=True).to_args(exp.model, has_apex=False) + run_args() + ["--no-rope-fusion"]
+    with_te, without_te, again = [mv.validate([argv], 4, has_te=te)[0] for te in (True, False, True)]
+    assert with_te is None and again is None
+    assert without_te and "fused permutation" in without_te
+
+
 def test_recorded_flags_are_megatrons_parser():
     """experiment/megatron_flags.txt (what `moetune check` reads without the venv) is Megatron's parser."""
     assert mv.recorded_flags() == mv.known_flags()

@@ -1,0 +1,77 @@
+"""The communication sweep around a single-host EP experiment's plain baseline
+(experiments/qwen3_30b_a3b_ep4.yaml on 4 GPUs, qwen3_30b_a3b_ep8.yaml on 8): the dispatchers
+(alltoall, DeepEP, HybridEP), EP all-to-all overlap with and without delayed wgrad, TE CUDA graph
+scopes, EP against EP/2 with expert tensor parallelism 2 (parallel folding), micro batch 2, permute
+and router fusion (moe-dispatcher-selection.txt, moe-comm-overlap.txt, megatron-core-moe-readme.md);
+then the slow-link runs: NCCL_P2P_DISABLE=1 sends NCCL's traffic through host memory (23-30 GB/s on
+the 4-GPU H200 host, about half a 400 Gb/s NIC: shared/device-notes.md), a cross-node-like link for
+NCCL's paths only; DeepEP and HybridEP keep NVLink under it, so no dispatcher is compared there.
+
+`python benchmarks/device/comm_sweep.py EXPERIMENT [NAME ...]` prints one line per config: NAME,
+GPUS, ENV (KEY=VALUE,... or -), then the shell-quoted Megatron argv."""
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import checkout  # noqa: E402,F401  (moetune from this checkout)
+
+from moetune.experiment.config import TrainingConfig, run_args  # noqa: E402
+from moetune.experiment.schema import Experiment, load_experiment  # noqa: E402
+
+SLOW_LINK = {"NCCL_P2P_DISABLE": "1"}
+
+
+def sweep(exp: Experiment) -> list[tuple[str, dict, dict]]:
+    """(name, changes from the baseline, environment) for each run of the sweep. HybridEP takes
+    float32 router probabilities only; the baselines route in fp32 already."""
+    ep = exp.baseline.ep
+    graphs = {"cuda_graph_impl": "transformer_engine"}
+    nvlink = [
+        ("baseline", {}),
+        ("deepep", {"dispatcher": "flex", "flex_backend": "deepep"}),
+        ("hybridep", {"dispatcher": "flex", "flex_backend": "hybridep"}),
+        ("overlap", {"overlap_ep_a2a": True}),
+        ("overlap_wgrad", {"overlap_ep_a2a": True, "delay_wgrad": True}),
+        ("hybridep_overlap", {"dispatcher": "flex", "flex_backend": "hybridep", "overlap_ep_a2a": True}),
+        ("graphs_attn", {**graphs, "cuda_graph_modules": ["attn"]}),
+        ("graphs_attn_router", {**graphs, "cuda_graph_modules": ["attn", "moe_router", "moe_preprocess"]}),
+        (f"ep{ep // 2}_etp2", {"ep": ep // 2, "etp": 2}),
+        ("mbs2", {"micro_batch": 2}),
+        ("fusions", {"permute_fusion": True, "router_fusion": True}),
+    ]
+    slow = [("slow_" + name, changes, SLOW_LINK) for name, changes in nvlink
+            if name in ("baseline", "overlap", "overlap_wgrad", "mbs2")]
+    return [(f"ep{ep}_{name}", changes, {}) for name, changes in nvlink] + \
+        [(f"ep{ep}_{name}", changes, env) for name, changes, env in slow]
+
+
+def config(exp: Experiment, changes: dict) -> TrainingConfig:
+    return exp.baseline.replace(**changes)
+
+
+def argv(exp: Experiment, cfg: TrainingConfig) -> list[str]:
+    return cfg.to_args(exp.model, has_apex=exp.cluster.has_apex) + run_args()
+
+
+def main(args: list[str]) -> int:
+    if not args:
+        print("usage: comm_sweep.py EXPERIMENT [NAME ...]", file=sys.stderr)
+        return 2
+    exp = load_experiment(args[0])
+    runs = sweep(exp)
+    unknown = set(args[1:]) - {name for name, _, _ in runs}
+    if unknown:
+        print(f"comm_sweep: no run named {', '.join(sorted(unknown))}; runs: "
+              f"{', '.join(n for n, _, _ in runs)}", file=sys.stderr)
+        return 2
+    for name, changes, env in runs:
+        if args[1:] and name not in args[1:]:
+            continue
+        env_word = ",".join(f"{k}={v}" for k, v in env.items()) or "-"
+        print(name, exp.cluster.gpus, env_word, shlex.join(argv(exp, config(exp, changes))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
