@@ -17,7 +17,7 @@ def main() -> None:
     # torch and Megatron imported here: moetune's tests import this file to walk the package,
     # in a venv that has neither
     jobs, MEMORY, TE_VERSION = json.loads(sys.stdin.read())
-    ENV_KEYS = set()
+    ENV_KEYS: set[str] = set()
     import torch
     # No GPU and no Transformer Engine here. Answer validate_args' device queries with the cluster's
     # GPU generation, and, for images that have TE, stand in for TE's fused RoPE kernel and TE's
@@ -31,8 +31,8 @@ def main() -> None:
     import megatron.core.utils as mcore_utils
     from packaging.version import Version
     from megatron.training.arguments import parse_args, validate_args, core_transformer_config_from_args
-    out = []
-    for argv, world, CAPABILITY, has_te, env in jobs:
+    out: list = []
+    for argv, world, CAPABILITY, has_te, env in jobs:  # noqa: B007 - the stand-ins above read it
         if has_te and rope_utils.fused_apply_rotary_pos_emb is None:
             rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
         mcore_utils._te_version = Version(TE_VERSION if has_te else "0.0.0")
