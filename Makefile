@@ -5,7 +5,7 @@ MOETUNE := $(PY) -m moetune.cli.main
 MODEL   ?= moe_proxy
 export MODEL STAGE TRIAL STUDY FORCE
 
-.PHONY: help install deps test tune demo stage report status plan clean
+.PHONY: help install deps lint unit test tune demo stage report status plan clean
 
 help:
 	@echo "make demo                      tuning loop replaying the recorded GPU trial bank (no GPU)"
@@ -13,7 +13,9 @@ help:
 	@echo "make status | make report     what the store holds; Markdown + HTML reports"
 	@echo "make stage STAGE=analyze TRIAL=3 [FORCE=1]   re-run one stage of one trial"
 	@echo "make plan MODEL=deepseek_v3    memory-feasible layouts"
-	@echo "make test                      install everything and run the test suite"
+	@echo "make lint                      ruff and mypy on the package"
+	@echo "make unit                      the tests that need no service, two at a time (about 3 min)"
+	@echo "make test                      lint, install everything and run the whole test suite"
 
 install: .venv/.installed
 
@@ -28,8 +30,23 @@ install: .venv/.installed
 deps: install
 	bash scripts/test-deps
 
-test: deps
-	$(PY) -m pytest -q -ra
+# the tests that use real services (tests/conftest.py, pyproject's markers); the rest need none
+SERVICES := slurm or nsys or megatron or postgres or chromium
+PYTEST   := $(PY) -m pytest -q -ra -p no:cacheprovider
+
+lint: install
+	$(PY) -m ruff check moetune
+	$(PY) -m mypy
+
+# service-free, without the integration folder and the whole tuning studies: the quick tier
+unit: install
+	$(PYTEST) -n 2 -m "not ($(SERVICES) or integration or e2e)"
+
+# service-free tests two at a time, then those using the real services one at a time (they share
+# one Slurm cluster and one PostgreSQL)
+test: lint deps
+	$(PYTEST) -n 2 -m "not ($(SERVICES))"
+	$(PYTEST) -m "$(SERVICES)"
 
 tune: install
 	$(MOETUNE) tune "$$MODEL"

@@ -30,23 +30,23 @@ SETTINGS = table(
 
 
 def db() -> str:
-    return SETTINGS["MOETUNE_DB"].read()
+    return SETTINGS["MOETUNE_DB"].value()
 
 
 def runs() -> Path:
-    return Path(SETTINGS["MOETUNE_RUNS"].read())
+    return Path(SETTINGS["MOETUNE_RUNS"].value())
 
 
 def rules_file() -> Path:
-    return Path(SETTINGS["MOETUNE_RULES"].read())
+    return Path(SETTINGS["MOETUNE_RULES"].value())
 
 
 def bank() -> Path:
-    return Path(SETTINGS["MOETUNE_BANK"].read())
+    return Path(SETTINGS["MOETUNE_BANK"].value())
 
 
 def megatron_venv() -> Path:
-    return Path(SETTINGS["MEGATRON_VENV"].read())
+    return Path(SETTINGS["MEGATRON_VENV"].value())
 
 
 def visible_gpus() -> str | None:

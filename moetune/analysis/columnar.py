@@ -93,7 +93,7 @@ def int_frames(con, db_path: Path | None, queries) -> list[pd.DataFrame]:
     with ThreadPoolExecutor(len(queries)) as pool:
         futures = [pool.submit(_via_connectorx, db_path, *q) for q in queries]
         out = []
-        for f, q in zip(futures, queries):
+        for f, q in zip(futures, queries, strict=True):
             try:
                 out.append(f.result())
             except Exception:  # noqa: BLE001 - fall back to sqlite3 for this table

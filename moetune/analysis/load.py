@@ -240,7 +240,7 @@ def kernels_and_runtime(con, local, tables, kernel_where: str = "", runtime_wher
     if RUNTIME_TABLE in tables:
         queries.append((RUNTIME_TABLE, RUNTIME_COLS, _where(runtime_where)))
         which.append("rt")
-    frames = dict(zip(which, int_frames(con, local, queries)))
+    frames = dict(zip(which, int_frames(con, local, queries), strict=True))
     kernels = (_kernel_names(con, frames["k"]) if "k" in frames
                else pd.DataFrame(columns=[*KERNEL_COLS, "name"]))
     runtime = (_runtime_names(con, frames["rt"]) if "rt" in frames

@@ -13,7 +13,8 @@ ITER = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|.*?elapsed time per iterat
 TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")
 TOKENS = re.compile(r"tokens per (?:sec|second)[^:]*:\s*([\d.]+)", re.IGNORECASE)
 MAX_ALLOC = re.compile(r"max allocated:\s*([\d.]+)")
-MAX_RESERVED = re.compile(r"max reserved:\s*([\d.]+)")  # the caching allocator's peak (what nvidia-smi sees, less context)
+# the caching allocator's peak (what nvidia-smi sees, less context)
+MAX_RESERVED = re.compile(r"max reserved:\s*([\d.]+)")
 GLOBAL_BATCH = re.compile(r"global batch size:\s*(\d+)")
 SEQ_LENGTH = re.compile(r"^\s*seq_length\s*\.+\s*(\d+)\s*$", re.MULTILINE)  # Megatron's argument dump
 

@@ -145,7 +145,8 @@ def idle_causes(gs, ge, k: pd.DataFrame, runtime: pd.DataFrame) -> dict:
         lc, le = runtime["correlationId"].to_numpy()[is_launch], runtime["end"].to_numpy()[is_launch]
         srt = np.argsort(lc, kind="stable")
         pos = np.searchsorted(lc[srt], corr)
-        hit = (pos < lc.size) & (lc[srt][np.minimum(pos, lc.size - 1)] == corr) if lc.size else np.zeros(corr.size, bool)
+        hit = ((pos < lc.size) & (lc[srt][np.minimum(pos, lc.size - 1)] == corr) if lc.size
+               else np.zeros(corr.size, bool))
         launch_end = np.where(hit, le[srt][np.minimum(pos, max(lc.size - 1, 0))] if lc.size else -1, -1)
         is_sync = name_mask(runtime["name"], SYNC_CALLS)
         if is_sync.any():
@@ -153,7 +154,9 @@ def idle_causes(gs, ge, k: pd.DataFrame, runtime: pd.DataFrame) -> dict:
     starved = launch_end >= gs
     synced = ~starved & ((_coverage(sync_u, ge) - _coverage(sync_u, gs)) > 0.5 * dur)
     other = ~starved & ~synced
-    to_ms = lambda sel: round(float(dur[sel].sum()) / NS_PER_MS, 4)
+
+    def to_ms(sel) -> float:
+        return round(float(dur[sel].sum()) / NS_PER_MS, 4)
     return {"launch_starved_ms": to_ms(starved), "sync_blocked_ms": to_ms(synced), "other_wait_ms": to_ms(other)}
 
 

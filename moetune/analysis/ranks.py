@@ -96,7 +96,7 @@ def rank_labels(per_file) -> list[int]:
     file holds one rank and is named for it (trace_<RANK>.*, as the job script names each profiled
     rank's report), else 0, 1, ... in file order."""
     named = [RANK_IN_NAME.match(Path(path).name) for path, _ in per_file]
-    if all(m and len(keys) == 1 for m, (_, keys) in zip(named, per_file)):
+    if all(m and len(keys) == 1 for m, (_, keys) in zip(named, per_file, strict=True)):
         ranks = [int(m.group(1)) for m in named]
         if len(set(ranks)) == len(ranks):
             return ranks
@@ -162,7 +162,7 @@ def _index(df: pd.DataFrame, cols, keys=None) -> dict:
         out = {}
         for key in keys:
             hit = vals[0] == key[0]
-            for v, x in zip(vals[1:], key[1:]):
+            for v, x in zip(vals[1:], key[1:], strict=False):
                 hit &= v == x
             at = np.flatnonzero(hit)
             if at.size:
@@ -253,7 +253,8 @@ def read_ranks(task: Task, whole: bool = False) -> Iterator[RankRows]:
               if not whole and None not in keys and all(not s.empty for s in firsts) else None)
 
         def read(on_gpu, on_tid, lo):
-            after = lambda col: f'"{col}" >= {lo}' if lo is not None else ""
+            def after(col: str) -> str:
+                return f'"{col}" >= {lo}' if lo is not None else ""
             k, rt = kernels_and_runtime(con, local, tables, on_gpu, both(on_tid, after("start")))
             k = k.assign(cls=classify(k["name"])) if not k.empty else k.assign(cls=[])
             return k, rt, read_copies(con, tables, both(on_gpu, after("end")))

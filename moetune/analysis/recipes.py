@@ -77,7 +77,7 @@ def read_recipes(folder: str | Path) -> dict:
         if kern.exists():
             df = pd.read_parquet(kern)
             names = df.index if "Name" not in df.columns else df["Name"]
-            out["kernel_ms"] = {str(n): float(s) / 1e6 for n, s in zip(names, df["Sum"])}
+            out["kernel_ms"] = {str(n): float(s) / 1e6 for n, s in zip(names, df["Sum"], strict=True)}
         if util.exists():
             df = pd.read_parquet(util)
             out["busy"] = [{"device": int(r["Device ID"]), "pid": int(r["PID"]) if "PID" in r else None,

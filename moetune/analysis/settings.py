@@ -27,6 +27,13 @@ class Setting:
                                f"{', '.join(self.allowed)} (or leave it unset)")
         return value
 
+    def value(self) -> str:
+        """read() of a setting that has a default: a string, never None."""
+        value = self.read()
+        if value is None:
+            raise SettingError(f"{self.name} is not set and has no default")
+        return value
+
 
 def table(*settings: Setting) -> dict[str, Setting]:
     """Settings by name."""
@@ -53,7 +60,7 @@ def qdstrm_importer() -> str | None:
 
 
 def trace_reader() -> str:
-    return SETTINGS["MOETUNE_TRACE_READER"].read()
+    return SETTINGS["MOETUNE_TRACE_READER"].value()
 
 
 def cache() -> str | None:

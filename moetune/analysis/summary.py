@@ -56,8 +56,12 @@ def summary_entry(s: RankSummary) -> dict:
                         "step_times_ns": [int(x) for x in w.step_times_ns], "source": w.source},
              "a2a": None}
     if s.a2a is not None:
-        names = sorted(s.a2a)
-        column = lambda j: np.concatenate([s.a2a[n][j] for n in names] or [[]]).astype(np.int64).tolist()
+        a2a = s.a2a
+        names = sorted(a2a)
+
+        def column(j: int) -> list:
+            return np.concatenate([a2a[n][j] for n in names] or [[]]).astype(np.int64).tolist()
+
         counts = [len(s.a2a[n][0]) for n in names]
         entry["a2a"] = {"names": names, "name": np.repeat(np.arange(len(names)), counts).tolist(),
                         "start": column(0), "end": column(1)}

@@ -39,7 +39,8 @@ def _main(argv: list[str], db: str | None) -> int:
                    help="auto: Slurm when sbatch is on PATH, else submitit's local executor")
     p.add_argument("--runs", default="runs", help="runs folder, shared with the compute nodes (default runs/); "
                                                   "the job's files go under _calibrate/")
-    p.add_argument("--timeout", type=float, default=None, help="seconds to wait for the job (default: as long as it queues)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for the job (default: as long as it queues)")
     p.add_argument("--format", default="text", choices=("text", "json"))
     a = p.parse_args(argv)
     try:

@@ -30,8 +30,11 @@ def run(store, args) -> tuple[dict, int]:
 def render(fitted: dict, layout: str) -> str:
     lines = [f"{layout} on {fitted['world']} GPUs: {fitted['reason']}",
              f"  {'rank':>6} {'max allocated GB':>17} {'max reserved GB':>16} {'step ms':>9}  failure"]
+
+    def num(v, f: str) -> str:
+        return format(v, f) if isinstance(v, (int, float)) else "-".rjust(int(f.split(".")[0]))
+
     for rank, r in sorted(fitted["ranks"].items(), key=lambda kv: int(kv[0])):
-        num = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-".rjust(int(f.split(".")[0]))
         lines.append(f"  {rank:>6} {num(r.get('max_allocated_gb'), '17.2f')} "
                      f"{num(r.get('max_reserved_gb'), '16.2f')} {num(r.get('step_time_ms'), '9.1f')}  "
                      f"{r.get('failure') or '-'}")

@@ -100,7 +100,10 @@ def cmd_tune(args, _rest):
                          progress=not args.no_progress, one_gpu=args.one_gpu,
                          bank_dir=getattr(args, "bank", None))
     md, html = _write_reports(args, summary.get("study", args.model))
-    judged = lambda key: "?" if summary.get(key) is None else f"{summary[key]:.1f}"
+
+    def judged(key: str) -> str:
+        return "?" if summary.get(key) is None else f"{summary[key]:.1f}"
+
     print(f"study {summary.get('study')}: {summary.get('trials', '?')} trials, best "
           f"{judged('best_judged_step_time_ms')} ms/step (baseline "
           f"{judged('baseline_judged_step_time_ms')} ms, judged)")

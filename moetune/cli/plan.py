@@ -48,14 +48,14 @@ def ranked(exp, layouts, gpus, gpu_type, readings: StoreReadings) -> list:
     """The layouts by predicted tokens/s/GPU, fastest first (compute measured where the store holds
     a fit of the layout); one the model cannot price (its batch does not divide) goes last."""
     predicted.clear()
-    for l in layouts:
+    for lay in layouts:
         try:
-            p = run_prediction(exp, l.config, gpus, gpu_type, None, readings)
+            p = run_prediction(exp, lay.config, gpus, gpu_type, None, readings)
         except ValueError:
             continue
-        predicted[id(l)] = {"tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu), "step_time_ms": round(p.step_time_ms, 1),
-                            "compute_source": p.compute_source}
-    return sorted(layouts, key=lambda l: -predicted.get(id(l), {}).get("tokens_per_s_per_gpu", -1))
+        predicted[id(lay)] = {"tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu),
+                              "step_time_ms": round(p.step_time_ms, 1), "compute_source": p.compute_source}
+    return sorted(layouts, key=lambda lay: -predicted.get(id(lay), {}).get("tokens_per_s_per_gpu", -1))
 
 
 def main(argv: list[str], db: str | None = None) -> int:
@@ -93,32 +93,33 @@ def _main(argv: list[str], db: str | None = None) -> int:
             return 1
         base = None
     if args.baseline:
+        assert base is not None  # a baseline that needs more GPUs returned above
         layouts = [base]
     else:
         speed = args.order == "speed"
         layouts = plan(exp, args.gpus, args.gpu_type, limit=10**6 if speed else args.limit, measured=measured,
                        virtual=speed)
         # the baseline is a candidate too, where it fits and the search's grid does not hold it
-        if base is not None and base.fits and all(_layout_key(l.config.to_dict()) != _layout_key(
-                base.config.to_dict()) for l in layouts):
+        if base is not None and base.fits and all(_layout_key(lay.config.to_dict()) != _layout_key(
+                base.config.to_dict()) for lay in layouts):
             layouts.insert(0, base)
         if speed:
             layouts = ranked(exp, layouts, args.gpus, args.gpu_type, readings)[:args.limit]
     code = (0 if layouts[0].fits else 1) if args.baseline else (0 if layouts else 1)
     if args.format == "json":
-        print(json.dumps([{**l.to_dict(), **({"predicted": predicted[id(l)]} if id(l) in predicted else {})}
-                          for l in layouts], indent=1))
+        print(json.dumps([{**lay.to_dict(), **({"predicted": predicted[id(lay)]} if id(lay) in predicted else {})}
+                          for lay in layouts], indent=1))
         return code
     gpu_type = args.gpu_type or exp.cluster.gpu_type
     # where the capacity comes from: a device reports a little less than its data sheet (an H200's
     # 141 GB reads 139.8 in a trace), so the figure says which it is
     source = "cluster.gpu_memory_gb" if exp.cluster.gpu_memory_gb else f"{gpu_type} data sheet"
     if args.baseline:
-        l = layouts[0]
-        c = l.config
-        verdict = "fits" if l.fits else ("refused: " + ", ".join(l.refused) if l.refused else "does NOT fit")
+        lay = layouts[0]
+        c = lay.config
+        verdict = "fits" if lay.fits else ("refused: " + ", ".join(lay.refused) if lay.refused else "does NOT fit")
         print(f"{exp.name} baseline TP{c.tp} PP{c.pp} EP{c.ep} on {world}x {gpu_type}: estimate "
-              f"{l.estimate_gb:.1f} GB allocated + {FIXED_GB:.0f} GB fixed = {l.memory_gb:.1f} of "
+              f"{lay.estimate_gb:.1f} GB allocated + {FIXED_GB:.0f} GB fixed = {lay.memory_gb:.1f} of "
               f"{capacity:.0f} GB ({source}): {verdict}")
         return code
     if not layouts:
@@ -128,13 +129,14 @@ def _main(argv: list[str], db: str | None = None) -> int:
              "least model parallelism first, the baseline first where the search does not hold it")
     print(f"{exp.name} on {world}x {gpu_type} ({capacity:.0f} GB each, {source}): {len(layouts)} feasible layouts "
           f"shown (--limit {args.limit}), {order}")
-    rw = max([18] + [len(",".join(l.config.recompute_modules)) for l in layouts])  # the column fits its names
-    print(f"{'TP':>3} {'PP':>3} {'VPP':>3} {'EP':>4} {'recompute':<{rw}} {'GB/GPU':>7} {'measured':>8} {'tok/s/GPU':>9}")
-    for l in layouts:
-        c = l.config
-        seen = f"{l.measured_gb:>8.1f}" if l.measured_gb is not None else f"{'-':>8}"
-        speed = predicted.get(id(l), {}).get("tokens_per_s_per_gpu")
-        note = "  baseline" if l is base else ""
+    rw = max([18] + [len(",".join(lay.config.recompute_modules)) for lay in layouts])  # the column fits its names
+    print(f"{'TP':>3} {'PP':>3} {'VPP':>3} {'EP':>4} {'recompute':<{rw}} {'GB/GPU':>7} {'measured':>8} "
+          f"{'tok/s/GPU':>9}")
+    for lay in layouts:
+        c = lay.config
+        seen = f"{lay.measured_gb:>8.1f}" if lay.measured_gb is not None else f"{'-':>8}"
+        speed = predicted.get(id(lay), {}).get("tokens_per_s_per_gpu")
+        note = "  baseline" if lay is base else ""
         print(f"{c.tp:>3} {c.pp:>3} {c.vpp or '-':>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<{rw}} "
-              f"{l.memory_gb:>7.1f} {seen} {speed if speed is not None else '-':>9}{note}")
+              f"{lay.memory_gb:>7.1f} {seen} {speed if speed is not None else '-':>9}{note}")
     return code

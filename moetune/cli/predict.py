@@ -57,7 +57,8 @@ class StoreReadings:
     def trials(self) -> list[tuple]:
         """(study, trial, its metrics) of every trial in the store, read on first use."""
         if self._trials is None:
-            self._trials = [(study, t, self.store.metrics(t.id)) for study in (self.store.studies() if self.store else ())
+            self._trials = [(study, t, self.store.metrics(t.id))
+                            for study in (self.store.studies() if self.store else ())
                             for t in self.store.trials(study.id)]
         return self._trials
 
@@ -172,7 +173,8 @@ def run_prediction(exp, config: TrainingConfig, gpus: int | None, gpu_type: str 
 def render_text(name: str, c: TrainingConfig, p: Prediction) -> str:
     i = p.inputs
     layout = (f"TP{c.tp} PP{c.pp}" + (f" VPP{c.vpp}" if c.vpp else "") + f" EP{c.ep} ETP{c.etp or c.tp} CP{c.cp}, "
-              f"micro batch {c.micro_batch}, global batch {c.global_batch}, {p.inputs['ep_a2a_per_layer'].get('dispatcher', 'no')} "
+              f"micro batch {c.micro_batch}, global batch {c.global_batch}, "
+              f"{p.inputs['ep_a2a_per_layer'].get('dispatcher', 'no')} "
               f"dispatcher, {i['precision']}")
     lines = [f"{name} {layout} on {i['world']}x {i['gpu_type']}: {p.step_time_ms:.0f} ms a step, "
              f"{p.tokens_per_s_per_gpu:.0f} tokens/s/GPU (compute: {p.compute_source})",

@@ -22,7 +22,8 @@ from moetune.experiment.model import ModelArch
 
 GB = 2**30
 FIXED_GB = 3.0  # CUDA context, NCCL buffers, allocator slack: not in the model's figure
-PLAN_HEADROOM_SHARE = 0.1  # of the GPU's memory a planned estimate leaves free (a fit's is experiment/fit.py headroom_gb)
+# of the GPU's memory a planned estimate leaves free (a fit's is experiment/fit.py headroom_gb)
+PLAN_HEADROOM_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -425,6 +426,6 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
                     out.append(Layout(cfg, cfg.to_args(m) + run_args(), est.total_gb, est.to_dict(), tp * pp,
                                       capacity_gb=capacity, measured_gb=peak))
                     break  # selective recompute only where the layout does not fit without it
-    out.sort(key=lambda l: (l.tp_pp, l.config.pp, l.config.ep > cluster.nvlink_domain,
-                            bool(l.config.recompute_modules), l.config.ep, l.memory_gb))
+    out.sort(key=lambda lay: (lay.tp_pp, lay.config.pp, lay.config.ep > cluster.nvlink_domain,
+                              bool(lay.config.recompute_modules), lay.config.ep, lay.memory_gb))
     return out[:limit]

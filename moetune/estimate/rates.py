@@ -122,9 +122,10 @@ CURVES: tuple[Curve, ...] = (
     # benchmarks/host_runahead.py: two Qwen3-30B-A3B layers on one H100 (TE, grouped GEMM, the
     # dropless all-to-all dispatcher, whose token counts the host waits for), its host's launches
     # and waits replayed against its kernels with the host scaled
-    Curve("host_wait_excess", ((0.1, 0.0025), (0.2, 0.0074), (0.3, 0.0198), (0.4, 0.0422), (0.5, 0.0737), (0.6, 0.1116),
-                               (0.7, 0.1504), (0.8, 0.1882), (0.9, 0.2243), (1.0, 0.2611), (1.1, 0.1806), (1.2, 0.1204),
-                               (1.4, 0.0513), (1.6, 0.0184), (2.0, 0.0087), (3.0, 0.0021), (5.0, 0.0008), (10.0, 0.0003)),
+    Curve("host_wait_excess", ((0.1, 0.0025), (0.2, 0.0074), (0.3, 0.0198), (0.4, 0.0422), (0.5, 0.0737),
+                               (0.6, 0.1116), (0.7, 0.1504), (0.8, 0.1882), (0.9, 0.2243), (1.0, 0.2611),
+                               (1.1, 0.1806), (1.2, 0.1204), (1.4, 0.0513), (1.6, 0.0184), (2.0, 0.0087),
+                               (3.0, 0.0021), (5.0, 0.0008), (10.0, 0.0003)),
           "measured by moetune: benchmarks/host_runahead/qwen3_30b_a3b_2layer_1gpu.sqlite.xz (two "
           "Qwen3-30B-A3B layers on one H100, TE, grouped GEMM, dropless): a micro-batch's time over "
           "the larger of its host's launch time and its stream's, against host / stream, the trace's "

@@ -11,6 +11,7 @@ with m = global batch / (micro batch x DP) micro-batches per step."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from moetune.experiment import gpus
 from moetune.experiment.config import TrainingConfig
@@ -125,7 +126,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
     mb = micro_batches(c, world)
     works = flops.stage_work(m, c, rates)
     a2a = comm.a2a(m, c, node.gpu_type, node.nvlink_domain, rates) if m.num_experts > 1 and c.ep > 1 else None
-    stages = []
+    stages: list[dict[str, Any]] = []
     for w in works:
         parts = flops.compute_ms(w, c, node.gpu_type, rates)
         gpu = sum(parts.values())

@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from moetune.experiment.config import (CUDA_GRAPH_MODULES, DISPATCHERS, FLEX_BACKENDS, OFFLOAD_MODULES, RECOMPUTE_MODULES,
-                             TrainingConfig)
+from moetune.experiment.config import (CUDA_GRAPH_MODULES, DISPATCHERS, FLEX_BACKENDS, OFFLOAD_MODULES,
+                                       RECOMPUTE_MODULES, TrainingConfig)
 from moetune.experiment.gpus import generation
+from moetune.experiment.model import ModelArch
 from moetune.experiment.section import gpu_count
 
 WORKFLOW = "moe-optimization-workflow.md"
@@ -37,7 +38,7 @@ class Violation:
 class Env:
     """What the predicates see besides the config: model sizes and the cluster."""
 
-    m: object  # ModelArch
+    m: ModelArch
     gpus: int
     generation: str  # hopper | blackwell
     has_te: bool

@@ -17,7 +17,7 @@ def main() -> None:
     # torch and Megatron imported here: moetune's tests import this file to walk the package,
     # in a venv that has neither
     jobs, MEMORY, TE_VERSION = json.loads(sys.stdin.read())
-    ENV_KEYS = set()
+    ENV_KEYS: set[str] = set()
     import torch
     # No GPU and no Transformer Engine here. Answer validate_args' device queries with the cluster's
     # GPU generation, and, for images that have TE, stand in for TE's fused RoPE kernel and TE's
@@ -36,8 +36,8 @@ def main() -> None:
     fused_permutation = {n: getattr(moe_utils, n) for n in (
         "fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
         "fused_sort_chunks_by_index_with_probs", "fused_unpermute") if hasattr(moe_utils, n)}
-    out = []
-    for argv, world, CAPABILITY, has_te, env in jobs:
+    out: list = []
+    for argv, world, CAPABILITY, has_te, env in jobs:  # noqa: B007 - the stand-ins above read it
         if has_te and rope_utils.fused_apply_rotary_pos_emb is None:
             rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
         for name, op in fused_permutation.items():

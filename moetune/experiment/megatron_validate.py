@@ -64,8 +64,9 @@ TE_VERSION = "2.20.2"  # what Megatron's TE version checks are told an image wit
 
 def config_env_of_argv(argv: list[str]) -> dict[str, str]:
     """The config's part of the environment job/render.py gives the job that runs this argv
-    (ENV_RULES on the config parsed back from it; no cluster's own variables). Megatron reads some of it in validate_args (TE CUDA graphs under
-    expandable segments need NCCL_GRAPH_REGISTER=0), so the check runs with it."""
+    (ENV_RULES on the config parsed back from it; no cluster's own variables). Megatron reads some
+    of it in validate_args (TE CUDA graphs under expandable segments need NCCL_GRAPH_REGISTER=0), so
+    the check runs with it."""
     try:
         config = TrainingConfig.from_args(argv).to_dict()
     except (TypeError, ValueError):  # an argv moetune did not render: Megatron's parser will say why
@@ -82,7 +83,7 @@ def validate(argvs: list[list[str]], world_size: int | list[int],
     worlds = world_size if isinstance(world_size, list) else [world_size] * len(argvs)
     caps = [CAPABILITY[generation]] * len(argvs)
     envs = envs if envs is not None else [config_env_of_argv(a) for a in argvs]
-    jobs = [(a, w, c, has_te, e) for a, w, c, e in zip(argvs, worlds, caps, envs)]
+    jobs = [(a, w, c, has_te, e) for a, w, c, e in zip(argvs, worlds, caps, envs, strict=False)]
     proc = subprocess.run([str(venv_python()), str(CHILD)], input=json.dumps([jobs, memory, TE_VERSION]),
                           capture_output=True, text=True, timeout=600, env=env)
     marker = [line for line in proc.stdout.splitlines() if line.startswith("@@")]

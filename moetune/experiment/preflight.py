@@ -130,7 +130,8 @@ CHECKS: tuple[Check, ...] = (
           lambda r, c: (f"the runs folder is not the same on {_host(r)}: "
                         + (f"it read {str(_token(r)[1])[:16]!r} at {_sec(r, 'runs_folder').get('path')}, the login "
                            f"node wrote {str(_token(r)[0])[:16]!r}" if _token(r)[1] is not None else
-                           f"{_sec(r, 'runs_folder').get('path')}: {_sec(r, 'runs_folder').get('error') or 'not read'}")),
+                           f"{_sec(r, 'runs_folder').get('path')}: "
+                           f"{_sec(r, 'runs_folder').get('error') or 'not read'}")),
           lambda r, c: "give --runs a folder on a file system the compute nodes mount at the same path "
                        "(for containers, mount it: cluster.container_mounts)", True),
     Check("imports", _megatron, lambda r, c: _ran(r) and bool(r.get("error")),
@@ -178,7 +179,8 @@ CHECKS: tuple[Check, ...] = (
           lambda r, c: "build DeepEP's hybrid-ep branch with NVSHMEM into the image "
                        "(benchmarks/device_setup.sh deepep shows how)", False),
     Check("hybrid_ep", _megatron,
-          lambda r, c: _ran(r) and bool(_sec(r, "deep_ep").get("importable")) and not _sec(r, "deep_ep").get("hybrid_ep"),
+          lambda r, c: (_ran(r) and bool(_sec(r, "deep_ep").get("importable"))
+                        and not _sec(r, "deep_ep").get("hybrid_ep")),
           lambda r, c: "DeepEP has no HybridEPBuffer: HybridEP is not proposed",
           lambda r, c: "build DeepEP from its hybrid-ep branch", False),
     Check("deep_ep_nvshmem", lambda c: _megatron(c) and _multi_node(c),

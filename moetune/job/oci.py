@@ -53,9 +53,9 @@ def bundle(spec) -> Bundle:
     try:
         config = json.loads((base / "config.json").read_text())
         entries = sorted(os.scandir(base / "rootfs"), key=lambda e: e.name)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as err:
         raise OciError(f"cluster.container_bundle {str(base)!r}: not an OCI bundle "
-                       f"(config.json + rootfs/; scripts/oci-bundle makes one): {e}") from None
+                       f"(config.json + rootfs/; scripts/oci-bundle makes one): {err}") from None
     if re.search(r"\s", spec.folder):  # srun --multi-prog's lines split at blanks
         raise OciError(f"template 'oci': the trial folder {spec.folder!r} holds a blank")
     dirs, links, image = [], [], []

@@ -274,7 +274,7 @@ def slurm_state(job_id: str) -> JobState:
     A job whose batch script failed because a step was killed for memory reads OUT_OF_MEMORY
     (Slurm marks the step, and the batch shell only sees a failed command)."""
     out = _run(["sacct", "-n", "-P", "-j", str(job_id), "-o", ",".join(SACCT_FIELDS)])
-    rows = [dict(zip(SACCT_FIELDS, line.split("|"))) for line in out.splitlines() if line.strip()]
+    rows = [dict(zip(SACCT_FIELDS, line.split("|"), strict=False)) for line in out.splitlines() if line.strip()]
     job = [r for r in rows if r["JobID"] == str(job_id)]
     if job:
         r = job[-1]

@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,9 @@ from moetune.job.paths import TrialPaths
 from moetune.decide.judge import MIN_LOG_STEPS, faster_p, judged_step, steady_iterations
 from moetune.tune.state import JUDGED
 from moetune.tune.summary import one_gpu_ranks, summary
+
+if TYPE_CHECKING:
+    from moetune.store import Decision, Trial
 
 CLASS_COLORS = {"gemm": "#4c72b0", "grouped_gemm": "#3a5a8c", "attention": "#8172b3",
                 "te": "#64b5cd", "other": "#9fa8b3", "moe_permute": "#ccb974",
@@ -62,10 +66,10 @@ def fmt(v, digits=1) -> str:
 # -- gathering ---------------------------------------------------------------------------------
 @dataclass
 class TrialView:
-    trial: object
+    trial: Trial
     analysis: dict | None
-    apply: object | None  # the decision that chose its fix
-    verdict: object | None  # the decision that closed it: a tune/state.py JUDGED kind
+    apply: Decision | None  # the decision that chose its fix
+    verdict: Decision | None  # the decision that closed it: a tune/state.py JUDGED kind
     command: str | None
     folder: Path | None
     judged_ms: float | None = None  # the step time the tuner judged by (log median or trace)
@@ -181,7 +185,7 @@ def svg_timeline(folder: Path | None, width: int = 900) -> str:
             hi = np.clip(np.searchsorted(edges, e, "left"), 1, cols)
             one = hi - lo <= 1  # most kernels sit inside one column
             np.add.at(tot, lo[one], (e - s)[one])
-            for a, b, l0, h0 in zip(s[~one], e[~one], lo[~one], hi[~one]):
+            for a, b, l0, h0 in zip(s[~one], e[~one], lo[~one], hi[~one], strict=True):
                 for c in range(l0, h0):
                     tot[c] += min(b, edges[c + 1]) - max(a, edges[c])
             more = tot > cover
@@ -266,7 +270,8 @@ def svg_breakdown(views: list[TrialView], width: int = 900) -> str:
     for frac in (0, 0.25, 0.5, 0.75, 1.0):
         parts.append(f'<text x="{label_w + frac * bar_w - 8:.1f}" y="{axis_y + 13}" font-size="10">'
                      f'{top * frac:.0f}</text>')
-    parts.append(f'<text x="{label_w + bar_w / 2 - 50:.1f}" y="{axis_y + 27}" font-size="10">ms per profiled step</text>')
+    parts.append(f'<text x="{label_w + bar_w / 2 - 50:.1f}" y="{axis_y + 27}" font-size="10">'
+                 'ms per profiled step</text>')
     parts.append(legend(list(BREAKDOWN), label_w, height - 8, width, step=130))
     parts.append("</svg>")
     return "".join(parts)
@@ -285,8 +290,13 @@ def svg_step_times(views: list[TrialView], width: int = 900, height: int = 240) 
         return ""
     left, bottom, top = 60, 48, 15
     ymax = max(p[1] for p in pts) * 1.1
-    x = lambda i: left + (i + 0.5) * (width - left - 10) / len(pts)
-    y = lambda t: top + (1 - t / ymax) * (height - top - bottom)
+
+    def x(i: int) -> float:
+        return left + (i + 0.5) * (width - left - 10) / len(pts)
+
+    def y(t: float) -> float:
+        return top + (1 - t / ymax) * (height - top - bottom)
+
     parts = [f'<svg class="steptimes" xmlns="http://www.w3.org/2000/svg" width="{width}" '
              f'height="{height}" role="img" aria-label="judged step time of the trials that ran">',
              f'<line x1="{left}" y1="{y(0)}" x2="{width - 10}" y2="{y(0)}" stroke="#333"/>',

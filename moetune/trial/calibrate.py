@@ -57,7 +57,8 @@ def shape(cluster, gpus: int | None, nodes: int | None) -> tuple[int, int]:
         raise CalibrationError(f"--nodes {n}: give 1..{cluster.nodes} (cluster.nodes of {cluster.name})")
     total = gpus or n * per_node_default
     if total < 1 or total % n:
-        raise CalibrationError(f"--gpus {total}: give a multiple of --nodes {n} (the GPUs in all, as many on each node)")
+        raise CalibrationError(f"--gpus {total}: give a multiple of --nodes {n} "
+                               "(the GPUs in all, as many on each node)")
     return n, total // n
 
 
@@ -65,7 +66,7 @@ def sizes(exp, cluster) -> list[int]:
     """The messages of the experiment's baseline and the layouts its plan finds feasible."""
     configs = [exp.baseline]
     try:
-        configs += [l.config for l in plan(exp, limit=50, virtual=True)]
+        configs += [lay.config for lay in plan(exp, limit=50, virtual=True)]
     except (TooFewGPUs, ValueError):
         pass
     return probe_sizes(exp.model, configs, MAX_BYTES[cluster.workload])

@@ -33,7 +33,8 @@ WATCHDOG = re.compile(r"Watchdog caught collective operation timeout|ProcessGrou
 
 @dataclass
 class TrialOutcome:
-    state: str  # completed | oom | host_oom | failed | hung | skipped | timeout | cancelled | node_fail | stage_error | no_fit
+    # completed | oom | host_oom | failed | hung | skipped | timeout | cancelled | node_fail | stage_error | no_fit
+    state: str
     analysis: dict | None = None
     error: str | None = None
     last_lines: list[str] = field(default_factory=list)
@@ -254,7 +255,10 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
             jobs.local_state(ref).reason == "process gone without a result"
         if not lost:
             break
-    last = lambda: log.read_text(errors="replace").splitlines()[-10:] if log.exists() else []
+
+    def last() -> list[str]:
+        return log.read_text(errors="replace").splitlines()[-10:] if log.exists() else []
+
     _stage("collect", stages.run_stage, store, trial.id, "collect", **opts, poll_s=0.5)
     if status == "hung":
         return TrialOutcome("hung", error=why, last_lines=last())

@@ -134,7 +134,7 @@ def ranked(props: list, model_ms: dict) -> list:
     order = sorted((props[i] for i in slots),
                    key=lambda p: (model_ms.get(p.rule.id) is None, model_ms.get(p.rule.id) or 0.0))
     out = list(props)
-    for i, p in zip(slots, order):
+    for i, p in zip(slots, order, strict=True):
         out[i] = p
     return out
 

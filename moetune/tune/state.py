@@ -4,8 +4,12 @@ so a tuner killed anywhere and started again sees the same state."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from moetune.experiment.section import get as attr
+
+if TYPE_CHECKING:
+    from moetune.store import Decision, Trial
 
 # Every kind of decision a study records (store.decisions, each with its evidence), the one list.
 DECISION_KINDS: dict[str, str] = {
@@ -46,18 +50,18 @@ def image_of(cluster) -> str:
 
 @dataclass
 class StudyState:
-    incumbent: object | None = None
+    incumbent: Trial | None = None
     # before any trial ran: the trial whose fit kept it off the cluster with the lowest peak so far,
     # the parent of the next memory fix (experiment/fit.py; the rule table's fit_order; lowered())
-    unfit: object | None = None
-    pending: object | None = None
+    unfit: Trial | None = None
+    pending: Trial | None = None
     tried: dict = field(default_factory=dict)  # parent config hash -> {rule ids}
     blocked: set = field(default_factory=set)  # rules not applied on this cluster + image
     crashed: dict = field(default_factory=dict)  # rule -> trial number whose job crashed (CRASH_MARKS)
     runs: int = 0  # trials whose job ran on the cluster (`ran`)
     gpu_hours: float = 0.0
     since_keep: int = 0
-    stopped: object | None = None
+    stopped: Decision | None = None
     trials: list = field(default_factory=list)
 
 

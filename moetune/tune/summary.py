@@ -33,7 +33,10 @@ def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
            "best_config": best.config if best else None,
            "kept_fixes": [by_id[i].fix for i in kept if i in by_id and by_id[i].fix],
            "stop_reason": stop}
-    judged = lambda t: store.metrics(t.id).get("judged_step_time_ms") if t else None
+
+    def judged(t):
+        return store.metrics(t.id).get("judged_step_time_ms") if t else None
+
     out["baseline_judged_step_time_ms"] = judged(base)
     out["best_judged_step_time_ms"] = judged(best)
     if best and base and base.step_time_ms and best.step_time_ms:

@@ -61,7 +61,7 @@ def shapes(nodes: list[str]) -> dict[str, list[list[int]]]:
     if max(len(g) for g in per_node) > 1:
         out["node"] = per_node
     if len(per_node) > 1 and len({len(g) for g in per_node}) == 1:
-        out["across"] = [list(g) for g in zip(*per_node)]
+        out["across"] = [list(g) for g in zip(*per_node, strict=False)]
         if len(per_node[0]) > 1:
             out["world"] = [list(range(len(nodes)))]
     return out
@@ -257,7 +257,8 @@ def deep_ep(dist, torch, device, nodes, rank, iters) -> tuple[list, list]:
     try:
         import deep_ep
     except Exception as e:  # an image without it, or one whose build does not load
-        return [], [{"what": k, "why": f"deep_ep not importable: {type(e).__name__}: {str(e)[:200]}"} for k in EP_BACKENDS]
+        return [], [{"what": k, "why": f"deep_ep not importable: {type(e).__name__}: {str(e)[:200]}"}
+                    for k in EP_BACKENDS]
     groups = shapes(nodes).get("node")
     if not groups or len({len(g) for g in groups}) > 1:
         return [], [{"what": k, "why": "needs two or more ranks on each node, as many on each"} for k in EP_BACKENDS]
