@@ -5,8 +5,8 @@ outcome, the parent's figures, the rule applied, the noise thresholds). The tune
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from moetune.decide import applied
 from moetune.decide.judge import compare
@@ -146,7 +146,7 @@ def common_evidence(ctx: OutcomeContext) -> dict:
     """What every judged trial's decision records: its parent, its state, and the fit that let it
     onto the cluster or kept it off."""
     out = ctx.outcome
-    ev = {"parent": ctx.parent_hash, "state": out.state}
+    ev: dict = {"parent": ctx.parent_hash, "state": out.state}
     if out.fit:
         ev["fit"] = {k: out.fit.get(k) for k in ("fits", "reason", "peak_gb", "headroom_gb",
                                                  "capacity_gb", "failure")}

@@ -2,7 +2,12 @@
 explicit OutcomeContext (no tuner, no store, no files). The tuner that builds the context and
 records the ruling runs in tests/tune/test_loop.py."""
 from moetune.decide import outcomes
-from moetune.decide.outcomes import OutcomeContext, parent_kind, reads_parent_analysis, rule_outcome
+from moetune.decide.outcomes import (
+    OutcomeContext,
+    parent_kind,
+    reads_parent_analysis,
+    rule_outcome,
+)
 from moetune.store import Trial
 from moetune.trial.run import TrialOutcome
 
