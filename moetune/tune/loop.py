@@ -5,7 +5,7 @@ writes one decision back, so a tuner killed at any point and started again conti
 was, runs no config twice (one trial per config hash) and ends with the same best config.
 
 Each decision's kind is one of tune/state.py DECISION_KINDS; a pending trial is run and judged
-by `Tuner.run_and_judge`, its outcome deciding through OUTCOME_RULINGS.
+by `Tuner.run_and_judge`, its outcome deciding through decide/outcomes.py OUTCOME_RULINGS.
 """
 from __future__ import annotations
 
@@ -13,16 +13,14 @@ import hashlib
 import json
 import shutil
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from tqdm import tqdm
 
-from moetune.decide import applied
 from moetune.decide import one_gpu as one_gpu_step
+from moetune.decide import outcomes
 from moetune.decide import rules as rules_mod
-from moetune.decide.judge import compare, judged_step
+from moetune.decide.judge import judged_step
 from moetune import settings
 from moetune.errors import MoetuneError
 from moetune.job.render import time_minutes
@@ -31,15 +29,13 @@ from moetune.job.paths import TrialPaths
 from moetune.paths import trial_folder
 from moetune.experiment import fit
 from moetune.experiment.config import TrainingConfig
-from moetune.experiment import preflight as preflight_spec
 from moetune.experiment.constraints import check
 from moetune.experiment.schema import load_experiment, tuning_value
 from moetune.experiment.section import as_dict, get as attr, gpu_count
 from moetune.store import now
-from moetune.trial import preflight
 from moetune.trial import run as runner
 from moetune.trial import stages
-from moetune.tune import predicted
+from moetune.tune import gate, predicted
 from moetune.tune.lock import study_lock
 from moetune.tune.state import DECISION_KINDS, StudyState, image_of, study_state
 from moetune.tune.summary import summary
@@ -72,10 +68,6 @@ def fit_analysis(fitted: dict) -> dict:
                           "reason": fitted.get("reason")}],
             "metrics": {"combined": {"peak_memory_gb": fitted.get("peak_gb")}},
             "log": {"failure": "oom" if oom else None}}
-
-
-def _ms(v) -> str:
-    return "? ms" if v is None else f"{v:.1f} ms"
 
 
 def _gpu_hours(analysis: dict | None, gpus: int) -> float:
@@ -163,22 +155,6 @@ class Tuner:
             raise TunerError(f"decision kind {kind!r} is not one of {', '.join(DECISION_KINDS)}")
         self.store.add_decision(self.study.id, kind, reason, trial_id=trial.id if trial else None,
                                 rule=rule, evidence=evidence)
-
-    def record_preflight(self, kind: str, reason: str, evidence: dict) -> None:
-        """The preflight's verdict in the study: a blocking one stops it before any trial; a
-        passing one after an earlier blocked run resumes it."""
-        if kind == "stop":
-            self.stop(reason, **evidence)
-            return
-        self.decide(kind, reason, **evidence)
-        last_stop = next((d for d in reversed(self.store.decisions(self.study.id)) if d.kind in ("stop", "resume")),
-                         None)
-        if last_stop is not None and last_stop.kind == "stop" and (last_stop.evidence or {}).get("blocking"):
-            self.decide("resume", "the preflight that stopped the study passes now")
-            self.store.set_study_state(self.study.id, "running")
-            # its trials run on the cluster as the experiment says now, the cause fixed
-            self.store.set_study_experiment(self.study.id, {**(self.study.experiment or {}),
-                                                            "cluster": as_dict(self.exp.cluster)})
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> dict:
@@ -358,17 +334,28 @@ class Tuner:
     # -- a pending trial: run it, record its figures, decide ------------------------------
     def run_and_judge(self, trial) -> None:
         """The pending trial from its first stage to its decision: run (node failures retried),
-        its figures into the store, the decision its outcome takes (OUTCOME_RULINGS), and
+        its figures into the store, the decision its outcome takes (decide/outcomes.py), and
         decision.json beside its files."""
         out = self.run_with_retries(trial)
         self.record_figures(trial, out)
         parent = self.store.trial(trial.parent_id) if trial.parent_id else None
-        ruling = rule_outcome(self, trial, out, parent)
-        self.decide(ruling.kind, ruling.reason, trial, trial.fix,
-                    **_outcome_evidence(out, parent), **ruling.evidence)
+        ruling = outcomes.rule_outcome(self._outcome_context(trial, out, parent))
+        self.decide(ruling.kind, ruling.reason, trial, trial.fix, **ruling.evidence)
         if ruling.line:
             self.say(f"trial {trial.number}: {ruling.line}")
         runner.write_decision_file(self.store, trial, self.runs_root, self.executor)
+
+    def _outcome_context(self, trial, out, parent) -> outcomes.OutcomeContext:
+        """What the outcome rulings read of this trial, its parent and the study."""
+        kind = outcomes.parent_kind(parent)
+        rule = self.rule_by_id.get(trial.fix)
+        parent_an = (_load_analysis(self.store, self.runs_root, self.study_name, parent)
+                     if outcomes.reads_parent_analysis(out.state, kind) else None)
+        return outcomes.OutcomeContext(
+            outcome=out, fix=trial.fix, parent=kind, parent_number=parent.number if parent else None,
+            parent_hash=parent.config_hash if parent else None, parent_analysis=parent_an,
+            verify=rule.verify if rule else "none", cluster=attr(self.exp.cluster, "name", "cluster"),
+            image=image_of(self.exp.cluster), rel_noise=self.rel_noise, alpha=self.alpha)
 
     def _run_trial(self, trial, resubmit: bool = False):
         return runner.run_trial(self.store, trial, executor=self.executor, runs_root=self.runs_root,
@@ -421,115 +408,6 @@ class Tuner:
         return out
 
 
-# -- what a trial's outcome decides ---------------------------------------------------------
-@dataclass(frozen=True)
-class Ruling:
-    """A judged trial's decision: its kind (tune/state.py DECISION_KINDS), its reason, evidence
-    beyond what every judged trial records, and the progress line (None: nothing said)."""
-    kind: str
-    reason: str
-    evidence: dict = field(default_factory=dict)
-    line: str | None = None
-
-
-def _outcome_evidence(out, parent) -> dict:
-    """What every judged trial's decision records: its parent, its state, and the fit that let it
-    onto the cluster or kept it off."""
-    ev = {"parent": parent.config_hash if parent else None, "state": out.state}
-    if out.fit:
-        ev["fit"] = {k: out.fit.get(k) for k in ("fits", "reason", "peak_gb", "headroom_gb",
-                                                 "capacity_gb", "failure")}
-    return ev
-
-
-def parent_kind(parent) -> str:
-    """The column OUTCOME_RULINGS matches a trial's parent on: `baseline` (the trial has none),
-    `unfit` (its fit kept the parent off the cluster: nothing ran before it to beat), else `ran`."""
-    if parent is None:
-        return "baseline"
-    return "unfit" if parent.state == "no_fit" else "ran"
-
-
-def _stage_error(tuner, trial, out, parent) -> Ruling:  # measured nothing: the study goes on
-    return Ruling("stage_error", out.error or f"{out.stage} failed",
-                  {"stage": out.stage, "last_lines": out.last_lines}, f"{out.error}; passed over")
-
-
-def _unfit(tuner, trial, out, parent) -> Ruling:  # never reached the cluster: a memory fix is fitted next
-    return Ruling("unfit", out.error or "does not fit", line=f"{out.error}")
-
-
-def _keep_baseline(tuner, trial, out, parent) -> Ruling:
-    ms = _combined(out.analysis).get("step_time_ms")
-    return Ruling("keep", "baseline", {"step_time_ms": ms},
-                  f"baseline {_ms(ms)}/step, wall {(out.analysis or {}).get('wall')}")
-
-
-def _revert_baseline(tuner, trial, out, parent) -> Ruling:
-    return Ruling("revert", f"baseline {out.state}: {out.error}", {"last_lines": out.last_lines})
-
-
-def _skip(tuner, trial, out, parent) -> Ruling:
-    return Ruling("skip", out.error or "skipped", line=f"skipped ({out.error})")
-
-
-def _keep_first_fit(tuner, trial, out, parent) -> Ruling:
-    ms = _combined(out.analysis).get("step_time_ms")
-    return Ruling("keep", f"the first layout that fits: {trial.fix} on top of trial {parent.number}",
-                  {"step_time_ms": ms}, f"{trial.fix} fits, {_ms(ms)}/step")
-
-
-def _revert_failed(tuner, trial, out, parent) -> Ruling:
-    log = (out.analysis or {}).get("log") or {}
-    return Ruling("revert", f"{out.state}: {out.error}",
-                  {"last_lines": out.last_lines, "failure": log.get("failure"),
-                   "failure_line": log.get("failure_line")}, f"{out.state}, reverted")
-
-
-def _compare_with_parent(tuner, trial, out, parent) -> Ruling:
-    """A completed change on a measured parent: not applied where its trace does not show the
-    fix (decide/applied.py), else kept only if faster beyond the noise (decide/judge.py)."""
-    rid = trial.fix
-    rule = tuner.rule_by_id.get(rid)
-    parent_an = _load_analysis(tuner.store, tuner.runs_root, tuner.study_name, parent)
-    verdict = applied.verify(rule.verify if rule else "none", out.analysis, parent_an)
-    ev = {"verify": verdict.status, "verify_reason": verdict.reason, "verify_evidence": verdict.evidence}
-    if not verdict.applied:
-        return Ruling("not_applied", verdict.reason,
-                      {"cluster": attr(tuner.exp.cluster, "name", "cluster"),
-                       "image": image_of(tuner.exp.cluster), **ev},
-                      f"{rid} not applied ({verdict.reason})")
-    c = compare(parent_an, out.analysis, tuner.rel_noise, tuner.alpha)
-    if c.keep:
-        return Ruling("keep", c.why(), {**ev, **c.evidence()},
-                      f"{rid} kept, {c.parent_ms:.1f} -> {c.new_ms:.1f} ms/step")
-    return Ruling("revert", c.why(), {**ev, **c.evidence()}, f"{rid} reverted, {c.why()}")
-
-
-ANY = "*"
-# What a trial's outcome decides, as data: (the trial's state, parent_kind, the ruling), the first
-# row that matches deciding. A baseline that did not complete is reverted whatever its state; a
-# change that did not complete is reverted unless it measured nothing (stage_error), never reached
-# the cluster (no_fit) or was skipped.
-OUTCOME_RULINGS: tuple[tuple[str, str, Callable[..., Ruling]], ...] = (
-    ("stage_error", ANY, _stage_error),
-    ("no_fit", ANY, _unfit),
-    ("completed", "baseline", _keep_baseline),
-    (ANY, "baseline", _revert_baseline),
-    ("skipped", ANY, _skip),
-    ("completed", "unfit", _keep_first_fit),
-    ("completed", "ran", _compare_with_parent),
-    (ANY, ANY, _revert_failed),
-)
-
-
-def rule_outcome(tuner, trial, out, parent) -> Ruling:
-    """The decision a trial's outcome takes: the first row of OUTCOME_RULINGS that matches."""
-    kind = parent_kind(parent)
-    return next(ruling(tuner, trial, out, parent) for state, of, ruling in OUTCOME_RULINGS
-                if state in (out.state, ANY) and of in (kind, ANY))
-
-
 def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs",
          max_trials=None, progress: bool = True, bank_dir=None, study_name: str | None = None,
          one_gpu: bool = False) -> dict:
@@ -555,34 +433,11 @@ def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs
     name = exp.name + ("-1gpu" if exp.tuning.one_gpu else "")
     name = study_name or (f"{name}-replay" if executor == "replay" else name)
     with study_lock(runs_root, name):  # one tuner per study; a killed one's lock goes with it
-        gate = preflight_gate(exp, store, executor, Path(runs_root))  # sets exp.cluster's probed keys
+        verdict = gate.preflight_gate(exp, store, executor, Path(runs_root))  # sets exp.cluster's probed keys
         t = Tuner(exp, store, executor=executor, runs_root=Path(runs_root), study_name=name,
                   max_trials=max_trials, bank_dir=bank_dir, progress=progress)
-        t.record_preflight(*gate)
+        gate.record_preflight(t, *verdict)
         return t.run()
-
-
-def preflight_gate(exp, store, executor: str, runs_root: Path) -> tuple[str, str, dict]:
-    """Before the first trial: what the trials will meet (trial/preflight.py), probed in a job of
-    the trials' own image, or the stored record still valid for this cluster and image. The
-    experiment's cluster takes the probed capabilities where its YAML leaves them unset; the
-    rules and constraints decide with it. (decision kind, reason, evidence) for the study: `stop`
-    with each blocking problem and its fix, else `preflight` with the notes."""
-    if executor == "replay":  # no job runs anywhere: the bank's trials carry their own image
-        return "preflight", "not run: the replay submits no job to probe", {}
-    cluster = exp.cluster
-    if exp.tuning.one_gpu:  # every trial is one rank on one GPU: probe what those jobs get
-        cluster = cluster.model_copy(update={"gpus_per_node": 1, "nodes": 1})
-    out = preflight.current(cluster, store, runs_root) or \
-        preflight.run(cluster, executor=executor, runs_root=runs_root, store=store)
-    exp.cluster = preflight_spec.resolve(exp.cluster, out.capabilities)
-    ev = {"preflight": out.folder, "job_id": out.job_id, "stored_at": out.stored_at,
-          "capabilities": out.capabilities, "notes": [p.line for p in out.problems if not p.blocking]}
-    where = f"preflight of cluster {exp.cluster.name} (job {out.job_id}, {out.folder})"
-    if out.blocking:
-        return "stop", f"{where}: " + " | ".join(p.line for p in out.blocking), \
-            {**ev, "blocking": [p.to_dict() for p in out.blocking]}
-    return "preflight", f"{where}: nothing blocks" + (f"; {len(ev['notes'])} notes" if ev["notes"] else ""), ev
 
 
 def _progress_bar(total: int, enabled: bool):

@@ -127,7 +127,7 @@ def study_state(store, study, cluster) -> StudyState:
                 st.unfit = by_id[d.trial_id]
         if d.kind == "stop":
             st.stopped = d
-        elif d.kind == "resume":  # a preflight that stopped the study passes now (tune/loop.py)
+        elif d.kind == "resume":  # a preflight that stopped the study passes now (tune/gate.py)
             st.stopped = None
         if d.kind == "revert" and d.rule and crashed(d.evidence or {}):
             st.crashed.setdefault(d.rule, by_id[d.trial_id].number if d.trial_id in by_id else "?")

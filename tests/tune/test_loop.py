@@ -206,25 +206,3 @@ def test_second_tuner_on_the_same_study_is_refused(standin, tmp_path):
             tuner.tune(EXPERIMENT, Store(str(tmp_path / "db.sqlite")), executor="replay",
                        runs_root=tmp_path / "runs", bank_dir=standin[0], progress=False)
 
-
-def test_every_outcome_takes_the_decision_its_table_row_names():
-    """OUTCOME_RULINGS, row by row: a stage error and an unfit trial whatever the parent, the
-    baseline kept only when it completed, a skipped change skipped, the first layout that fits kept
-    over an unfit parent, and a change that did not complete reverted with its failure."""
-    from moetune.store import Trial
-    base = Trial(number=1, state="completed", config_hash="b")
-    unfit = Trial(number=1, state="no_fit", config_hash="u")
-    change = Trial(number=2, fix="larger_micro_batch")
-    cases = [("stage_error", base, "stage_error"), ("stage_error", None, "stage_error"),
-             ("no_fit", None, "unfit"), ("no_fit", unfit, "unfit"),
-             ("completed", None, "keep"), ("oom", None, "revert"), ("skipped", None, "revert"),
-             ("skipped", base, "skip"), ("completed", unfit, "keep"),
-             ("oom", base, "revert"), ("hung", unfit, "revert")]
-    for state, parent, kind in cases:
-        out = runner.TrialOutcome(state, error="why", stage="render")
-        assert tuner.rule_outcome(None, change, out, parent).kind == kind, (state, parent)
-    first = tuner.rule_outcome(None, change, runner.TrialOutcome("completed"), unfit)
-    assert first.reason == "the first layout that fits: larger_micro_batch on top of trial 1"
-    # a completed change on a measured parent is compared with it (test_fix_without_effect_...)
-    assert [parent_kind for _, parent_kind, _ in tuner.OUTCOME_RULINGS].count("ran") == 1
-    assert tuner.parent_kind(base) == "ran" and tuner.parent_kind(unfit) == "unfit"
