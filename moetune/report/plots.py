@@ -16,9 +16,9 @@ CLASS_COLORS = {"gemm": "#4c72b0", "grouped_gemm": "#3a5a8c", "attention": "#817
 def svg_timeline(timeline: dict | None, width: int = 900) -> str:
     """Per-rank strip of the window (the analyze stage's timeline.json, analysis/timeline.py): each
     column's colour is the class that ran longest in it; "" without one."""
-    rows = (timeline or {}).get("ranks") or []
-    if not rows:
+    if not timeline or not timeline.get("ranks"):
         return ""
+    rows = timeline["ranks"]
     row_h, label_w = 16, 60
     classes = {c for r in rows for c in r["classes"]}
     legend_rows = 1 + (len(classes) + 1) * 110 // (width - label_w)
