@@ -10,7 +10,7 @@ trace_R.sqlite. The trial's own job is a stand-in (`sbatch --wrap 'sleep 1'`): n
 here, the reports are already there; a .sqlite report makes the post-processing job skip `nsys
 export` (it cannot be synthesised as a .nsys-rep), so its time is the per-rank metrics alone.
 Per mode, a fresh child process plays the tuner for all trials, with the functions the trial's
-stages call (trial/stages.py do_analyze / _export_as_job):
+stages call (trial/traces.py do_analyze / _export_as_job):
     login: wait for the trial's job, then analysis.analyze(the trial's reports)
     job:   job/postprocess.submit(..., after=<trial job>), wait for it, then
            analysis.summary.combine_summaries(the trial's trace_R.metrics.json)

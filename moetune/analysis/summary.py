@@ -4,12 +4,15 @@ and the login node only combines small files.
     rank_summary(path) -> dict            # one trace file: its ranks' metrics + what skew needs
     combine_summaries(summaries, log=None, gpu_memory_gb=None) -> dict   # == analyze(paths, log)
     load_summary(path) -> dict            # a written summary, its kernel lists as arrays
+    summary_views(summaries) -> [dict] | None   # what a report draws (analysis.timeline), if all have it
 
 A summary is plain JSON: per rank of the file (in analyze's order) its rank_metrics, its window,
 its all-to-all kernels inside the capture (name, start, end: the cross-rank wait split in skew.py
 matches kernels by name and order, so it needs every rank's starts), its GPU-sampled SM activity,
 and the GPU's memory; per file, whether its CUDA graphs were traced as whole graphs (the analysis's
-warning). Both functions are pure: same inputs, same output, no files written.
+warning), and its ranks' views (analysis.timeline.rank_view: the report's timeline and top kernels,
+absent from a summary written before they were kept). The functions are pure: same inputs, same
+output, no files written.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from moetune.analysis.logs import parse_log
 from moetune.analysis.metrics import combine
 from moetune.analysis.ranks import RankSummary, map_ranks, rank_labels
 from moetune.analysis.skew import a2a_wait_ns
+from moetune.analysis.timeline import trace_views
 from moetune.analysis.verdict import graph_warnings, result
 from moetune.analysis.window import Window
 
@@ -44,7 +48,16 @@ def rank_summary(path: str | Path) -> dict:
     ranks = list(map_ranks([path], workers=1))
     return {"version": SUMMARY_VERSION, "source": str(path), "ranks": [summary_entry(s) for s in ranks],
             "gpu_memory_gb": next((s.gpu_memory_gb for s in ranks if s.gpu_memory_gb is not None), None),
-            "graphs_traced_whole": graphs_traced_whole_in(path)}
+            "graphs_traced_whole": graphs_traced_whole_in(path),
+            # a second read of the file, every row: the job has the time, the login node has not
+            "views": trace_views([path])}
+
+
+def summary_views(summaries: list[dict]) -> list[dict] | None:
+    """The ranks' views of these summaries in their order; None where one was written without them."""
+    if not summaries or any(s.get("views") is None for s in summaries):
+        return None
+    return [v for s in summaries for v in s["views"]]
 
 
 def summary_entry(s: RankSummary) -> dict:

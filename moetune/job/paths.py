@@ -154,6 +154,16 @@ class TrialPaths:
     def decision(self) -> Path:
         return self._at("decision.json")
 
+    @property
+    def timeline(self) -> Path:
+        """The per-rank strips of the profiled window the report draws (analysis.timeline)."""
+        return self._at("timeline.json")
+
+    @property
+    def top_kernels(self) -> Path:
+        """The window's longest kernels the report lists (analysis.timeline.top_kernels)."""
+        return self._at("top_kernels.json")
+
     # -- the fit: a job folder of its own inside the trial's
     @property
     def fit(self) -> TrialPaths:
@@ -192,7 +202,8 @@ class TrialPaths:
     def attempt(self) -> list[Path]:
         """What one submission of the trial's job leaves, and a forced re-submit sets aside."""
         return sorted(p for pat in (self.job.name, self.state.name, self.log.name, self.analysis.name,
-                                    self.decision.name, self.trace("*").name,
+                                    self.decision.name, self.timeline.name, self.top_kernels.name,
+                                    self.trace("*").name,
                                     self.submitit.name, self.postprocess.name,
                                     self.postprocess_out("*").name)
                       for p in self.folder.glob(pat))
@@ -205,5 +216,6 @@ class TrialPaths:
         single = (self.sbatch, self.job_script, self.spec, self.config, self.command,
                   self.one_gpu_rank, self.bundle, self.ranks_conf, self.export_script, self.job,
                   self.submitit, self.log, self.state, self.postprocess, self.analysis,
-                  self.decision, self.fit.folder, self.fit_result, self.previous("*").parent)
+                  self.decision, self.timeline, self.top_kernels, self.fit.folder, self.fit_result,
+                  self.previous("*").parent)
         return sorted([p.name for p in single] + [name_of("*").name for name_of in per_rank])

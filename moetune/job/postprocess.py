@@ -205,7 +205,7 @@ def write_summary(sqlite: Path, for_job: str | None = None) -> Path:
     summary["for_job"] = for_job
     out = summary_path(sqlite)
     tmp = out.with_name(out.name + ".tmp")
-    # sorted keys: `for_job` comes first, read from the file's head (trial/stages.py _for_job)
+    # sorted keys: `for_job` comes first, read from the file's head (trial/traces.py _for_job)
     tmp.write_text(json.dumps(summary, sort_keys=True, separators=(",", ":"), default=_plain) + "\n")
     os.replace(tmp, out)  # the reader never sees half a file
     return out

@@ -25,7 +25,7 @@ from moetune.job.paths import TrialPaths
 from moetune.job.replay import replay_job
 from moetune.experiment.config import TrainingConfig
 from moetune.store import now
-from moetune.trial import framework, stages
+from moetune.trial import framework, stages, traces
 
 ITERATION_LINE = re.compile(r"iteration\s+\d+\s*/\s*\d+\s*\|")
 WATCHDOG = re.compile(r"Watchdog caught collective operation timeout|ProcessGroupNCCL.*timed out")
@@ -242,7 +242,7 @@ def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path
         else:
             _stage("submit", stages.run_stage, store, trial.id, "submit", force=attempt > 0 or resubmit, **opts)
             try:  # queued now, behind the trial's job (afterany): it starts when that ends
-                stages.start_postprocess(t)
+                traces.start_postprocess(t)
             except stages.StageError:
                 pass  # the export stage submits it again, and says why where it cannot
         ref = _stage("submit", stages.load_ref, t)

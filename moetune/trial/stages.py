@@ -3,11 +3,10 @@
     render  : config (+ experiment, templates) → job.sbatch, job.sh, spec.json, config.json, command.txt
     submit  : job.sh, spec.json                → job.json (job id; submitit, Slurm or local)
     collect : job.json                         → state.json, log.txt, trace_*.nsys-rep
-    export  : trace_*.nsys-rep                 → trace_*.sqlite (nsys export, on this node), or on
-              Slurm (cluster.postprocess.where: job) a CPU job after the trial's that exports each
-              rank and writes its summary: trace_*.sqlite, trace_*.metrics.json (job/postprocess.py)
-    analyze : trace_*.sqlite, log.txt          → analysis.json (analysis.analyze), or from the
-              trace_*.metrics.json where every report has one (analysis.summary: no SQLite read)
+    export  : trace_*.nsys-rep                 → trace_*.sqlite, or trace_*.metrics.json from a
+              post-processing job (trial/traces.py)
+    analyze : trace_*.sqlite or their summaries, log.txt → analysis.json, timeline.json,
+              top_kernels.json (trial/traces.py)
     decide  : analysis.json, config.json       → decision.json (the decisions the store holds)
 
 and, before render when the tuner fits first (experiment/fit.py):
@@ -24,16 +23,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from moetune import analysis
-from moetune.analysis import summary
 from moetune.analysis.logs import parse_log
-from moetune.analysis.nsys import nsys_binary
 from moetune.job import render
 from moetune.job import postprocess
 from moetune.job.paths import TrialPaths
@@ -46,6 +41,8 @@ from moetune.experiment.section import as_dict, rank_count
 from moetune.store import now
 from moetune.trial import framework
 from moetune.trial.framework import NotReady, Stage, StageError, TrialContext
+from moetune.trial.jobfiles import launcher as _launcher, load_ref, load_spec
+from moetune.trial.traces import _analyze_inputs, _export_inputs, do_analyze, do_export
 
 STAGE_ORDER = ("render", "submit", "collect", "export", "analyze", "decide")  # one run of a trial
 FIT = "fit"  # before render, where the tuner fits first
@@ -100,11 +97,6 @@ def pinned_rank(t: TrialContext, config: TrainingConfig) -> fit.BoundRank | None
         return None
     bound = first[1]  # its why as recorded: the report names the trial whose fit chose it
     return fit.BoundRank(int(bound["rank"]), int(bound["stage"]), bound["why"])
-
-
-def _launcher(t: TrialContext) -> str:
-    slurm = t.executor == "slurm" or (t.executor == "auto" and jobs.slurm_available())
-    return "srun" if slurm else "local"
 
 
 def job_facts(t: TrialContext) -> dict:
@@ -227,16 +219,6 @@ def load_fit(t: TrialContext) -> dict:
     return json.loads(t.need(t.paths.fit.fit_result, FIT).read_text())
 
 
-def load_spec(t: TrialContext) -> render.JobSpec:
-    d = json.loads(t.need(t.paths.spec, "render").read_text())
-    nsys = render.NsysSpec(**{**d["nsys"], "options": tuple(d["nsys"]["options"]),
-                              "ranks": tuple(d["nsys"]["ranks"])}) if d.get("nsys") else None
-    tuples = {k: tuple(tuple(x) if isinstance(x, list) else x for x in d[k])
-              for k in ("command", "env", "container_mounts", "modules", "fit_ranks")
-              if k in d}
-    return render.JobSpec(**{**d, **tuples, "nsys": nsys})
-
-
 def submit_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     return [t.need(t.paths.job_script, "render"), t.need(t.paths.spec, "render")], None
 
@@ -280,11 +262,6 @@ def _collect_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     return [t.need(t.paths.job, "submit")], None
 
 
-def load_ref(t: TrialContext) -> jobs.JobRef:
-    d = json.loads(t.need(t.paths.job, "submit").read_text())
-    return jobs.JobRef(job_id=d["job_id"], kind=d["kind"], folder=d["folder"], name=d["name"])
-
-
 def do_collect(t: TrialContext, wait: bool = True, poll_s: float = 2.0,
                timeout_s: float | None = None) -> list[Path]:
     ref = load_ref(t)
@@ -298,155 +275,6 @@ def do_collect(t: TrialContext, wait: bool = True, poll_s: float = 2.0,
     state.write_text(json.dumps({"job_id": ref.job_id, **st.to_dict()}, indent=1, sort_keys=True) + "\n")
     t.store.update_trial(t.id, state=st.outcome.trial_state, started_at=st.start, ended_at=st.end)
     return [state] + [p for p in (t.paths.log,) if p.exists()] + t.paths.reports
-
-
-def as_job(t: TrialContext, local: bool = False) -> bool:
-    """Whether export and the per-rank metrics run as a Slurm job of their own (not `--local`,
-    not the local executor, not cluster.postprocess.where: login, and only with reports)."""
-    if local or _launcher(t) != "srun":
-        return False
-    _, cluster = t.model_and_cluster()
-    return postprocess.settings(cluster)["where"] == "job" and (load_spec(t).nsys is not None)
-
-
-def _stat_key(files: list[Path]) -> list:
-    # a report's name, size and mtime stand for its contents: hashing GBs of reports on the
-    # login node is the work the post-processing job is there to take off it
-    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-
-
-def _export_inputs(t: TrialContext, local: bool = False) -> tuple[list[Path], Any]:
-    t.need(t.paths.state, "collect")
-    if as_job(t, local):
-        return [t.paths.job], {"job": _stat_key(t.paths.reports)}
-    return t.paths.reports, None
-
-
-def start_postprocess(t: TrialContext, force: bool = False) -> str | None:
-    """Submit the trial's post-processing job after its current job (afterany), unless one for
-    that job is already submitted; its job id. None where it does not run as a job."""
-    if not as_job(t):
-        return None
-    ref = load_ref(t)
-    state = t.paths.postprocess
-    if state.exists() and not force:
-        known = json.loads(state.read_text())
-        if known.get("for_job") == ref.job_id:
-            return known["job_id"]
-    spec = load_spec(t)
-    _, cluster = t.model_and_cluster()
-    ranks = [r for r in spec.nsys.ranks if r < spec.ntasks]
-    try:
-        return postprocess.submit(t.folder, ranks, cluster, after=ref.job_id,
-                                  name=t.job_name() + ".post")
-    except postprocess.PostprocessError as e:
-        raise StageError(f"trial {t.id}: {e}") from None
-
-
-def _nsys(t: TrialContext) -> str:
-    try:
-        return nsys_binary()
-    except analysis.TraceError as e:
-        raise StageError(f"trial {t.id}: {e}") from None
-
-
-def do_export(t: TrialContext, local: bool = False, force: bool = False) -> list[Path]:
-    """Each rank's report → SQLite. A bare .qdstrm (nsys could not run its importer inside the
-    job) is imported to .nsys-rep first. As a job (as_job): wait for the post-processing job,
-    which does that and writes each rank's summary; the reports are not opened here."""
-    if as_job(t, local):
-        return _export_as_job(t, force)
-    for stale in t.paths.each(t.paths.metrics):  # made from an earlier export
-        stale.unlink()
-    # each rank's report as the post-processing job reads it: the job's own export where it made
-    # one, else the report exported here (a bare .qdstrm imported first)
-    ranks = {t.paths.rank_of(p) for p in t.paths.reports}
-    imported, out = [], []
-    for rank in sorted(ranks):
-        report = postprocess.rank_report(t.folder, rank)
-        rep = t.paths.report(rank)
-        if not rep.exists():
-            imported.append(rep)
-        try:
-            sqlite = postprocess.export(report)
-        except (postprocess.PostprocessError, analysis.TraceError) as e:
-            raise StageError(f"trial {t.id}: {e}") from None
-        out += [sqlite, postprocess.write_recipes(_nsys(t), rep, sqlite)]
-    return imported + out
-
-
-def _export_as_job(t: TrialContext, force: bool) -> list[Path]:
-    job_id = start_postprocess(t, force=force)
-    known = json.loads(t.paths.postprocess.read_text())
-    _, cluster = t.model_and_cluster()
-    limit_s = 60 * render.time_minutes(postprocess.settings(cluster)["time_limit"])
-    # the trial's job first (it may queue long), then the array's own time limit and some slack
-    jobs.wait(load_ref(t), poll_s=1.0)
-    state = postprocess.wait(job_id, len(known["ranks"]), timeout_s=limit_s + 600)
-    if state != "COMPLETED":
-        tails = [line for p in t.paths.each(t.paths.postprocess_out)
-                 for line in p.read_text(errors="replace").strip().splitlines()[-1:]]
-        raise StageError(f"trial {t.id}: post-processing job {job_id} ended {state}"
-                         + (f": {tails[0][:200]}" if tails else f"; see {t.paths.postprocess_out('*')}"))
-    return sorted(t.paths.each(t.paths.sqlite) + t.paths.each(t.paths.metrics))
-
-
-def summaries(t: TrialContext) -> list[Path] | None:
-    """The per-rank summaries, in the reports' order, where every exported report has one made
-    for the trial's current job; else None (analyze the SQLite here)."""
-    found = [t.paths.metrics(t.paths.rank_of(p)) for p in t.paths.each(t.paths.sqlite)]
-    if not found or not all(p.exists() for p in found):
-        return None
-    job = load_ref(t).job_id if t.paths.job.exists() else None
-    return found if all(_for_job(p) == job for p in found) else None
-
-
-def _for_job(path: Path) -> str | None:
-    """The job a summary was made for. The file is written with sorted keys, `for_job` first, so
-    its head says it without parsing megabytes of kernel starts."""
-    with open(path) as f:
-        head = f.read(200)
-    m = re.match(r'\{"for_job":\s*(?:"([^"]*)"|null)', head)
-    return m.group(1) if m else json.loads(Path(path).read_text()).get("for_job")
-
-
-def _analyze_inputs(t: TrialContext, local: bool = False) -> tuple[list[Path], Any]:
-    small = None if local else summaries(t)
-    log = [p for p in (t.paths.log,) if p.exists()]
-    traces = small if small is not None else t.paths.each(t.paths.sqlite)  # a summary stands for its SQLite
-    return [t.need(t.paths.state, "collect")] + sorted(log + traces + t.paths.each(t.paths.recipes)), None
-
-
-def do_analyze(t: TrialContext, local: bool = False) -> list[Path]:
-    traces = [str(p) for p in t.paths.each(t.paths.sqlite)]
-    log = t.paths.log
-    if not traces and not log.exists():
-        raise StageError(f"trial {t.id}: no trace and no log in {t.folder}; nothing to analyze")
-    small = None if local else summaries(t)
-    try:
-        if small is not None:  # combine only: the SQLite stays unread on this node
-            result = summary.combine_summaries([summary.load_summary(p) for p in small],
-                                               log=str(log) if log.exists() else None)
-            result["summaries"] = [str(p) for p in small]
-        else:
-            result = analysis.analyze(traces, log=str(log) if log.exists() else None)
-    except analysis.TraceError as e:
-        raise StageError(f"trial {t.id}: {e}") from None
-    # moetune's figures beside NVIDIA's recipes, as the export (here or in its job) compared them
-    beside = {t.paths.trace(t.paths.rank_of(p)).name: json.loads(p.read_text())
-              for p in t.paths.each(t.paths.recipes)}
-    if beside:
-        result["recipes"] = beside
-    out = t.paths.analysis
-    out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
-    combined = (result.get("metrics") or {}).get("combined") or {}
-    t.store.set_metrics(t.id, combined)
-    for rank, values in ((result.get("metrics") or {}).get("per_rank") or {}).items():
-        t.store.set_metrics(t.id, values, rank=int(rank))
-    t.store.update_trial(t.id, wall=result.get("wall"),
-                         **{k: combined.get(k) for k in ("step_time_ms", "step_time_std_ms",
-                                                         "tflops_per_gpu", "peak_memory_gb")})
-    return [out]
 
 
 def _decide_inputs(t: TrialContext) -> tuple[list[Path], Any]:

@@ -70,7 +70,7 @@ def test_written_summary_reads_back_to_the_same_analysis(tmp_path):
     import shutil
     from moetune.analysis.summary import load_summary
     from moetune.job.postprocess import write_summary
-    from moetune.trial.stages import _for_job
+    from moetune.trial.traces import _for_job
     trace = tmp_path / "trace_0.sqlite.xz"
     shutil.copy(GPU / "skew.sqlite.xz", trace)
     out = write_summary(trace, for_job="4242")

@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 
 from moetune import analysis
+from moetune.analysis import timeline
+from moetune.job.paths import TrialPaths
 from moetune.report import study as report
+from moetune.trial import traces
 from moetune.tune import loop as tuner
 from moetune.store import Store
 
@@ -60,6 +63,21 @@ def test_html_has_its_plots(study):
     assert "<script" not in text and "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
+def test_the_report_opens_no_trace(study, tmp_path):
+    """With every trial's trace files deleted, the report is the same: its timelines and top
+    kernels are the analyze stage's files."""
+    store, s, md, html = study
+    gone = [p for t in store.trials(store.study(s["study"]).id) if t.folder
+            for p in Path(t.folder).glob("trace_*")]
+    assert len(gone) >= s["trials"]
+    for p in gone:
+        p.unlink()
+    md2, html2 = report.write_reports(store, s["study"], tmp_path / "again")
+    text = html2.read_text()
+    assert text.count('<svg class="timeline"') == s["trials"]
+    assert md2.read_text() == md.read_text() and text == html.read_text()
+
+
 def evil_study(tmp_path):
     """A study whose trace, log, config, command line and names hold markup."""
     folder = tmp_path / "runs" / "t1"
@@ -69,6 +87,8 @@ def evil_study(tmp_path):
     standin_bank.write_log(folder / "log.txt", dict(standin_bank.BASE_STEP), "evil")
     an = analysis.analyze([str(folder / "trace_0.sqlite")], log=str(folder / "log.txt"))
     (folder / "analysis.json").write_text(json.dumps(an, default=str))
+    # what the analyze stage keeps of the window beside it: the report reads no trace
+    traces.write_views(TrialPaths(folder), timeline.trace_views([folder / "trace_0.sqlite"]))
     (folder / "command.txt").write_text(f"python -m pipeline.train_moe --name '{EVIL}'\n")
     store = Store(str(tmp_path / "db.sqlite"))
     st = store.create_study(f"s{EVIL}", model=f"m{EVIL}")

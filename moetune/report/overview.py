@@ -1,0 +1,194 @@
+"""The study's report as one model (`build` → `StudyReport`): the headline (judged baseline → best,
+rank test, walls), the trial tree with kept and reverted changes, the rules skipped, a bottleneck
+section per trial and the appendix of configs and command lines; markdown.py and html.py render it."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from moetune.decide.judge import MIN_LOG_STEPS, faster_p, steady_iterations
+from moetune.experiment.schema import tuning_value
+from moetune.report.gather import TrialView, gather, is_baseline
+from moetune.report.sections import (
+    Table,
+    TrialSection,
+    change_text,
+    decision_sentence,
+    judged_source,
+    proposed_by,
+    trial_section,
+    unstable,
+)
+from moetune.report.text import fmt, ms
+from moetune.tune.summary import one_gpu_ranks, summary
+
+
+@dataclass
+class StudyReport:
+    """A study's report: one set of facts, rendered as Markdown and as HTML."""
+    title: str
+    intro: list[str]
+    headline: list[str]
+    warnings: list[str]
+    trials: Table
+    best_changes: str | None
+    skipped_rules: Table | None
+    sections: list[TrialSection]
+    appendix: list[tuple[str, str]]  # (caption, preformatted text)
+    views: list[TrialView]
+
+
+TRIALS_NOTE = ("Judged ms: the median of the log's steady steps (the trace's steps where the log has too "
+               "few), what keep or revert decided by; change and p: against the parent, by the rank test. "
+               "Predicted ms: the step-time model's, corrected by the study's scale when the trial was "
+               "proposed; measured/model: judged ms over the model's own, the residual the scale learns "
+               "from. Profiled ms: the mean of the traced steps, for reference.")
+
+
+def best_view(views: list[TrialView]) -> TrialView | None:
+    """The kept trial with the shortest judged step time (a reverted trial is never best)."""
+    kept = [v for v in views if v.verdict and v.verdict.kind == "keep" and v.judged_ms]
+    return min(kept, key=lambda v: v.judged_ms, default=None)
+
+
+def kept_path(views: list[TrialView], best: TrialView) -> list[TrialView]:
+    """The kept trials from the baseline down to best, in order."""
+    by_id = {v.trial.id: v for v in views}
+    out, v = [], best
+    while v is not None and not is_baseline(v):
+        out.append(v)
+        v = by_id.get(v.trial.parent_id)
+    return out[::-1]
+
+
+def headline(views: list[TrialView]) -> tuple[list[str], list[str], TrialView | None]:
+    """(sentences, warnings, best): the judged baseline → best with its rank test and walls."""
+    if not views:
+        return ["No trials ran."], [], None
+    base, best = views[0], best_view(views)
+    warnings = [w for w in map(unstable, views) if w]
+    if base.judged_ms is None:
+        return [f"The baseline has no judged step time (state {base.trial.state})."], warnings, best
+    if best is None or best is base:
+        return [f"Judged step time ({judged_source(base)}): baseline {ms(base.judged_ms)}; no fix was "
+                f"kept, so the baseline stays best. Wall: {base.trial.wall}."], warnings, base
+    speed = base.judged_ms / best.judged_ms
+    steady_a, steady_b = steady_iterations(base.analysis), steady_iterations(best.analysis)
+    if min(steady_a.size, steady_b.size) >= MIN_LOG_STEPS:
+        test = (f"rank test p={faster_p(steady_a, steady_b):.3g} over {steady_a.size} and "
+                f"{steady_b.size} steady steps")
+    else:
+        test = "no rank test: too few steady log steps"
+    out = [f"Judged step time (median of the log's steady steps; what keep or revert decided by): "
+           f"baseline {ms(base.judged_ms)} → best {ms(best.judged_ms)} (trial {best.trial.number}), "
+           f"{speed:.2f}x faster ({test}).",
+           f"Wall: {base.trial.wall} → {best.trial.wall}.",
+           "Kept fixes on the way: " + "; ".join(f"trial {v.trial.number} {v.trial.fix} ({change_text(v)})"
+                                                 for v in kept_path(views, best)) + "."]
+    b, p = base.trial.step_time_ms, best.trial.step_time_ms
+    if b and p:
+        out.append(f"Profiled step time (mean of the traced steps; a stall inflates it): {ms(b)} → {ms(p)}.")
+    return out, warnings, best
+
+
+def trials_table(views: list[TrialView]) -> Table:
+    rows, depths = [], []
+    for depth, v in tree_lines(views):
+        t = v.trial
+        ev = (v.verdict.evidence or {}) if v.verdict else {}
+        shown = decision_sentence(v)
+        gain = ev.get("gain_share")
+        ratio = v.judged_ms / v.model_ms if v.judged_ms and v.model_ms else None
+        rows.append([str(t.number), t.fix or "baseline", t.state, shown[0] if shown else "",
+                     fmt(v.judged_ms), fmt(v.predicted_ms), fmt(ratio, 2),
+                     "" if gain is None else f"{-100 * gain:+.1f}%",
+                     "" if ev.get("p_faster") is None else f"{ev['p_faster']:.3g}",
+                     fmt(t.step_time_ms), fmt(t.tflops_per_gpu), t.wall or "", proposed_by(v)])
+        depths.append(depth)
+    return Table(["trial", "fix", "state", "decision", "judged ms", "predicted ms", "measured/model", "change",
+                  "p", "profiled ms",
+                  "TFLOP/s/GPU", "wall", "proposed by"], rows, depths)
+
+
+def prediction_sentence(s: dict) -> str:
+    """The step-time model's part in the study: its correction and what its skips saved."""
+    text = (f"Step-time model: measured / model {s['prediction_scale']:.2f} (median of "
+            f"{s['prediction_scale_from_trials']} completed trials)")
+    corr = s.get("prediction_correction") or {}
+    parts = [f"{g} x{v:.2f}" for g, v in (corr.get("scales") or {}).items()]
+    parts += [f"{g} {v:+.1f} ms" for g, v in (corr.get("offsets_ms") or {}).items()]
+    if parts:
+        text += f"; each later prediction corrected by part ({', '.join(parts)}, from {corr['trials']} trials)"
+    if s.get("skipped_by_prediction"):
+        text += (f"; {s['skipped_by_prediction']} trials predicted slower than the incumbent were not "
+                 f"submitted, saving {s['gpu_hours_saved']:.2f} GPU-hours ({s['gpu_hours_saved_basis']})")
+    return text + "."
+
+
+def _from_baseline(views: list[TrialView], best: TrialView) -> dict:
+    base = views[0].trial.config if views else {}
+    return {k: (base.get(k), v) for k, v in best.trial.config.items() if base.get(k) != v}
+
+
+def tree_lines(views: list[TrialView]) -> list[tuple[int, TrialView]]:
+    """(depth, view) in tree order: each trial under its parent."""
+    by_parent: dict = {}
+    for v in views:
+        by_parent.setdefault(v.trial.parent_id, []).append(v)
+    out = []
+
+    def walk(pid, depth):
+        for v in by_parent.get(pid, []):
+            out.append((depth, v))
+            walk(v.trial.id, depth + 1)
+    walk(None, 0)
+    return out
+
+
+def one_gpu_sentence(study, views: list[TrialView] = ()) -> str | None:
+    """What a one-GPU study's step times are (tuning.one_gpu; experiment/fit.py one_gpu_config), and
+    which rank stood for each trial's layout, and why."""
+    tuning = (study.experiment or {}).get("tuning") or {}
+    if not tuning_value(tuning, "one_gpu"):
+        return None
+    stood = one_gpu_ranks((v.trial.number, v.folder) for v in views)
+    return ("One GPU: every trial ran one rank of its layout alone under Megatron's fake process group, "
+            f"a step of {tuning_value(tuning, 'one_gpu_samples')} sequences per data-parallel rank with "
+            "static routing; its step time is that rank's compute and host overhead at the "
+            "production shapes, without communication, waiting or pipeline bubbles."
+            + (" The rank that stood for the layout: " + "; ".join(
+                f"{_trials_word(numbers)}: rank {b['rank']} ({b['why']})" for b, numbers in stood) + "."
+               if stood else ""))
+
+
+def _trials_word(numbers: list[int]) -> str:
+    return ("trial " if len(numbers) == 1 else "trials ") + ", ".join(map(str, numbers))
+
+
+def build(store, study_name: str) -> StudyReport:
+    """The report of a study, once; study_markdown and study_html render it."""
+    study, views, decisions = gather(store, study_name)
+    s = summary(store, study_name)
+    intro = [f"Model {study.model}; {s['trials']} trials run ({s['skipped']} skipped); "
+             f"stopped: {s.get('stop_reason')}."]
+    one_gpu = one_gpu_sentence(study, views)
+    if one_gpu:
+        intro.append(one_gpu)
+    intro.append(prediction_sentence(s))
+    head, warnings, best = headline(views)
+    changes = None
+    if best:
+        changes = ", ".join(f"`{k}` {a} → {b}" for k, (a, b) in _from_baseline(views, best).items()) or "none"
+    refused = [d for d in decisions if d.kind == "skip" and not d.trial_id]
+    number = {v.trial.id: v.trial.number for v in views}
+    by_id = {v.trial.id: v for v in views}
+    cluster = (study.experiment or {}).get("cluster") or {}
+    appendix = []
+    if best:
+        appendix.append((f"Best config (trial {best.trial.number}), in full",
+                         json.dumps(best.trial.config, indent=1, sort_keys=True)))
+    appendix += [(f"Trial {v.trial.number} command line", v.command) for v in views if v.command]
+    return StudyReport(f"moetune study {study.name}", intro, head, warnings, trials_table(views), changes,
+                       Table(["rule", "why"], [[d.rule, d.reason] for d in refused]) if refused else None,
+                       [trial_section(v, number.get(v.trial.parent_id), cluster, by_id.get(v.trial.parent_id))
+                        for v in views], appendix, views)
