@@ -9,53 +9,10 @@ import json
 import sys
 
 from moetune.cli.common import add_gpu_args, experiment_for_gpus, exit_code
-from moetune.cli.predict import StoreReadings, run_prediction
 from moetune.experiment.schema import ConfigError
-from moetune.experiment.config import TrainingConfig
-from moetune.estimate.memory import FIXED_GB, TooFewGPUs, baseline_layout, plan, plan_cluster
-
-# Fields that do not change a layout's memory: how long it runs and what is profiled. Routing's
-# capacity fields are left out too, since a fit runs the layout with static routing.
-_NOT_LAYOUT = {"train_iters", "profile_step_start", "profile_step_end", "capacity_factor", "pad_to_capacity"}
-
-
-def _layout_key(config: dict) -> str:
-    return json.dumps({k: v for k, v in config.items() if k not in _NOT_LAYOUT}, sort_keys=True)
-
-
-def measured_peaks(exp, world: int, readings: StoreReadings) -> dict[str, float]:
-    """{layout key: highest measured peak (GB, Megatron's max allocated)} of the trials in the store
-    of this model at this GPU count."""
-    out: dict[str, float] = {}
-    for study, t, metrics in readings.trials():
-        if study.model not in (exp.name, exp.model.name):
-            continue
-        cluster = (study.experiment or {}).get("cluster") or {}
-        gpus = (cluster.get("nodes") or 0) * (cluster.get("gpus_per_node") or 0)
-        # a run's peak, else its fit's (the layout measured on one GPU: experiment/fit.py)
-        peak = t.peak_memory_gb if t.peak_memory_gb is not None else metrics.get("fit_peak_gb")
-        if peak is None or (gpus and gpus != world):
-            continue
-        key = _layout_key(TrainingConfig.from_dict(t.config).to_dict())
-        out[key] = max(out.get(key, 0.0), float(peak))
-    return out
-
-
-predicted: dict[int, dict] = {}  # id(layout) -> its prediction's headline, for the rows printed
-
-
-def ranked(exp, layouts, gpus, gpu_type, readings: StoreReadings) -> list:
-    """The layouts by predicted tokens/s/GPU, fastest first (compute measured where the store holds
-    a fit of the layout); one the model cannot price (its batch does not divide) goes last."""
-    predicted.clear()
-    for lay in layouts:
-        try:
-            p = run_prediction(exp, lay.config, gpus, gpu_type, None, readings)
-        except ValueError:
-            continue
-        predicted[id(lay)] = {"tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu),
-                              "step_time_ms": round(p.step_time_ms, 1), "compute_source": p.compute_source}
-    return sorted(layouts, key=lambda lay: -predicted.get(id(lay), {}).get("tokens_per_s_per_gpu", -1))
+from moetune.estimate import StoreReadings
+from moetune.estimate.memory import FIXED_GB, TooFewGPUs
+from moetune.estimate.search import search
 
 
 def main(argv: list[str], db: str | None = None) -> int:
@@ -80,46 +37,29 @@ def _main(argv: list[str], db: str | None = None) -> int:
     except ConfigError as e:
         print(f"moetune plan: {e}", file=sys.stderr)
         return 2
-    _, world, capacity = plan_cluster(exp, args.gpus, args.gpu_type)
     readings = StoreReadings(db)  # --db, else MOETUNE_DB, else .moetune/moetune.db; none is created
-    peaks = measured_peaks(exp, world, readings)
-    measured = lambda cfg: peaks.get(_layout_key(cfg.to_dict()))  # noqa: E731
     try:
-        base = baseline_layout(exp, args.gpus, args.gpu_type, measured=measured)
+        found = search(exp, readings, args.gpus, args.gpu_type, args.order, args.limit, args.baseline)
     except TooFewGPUs as e:
-        if args.baseline:
-            print(f"moetune plan: {exp.name}'s baseline needs {e.needed} GPUs (or a multiple); "
-                  f"{world} given", file=sys.stderr)
-            return 1
-        base = None
-    if args.baseline:
-        assert base is not None  # a baseline that needs more GPUs returned above
-        layouts = [base]
-    else:
-        speed = args.order == "speed"
-        layouts = plan(exp, args.gpus, args.gpu_type, limit=10**6 if speed else args.limit, measured=measured,
-                       virtual=speed)
-        # the baseline is a candidate too, where it fits and the search's grid does not hold it
-        if base is not None and base.fits and all(_layout_key(lay.config.to_dict()) != _layout_key(
-                base.config.to_dict()) for lay in layouts):
-            layouts.insert(0, base)
-        if speed:
-            layouts = ranked(exp, layouts, args.gpus, args.gpu_type, readings)[:args.limit]
+        print(f"moetune plan: {exp.name}'s baseline needs {e.needed} GPUs (or a multiple); "
+              f"{e.gpus} given", file=sys.stderr)
+        return 1
+    layouts, base, world, capacity = found.layouts, found.base, found.world, found.capacity_gb
     code = (0 if layouts[0].fits else 1) if args.baseline else (0 if layouts else 1)
     if args.format == "json":
-        print(json.dumps([{**lay.to_dict(), **({"predicted": predicted[id(lay)]} if id(lay) in predicted else {})}
-                          for lay in layouts], indent=1))
+        print(json.dumps([{**l.to_dict(), **({"predicted": found.headline(l)} if found.headline(l) else {})}
+                          for l in layouts], indent=1))
         return code
     gpu_type = args.gpu_type or exp.cluster.gpu_type
     # where the capacity comes from: a device reports a little less than its data sheet (an H200's
     # 141 GB reads 139.8 in a trace), so the figure says which it is
     source = "cluster.gpu_memory_gb" if exp.cluster.gpu_memory_gb else f"{gpu_type} data sheet"
     if args.baseline:
-        lay = layouts[0]
-        c = lay.config
-        verdict = "fits" if lay.fits else ("refused: " + ", ".join(lay.refused) if lay.refused else "does NOT fit")
+        l = layouts[0]
+        c = l.config
+        verdict = "fits" if l.fits else ("refused: " + ", ".join(l.refused) if l.refused else "does NOT fit")
         print(f"{exp.name} baseline TP{c.tp} PP{c.pp} EP{c.ep} on {world}x {gpu_type}: estimate "
-              f"{lay.estimate_gb:.1f} GB allocated + {FIXED_GB:.0f} GB fixed = {lay.memory_gb:.1f} of "
+              f"{l.estimate_gb:.1f} GB allocated + {FIXED_GB:.0f} GB fixed = {l.memory_gb:.1f} of "
               f"{capacity:.0f} GB ({source}): {verdict}")
         return code
     if not layouts:
@@ -129,14 +69,13 @@ def _main(argv: list[str], db: str | None = None) -> int:
              "least model parallelism first, the baseline first where the search does not hold it")
     print(f"{exp.name} on {world}x {gpu_type} ({capacity:.0f} GB each, {source}): {len(layouts)} feasible layouts "
           f"shown (--limit {args.limit}), {order}")
-    rw = max([18] + [len(",".join(lay.config.recompute_modules)) for lay in layouts])  # the column fits its names
-    print(f"{'TP':>3} {'PP':>3} {'VPP':>3} {'EP':>4} {'recompute':<{rw}} {'GB/GPU':>7} {'measured':>8} "
-          f"{'tok/s/GPU':>9}")
-    for lay in layouts:
-        c = lay.config
-        seen = f"{lay.measured_gb:>8.1f}" if lay.measured_gb is not None else f"{'-':>8}"
-        speed = predicted.get(id(lay), {}).get("tokens_per_s_per_gpu")
-        note = "  baseline" if lay is base else ""
+    rw = max([18] + [len(",".join(l.config.recompute_modules)) for l in layouts])  # the column fits its names
+    print(f"{'TP':>3} {'PP':>3} {'VPP':>3} {'EP':>4} {'recompute':<{rw}} {'GB/GPU':>7} {'measured':>8} {'tok/s/GPU':>9}")
+    for l in layouts:
+        c = l.config
+        seen = f"{l.measured_gb:>8.1f}" if l.measured_gb is not None else f"{'-':>8}"
+        speed = (found.headline(l) or {}).get("tokens_per_s_per_gpu")
+        note = "  baseline" if l is base else ""
         print(f"{c.tp:>3} {c.pp:>3} {c.vpp or '-':>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<{rw}} "
-              f"{lay.memory_gb:>7.1f} {seen} {speed if speed is not None else '-':>9}{note}")
+              f"{l.memory_gb:>7.1f} {seen} {speed if speed is not None else '-':>9}{note}")
     return code

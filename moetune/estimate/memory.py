@@ -99,7 +99,7 @@ class TooFewGPUs(MoetuneError):
     """A layout's model-parallel groups need more GPUs than there are."""
 
     def __init__(self, c: TrainingConfig, gpus: int):
-        self.needed = min_gpus(c)
+        self.needed, self.gpus = min_gpus(c), gpus
         super().__init__(f"the layout TP{c.tp} PP{c.pp} EP{c.ep} CP{c.cp} needs {self.needed} GPUs "
                          f"(or a multiple); {gpus} given")
 

@@ -113,7 +113,7 @@ class Tuner:
         self.fit_first = bool(fit_first) and executor != "replay" and gpu_count(experiment.cluster) > 1
         # the step-time model (tune/predicted.py); not in a one-GPU study, whose trials measure one
         # rank alone, not the cluster's step the model predicts
-        self.model = None if self.one_gpu else predicted.Model(experiment)
+        self.model = None if self.one_gpu else predicted.Model(experiment, store)
         self.rank_moves = self.model is not None and bool(tuning_value(experiment.tuning, "predict_moves"))
 
     # -- what the study measures, fixed at its start ------------------------------------

@@ -3,8 +3,9 @@ dispatcher moves are tried, the moves not worth a trial, and the study's own cor
 model from what its trials measured.
 
     moves_layout(rule)               does the rule change a LAYOUT_FIELDS field
-    Model(experiment).terms(cfg)     the model's step split into the parts a trace measures
-                                     (TERM_GROUPS); None where it cannot price the layout
+    Model(experiment, store).terms(cfg) the model's step split into the parts a trace measures
+                                     (TERM_GROUPS), priced as `moetune predict` prices it;
+                                     None where it cannot price the layout
     correction(pairs)                the study's scale: median measured / model of its completed trials
     term_correction(rows)            the study's correction of each part (TermCorrection)
     study_correction(store, study_id) both, from the completed trials' metrics in the store, read once
@@ -28,8 +29,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from moetune.experiment.config import TrainingConfig
-from moetune.estimate import Node, predict
-from moetune.experiment.section import gpu_count
+from moetune.estimate import StoreReadings, price
+from moetune.estimate.memory import plan_cluster
 
 # config fields a layout or dispatcher move changes: the moves the model can rank
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dispatcher", "flex_backend")
@@ -46,17 +47,21 @@ def moves_layout(rule) -> bool:
 
 
 class Model:
-    """The experiment's model and cluster, priced by experiment/predict (analytic compute)."""
+    """The experiment's model and cluster priced through estimate.price with the readings of
+    `store` (its calibration of the cluster, its fits), as `moetune predict --db` prices them;
+    without a store, at the published rates with analytic compute."""
 
-    def __init__(self, experiment):
-        self.model, self.cluster = experiment.model, experiment.cluster
-        self.world = gpu_count(experiment.cluster)
+    def __init__(self, experiment, store=None):
+        self.experiment = experiment
+        self.readings = StoreReadings(store=store) if store is not None else StoreReadings.empty()
+        self.world = plan_cluster(experiment)[1]
 
     def terms(self, config: TrainingConfig) -> dict[str, float] | None:
         """The model's step of `config` by TERM_GROUPS (ms each), or None: a layout the model cannot
         price (its GPU count does not divide, a CPU stand-in's cluster without GPUs)."""
+        self.readings.refresh()  # the study records fits and calibrations as it runs
         try:
-            t = predict(self.model, config, Node.of(self.cluster), self.world).terms
+            t = price(self.experiment, config, self.readings).terms
         except (ValueError, KeyError, ZeroDivisionError):
             return None
         return {g: sum(t[k] for k in keys) for g, keys in TERM_GROUPS.items()}

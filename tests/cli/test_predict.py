@@ -90,9 +90,9 @@ def test_plan_ranks_the_predicted_fastest_first(capsys, no_store):
 def test_plan_reads_the_store_once_however_many_layouts_it_prices(capsys, no_store, monkeypatch):
     """`moetune plan` over the recorded one-GPU study's store prices every fitting layout with one
     opening of the store and one pass over its trials (StoreReadings), not one per layout."""
-    from moetune.cli import predict as cli_predict
+    from moetune.estimate import readings
     opened, passes = [], []
-    real_init, real_reads = cli_predict.Store.__init__, cli_predict.StoreReadings._measurements
+    real_init, real_reads = readings.Store.__init__, readings.StoreReadings._measurements
 
     def counting_init(self, *a, **k):
         opened.append(1)
@@ -102,8 +102,8 @@ def test_plan_reads_the_store_once_however_many_layouts_it_prices(capsys, no_sto
         if self._compute is None:
             passes.append(1)
         return real_reads(self)
-    monkeypatch.setattr(cli_predict.Store, "__init__", counting_init)
-    monkeypatch.setattr(cli_predict.StoreReadings, "_measurements", counting_reads)
+    monkeypatch.setattr(readings.Store, "__init__", counting_init)
+    monkeypatch.setattr(readings.StoreReadings, "_measurements", counting_reads)
     out = _json(capsys, ["--db", ONE_GPU_DB, "plan", "qwen3_30b_a3b", "--format", "json"])
     priced = [l for l in out if l.get("predicted")]
     assert len(priced) > 1

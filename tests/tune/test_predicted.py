@@ -240,3 +240,20 @@ def test_part_by_part_correction_prices_a_layout_a_single_scale_misprices(tmp_pa
     assert corr.apply(tb) == pytest.approx(step_b, rel=1e-9)
     single, _ = predicted.correction([(step_a, sum(ta.values()))])
     assert abs(single * sum(tb.values()) / step_b - 1) > NOISE
+
+
+def test_the_model_reads_what_the_study_records_after_it_was_built(tmp_path):
+    """The tuner's model prices through the study's store: a fit of a layout recorded after the
+    model was built (as fit-first records it before the trial runs) replaces its analytic compute
+    at the next pricing, as `moetune predict` would read it."""
+    exp = load_experiment(str(_experiment(tmp_path, True)))
+    store = Store(str(tmp_path / "s.sqlite"))
+    model = predicted.Model(exp, store)
+    before = model.terms(exp.baseline)
+    study = store.create_study("standin-fit", exp.model.name, {"cluster": {"gpu_type": exp.cluster.gpu_type}})
+    t = store.add_trial(study.id, exp.baseline.to_dict(), exp.baseline.config_hash(), fix="fit")
+    store.set_metrics(t.id, {"fit_compute_ms": 1000.0})
+    after = model.terms(exp.baseline)
+    assert before is not None and after is not None
+    assert after["compute"] != pytest.approx(before["compute"], rel=1e-3)
+    assert after["comm"] == pytest.approx(before["comm"])  # only compute is measured

@@ -1,0 +1,106 @@
+"""The layout search `moetune plan` shows: the memory-feasible layouts of an experiment on its
+cluster (memory.plan), the baseline among them, each with the measured peak the store holds of
+it, ranked by predicted tokens/s/GPU (price), or least model parallelism first."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from moetune.estimate.memory import (
+    Layout,
+    TooFewGPUs,
+    baseline_layout,
+    plan,
+    plan_cluster,
+)
+from moetune.estimate.pricing import price
+from moetune.estimate.readings import StoreReadings
+from moetune.experiment.config import TrainingConfig
+
+# Fields that do not change a layout's memory: how long it runs and what is profiled. Routing's
+# capacity fields are left out too, since a fit runs the layout with static routing.
+_NOT_LAYOUT = {"train_iters", "profile_step_start", "profile_step_end", "capacity_factor", "pad_to_capacity"}
+
+
+def layout_key(config: dict) -> str:
+    """A config's fields that set its memory, as one comparable string."""
+    return json.dumps({k: v for k, v in config.items() if k not in _NOT_LAYOUT}, sort_keys=True)
+
+
+def measured_peaks(exp, world: int, readings: StoreReadings) -> dict[str, float]:
+    """{layout key: highest measured peak (GB, Megatron's max allocated)} of the trials in the store
+    of this model at this GPU count."""
+    out: dict[str, float] = {}
+    for study, t, metrics in readings.trials():
+        if study.model not in (exp.name, exp.model.name):
+            continue
+        cluster = (study.experiment or {}).get("cluster") or {}
+        gpus = (cluster.get("nodes") or 0) * (cluster.get("gpus_per_node") or 0)
+        # a run's peak, else its fit's (the layout measured on one GPU: experiment/fit.py)
+        peak = t.peak_memory_gb if t.peak_memory_gb is not None else metrics.get("fit_peak_gb")
+        if peak is None or (gpus and gpus != world):
+            continue
+        key = layout_key(TrainingConfig.from_dict(t.config).to_dict())
+        out[key] = max(out.get(key, 0.0), float(peak))
+    return out
+
+
+@dataclass
+class Search:
+    """The layouts found (`base`: the baseline's, None where the GPUs cannot hold it), on `world`
+    GPUs of `capacity_gb` each; `predicted`: id(layout) -> its prediction's headline."""
+    layouts: list[Layout]
+    base: Layout | None
+    world: int
+    capacity_gb: float
+    predicted: dict[int, dict] = field(default_factory=dict)
+
+    def headline(self, layout: Layout) -> dict | None:
+        """The layout's predicted tokens/s/GPU, step and compute source; None where not priced."""
+        return self.predicted.get(id(layout))
+
+
+def ranked(exp, layouts: list[Layout], gpus: int | None, gpu_type: str | None,
+           readings: StoreReadings) -> tuple[list[Layout], dict[int, dict]]:
+    """(the layouts by predicted tokens/s/GPU, fastest first, compute measured where the store
+    holds a fit of the layout; their headlines by id). One the model cannot price (its batch does
+    not divide) goes last."""
+    predicted: dict[int, dict] = {}
+    for l in layouts:
+        try:
+            p = price(exp, l.config, readings, gpus, gpu_type)
+        except ValueError:
+            continue
+        predicted[id(l)] = {"tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu), "step_time_ms": round(p.step_time_ms, 1),
+                            "compute_source": p.compute_source}
+    return sorted(layouts, key=lambda l: -predicted.get(id(l), {}).get("tokens_per_s_per_gpu", -1)), predicted
+
+
+def search(exp, readings: StoreReadings, gpus: int | None = None, gpu_type: str | None = None,
+           order: str = "speed", limit: int = 10, baseline: bool = False) -> Search:
+    """The feasible layouts (at most `limit`) by `order` ("speed": predicted tokens/s/GPU, VPP
+    pipelines among them; "memory": least model parallelism first), the baseline first where it
+    fits and the grid does not hold it; `baseline`: the baseline's layout alone, fitting or not
+    (TooFewGPUs where the GPUs cannot hold it)."""
+    _, world, capacity = plan_cluster(exp, gpus, gpu_type)
+    peaks = measured_peaks(exp, world, readings)
+    measured = lambda cfg: peaks.get(layout_key(cfg.to_dict()))
+    if baseline:  # TooFewGPUs where the GPUs cannot hold it
+        alone = baseline_layout(exp, gpus, gpu_type, measured=measured)
+        return Search([alone], alone, world, capacity)
+    base: Layout | None
+    try:
+        base = baseline_layout(exp, gpus, gpu_type, measured=measured)
+    except TooFewGPUs:
+        base = None
+    speed = order == "speed"
+    layouts = plan(exp, gpus, gpu_type, limit=10**6 if speed else limit, measured=measured, virtual=speed)
+    # the baseline is a candidate too, where it fits and the search's grid does not hold it
+    if base is not None and base.fits and all(layout_key(l.config.to_dict()) != layout_key(
+            base.config.to_dict()) for l in layouts):
+        layouts.insert(0, base)
+    predicted: dict[int, dict] = {}
+    if speed:
+        layouts, predicted = ranked(exp, layouts, gpus, gpu_type, readings)
+        layouts = layouts[:limit]
+    return Search(layouts, base, world, capacity, predicted)
