@@ -5,7 +5,7 @@
     collect : job.json                         → state.json, log.txt, trace_*.nsys-rep
     export  : trace_*.nsys-rep                 → trace_*.sqlite (nsys export, on this node), or on
               Slurm (cluster.postprocess.where: job) a CPU job after the trial's that exports each
-              rank and writes its summary: trace_*.sqlite, trace_*.metrics.json (job/postprocess.py)
+              rank and writes its summary: trace_*.sqlite, trace_*.metrics.json (job/postprocess.py submits workloads/postprocess.py)
     analyze : trace_*.sqlite, log.txt          → analysis.json (analysis.analyze), or from the
               trace_*.metrics.json where every report has one (analysis.summary: no SQLite read)
     decide  : analysis.json, config.json       → decision.json (the decisions the store holds)
@@ -34,10 +34,11 @@ from moetune import analysis
 from moetune.analysis import summary
 from moetune.analysis.logs import parse_log
 from moetune.analysis.nsys import nsys_binary
-from moetune.job import render
+from moetune.job import executors, render, slurm
 from moetune.job import postprocess
 from moetune.job.paths import TrialPaths
 from moetune.job import scheduler as jobs
+from moetune.workloads import postprocess as in_job
 from moetune.experiment import fit, gpus
 from moetune.experiment import preflight as preflight_spec
 from moetune.experiment.config import TrainingConfig, args_for_megatron, run_args
@@ -103,7 +104,7 @@ def pinned_rank(t: TrialContext, config: TrainingConfig) -> fit.BoundRank | None
 
 
 def _launcher(t: TrialContext) -> str:
-    slurm = t.executor == "slurm" or (t.executor == "auto" and jobs.slurm_available())
+    slurm = t.executor == "slurm" or (t.executor == "auto" and slurm.available())
     return "srun" if slurm else "local"
 
 
@@ -120,7 +121,7 @@ def job_facts(t: TrialContext) -> dict:
     if _launcher(t) == "local":
         cpus = os.cpu_count()
     else:
-        cpus = found.get("node_cpus") or jobs.node_cpus(c.get("partition"))
+        cpus = found.get("node_cpus") or slurm.node_cpus(c.get("partition"))
     return {"node_cpus": cpus, "megatron_core": found.get("megatron_core")}
 
 
@@ -237,8 +238,10 @@ def load_spec(t: TrialContext) -> render.JobSpec:
     return render.JobSpec(**{**d, **tuples, "nsys": nsys})
 
 
-def submit_inputs(t: TrialContext) -> tuple[list[Path], Any]:
-    return [t.need(t.paths.job_script, "render"), t.need(t.paths.spec, "render")], None
+def submit_inputs(t: TrialContext, bank_dir: Path | None = None) -> tuple[list[Path], Any]:
+    # a replay's bank is what its job reads in place of the script
+    return [t.need(t.paths.job_script, "render"), t.need(t.paths.spec, "render")], \
+        ({"replay": str(bank_dir)} if bank_dir else None)
 
 
 def _set_aside(t: TrialContext, job_id: str) -> None:
@@ -249,7 +252,8 @@ def _set_aside(t: TrialContext, job_id: str) -> None:
         shutil.move(str(p), str(dest / p.name))
 
 
-def do_submit(t: TrialContext, force: bool = False) -> list[Path]:
+def do_submit(t: TrialContext, force: bool = False, bank_dir: Path | None = None) -> list[Path]:
+    """Submit the rendered job through the trial's executor (job/executors.py); job.json."""
     spec = load_spec(t)
     out = t.paths.job
     earlier = {p.name for p in t.paths.previous("*").parent.glob("*")}
@@ -260,17 +264,12 @@ def do_submit(t: TrialContext, force: bool = False) -> list[Path]:
         if pp.exists() and old.get("kind") == "slurm":  # it would write into the next attempt's folder
             postprocess.cancel(json.loads(pp.read_text())["job_id"])
         _set_aside(t, old["job_id"])
-    kind = jobs.resolve_kind(t.executor)
-    ref = None
-    if kind == "slurm" and not force:
-        # a submit whose job id never reached the store (the tuner was killed right after
-        # sbatch): that job is this trial's, so take it instead of submitting a second one
-        found = jobs.find_slurm_job(spec.name)
-        if found and found not in earlier:
-            ref = jobs.JobRef(job_id=found, kind="slurm", folder=str(spec.paths.submitit),
-                              name=spec.name)
+    executor = executors.get(t.executor, bank_dir=bank_dir)
+    # a submit whose job id never reached the store (the tuner was killed right after it): that
+    # job is this trial's, so take it instead of submitting a second one
+    ref = None if force else executor.find(spec, earlier)
     if ref is None:
-        ref = jobs.submit(spec, kind)
+        ref = executor.submit(spec)
     out.write_text(json.dumps({**ref.to_dict(), "submitted_at": now()}, indent=1, sort_keys=True) + "\n")
     t.store.update_trial(t.id, job_id=ref.job_id, state="submitted", submitted_at=now())
     return [out]
@@ -363,15 +362,15 @@ def do_export(t: TrialContext, local: bool = False, force: bool = False) -> list
     ranks = {t.paths.rank_of(p) for p in t.paths.reports}
     imported, out = [], []
     for rank in sorted(ranks):
-        report = postprocess.rank_report(t.folder, rank)
+        report = in_job.rank_report(t.folder, rank)
         rep = t.paths.report(rank)
         if not rep.exists():
             imported.append(rep)
         try:
-            sqlite = postprocess.export(report)
-        except (postprocess.PostprocessError, analysis.TraceError) as e:
+            sqlite = in_job.export(report)
+        except (in_job.PostprocessError, analysis.TraceError) as e:
             raise StageError(f"trial {t.id}: {e}") from None
-        out += [sqlite, postprocess.write_recipes(_nsys(t), rep, sqlite)]
+        out += [sqlite, in_job.write_recipes(_nsys(t), rep, sqlite)]
     return imported + out
 
 
@@ -474,7 +473,8 @@ def do_decide(t: TrialContext) -> list[Path]:
 STAGES: dict[str, Stage] = {st.name: st for st in (
     Stage(FIT, _fit_inputs, do_fit),
     Stage("render", _render_inputs, do_render),
-    Stage("submit", submit_inputs, do_submit, takes_force=True),
+    Stage("submit", submit_inputs, do_submit, options=("bank_dir",), input_options=("bank_dir",),
+          takes_force=True),
     Stage("collect", _collect_inputs, do_collect, options=("wait", "poll_s", "timeout_s")),
     Stage("export", _export_inputs, do_export, options=("local",), input_options=("local",),
           takes_force=True),

@@ -1,5 +1,5 @@
-"""moetune/job/postprocess.py with the job's own export: a profiled rank's report is exported to
-SQLite inside the job by the nsys that recorded it (its version written beside it), the
+"""moetune/workloads/postprocess.py, the post-processing job's body, with the job's own export: a
+profiled rank's report is exported to SQLite inside the job by the nsys that recorded it (its version written beside it), the
 post-processing reads that export instead of exporting again, and a report recorded by a newer
 nsys than the one at hand is refused in one line instead of being opened (an older nsys cannot
 read a newer report)."""
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from moetune.job import postprocess, render
+from moetune.job import render
 from moetune.job.paths import TrialPaths
+from moetune.workloads import postprocess
 from tests.conftest import stand_in_cluster
 
 
@@ -67,3 +68,25 @@ def test_an_older_recording_nsys_is_read_here(nsys_bin, tmp_path):
 def test_release_numbers(text, release):
     """nsys's release number is read from each form of its version text."""
     assert postprocess.nsys_release(text) == release
+
+
+def test_the_bodys_file_names_are_the_trial_folders(tmp_path):
+    """The body reads moetune.analysis only, so it spells a rank's file names itself: each equals
+    job/paths.py TrialPaths' name, and the rank reads back from it."""
+    paths = TrialPaths(tmp_path)
+    for suffix, name_of in ((".nsys-rep", paths.report), (".qdstrm", paths.qdstrm), (".sqlite", paths.sqlite),
+                            (".nsys-version", paths.nsys_version), (".recipes.json", paths.recipes)):
+        assert postprocess.rank_file(tmp_path, 7, suffix) == name_of(7)
+        assert postprocess.rank_of(name_of(12)) == "12"
+
+
+def test_the_body_runs_by_its_path_and_picks_its_rank_by_the_array_index(tmp_path):
+    """The job runs the file by its path (no `-m`): array element 1 of ranks 0,3 does rank 3, which
+    wrote no report, and says so; an index past the ranks does nothing."""
+    body = Path(postprocess.__file__)
+    r = subprocess.run([sys.executable, str(body), str(tmp_path), "--ranks", "0,3", "--task", "1",
+                        "--for-job", "9"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("rank 3: no report"), r.stderr[-2000:]
+    r = subprocess.run([sys.executable, str(body), str(tmp_path), "--ranks", "0", "--task", "4"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == "", r.stderr[-2000:]
