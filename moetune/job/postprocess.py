@@ -27,7 +27,7 @@ from moetune.job.slurm import ACTIVE
 from moetune.experiment.schema import Postprocess
 from moetune.experiment.section import as_dict, get as attr
 from moetune.paths import WORKLOADS
-from moetune.workloads.postprocess import PostprocessError  # noqa: F401  (the login side raises it too)
+from moetune.workloads.postprocess import PostprocessError  # the login side raises it too
 
 BODY = WORKLOADS / "postprocess.py"  # what each array element runs, by its path
 

@@ -25,7 +25,7 @@ from submitit.core.utils import JobPaths
 from moetune import settings
 from moetune.job import slurm
 from moetune.job.render import JobSpec
-from moetune.job.slurm import ACTIVE, JobError  # noqa: F401  (JobError: the job layer's one error)
+from moetune.job.slurm import ACTIVE, JobError  # JobError: the job layer's one error
 
 
 @dataclass(frozen=True)
