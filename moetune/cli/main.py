@@ -11,6 +11,7 @@ from moetune.analysis import cli as analysis_cli
 from moetune import settings
 from moetune.cli.common import LAYOUT_OPTIONS, add_fit_arguments, add_preflight_arguments
 from moetune.errors import MoetuneError
+from moetune.job import executors  # its registry only: submitit loads when a job is submitted
 
 # Each command's module is imported inside the function that runs it: they load pandas, SQLAlchemy,
 # pydantic and submitit (seconds), and `moetune --help` or a usage error needs none of them.
@@ -208,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp = add(name, fn, help_)
         sp.add_argument("model", nargs="?" if name == "demo" else None,
                         help="experiment name (experiments/NAME.yaml) or a YAML path")
-        sp.add_argument("--executor", default="auto", choices=("auto", "slurm", "local", "replay"),
+        sp.add_argument("--executor", default="auto", choices=("auto", *executors.KINDS),
                         help="auto: Slurm when sbatch is on PATH, else submitit's local executor")
         sp.add_argument("--runs", default="runs", help="folder for trial files (default runs/)")
         sp.add_argument("--out", default="reports", help="folder for reports (default reports/)")

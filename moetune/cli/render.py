@@ -8,15 +8,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
-import shutil
 import sys
 from pathlib import Path
 
 from moetune.cli.common import add_gpu_args, experiment_for_gpus, exit_code
 from moetune.decide import one_gpu as one_gpu_step
 from moetune.decide.rules import load_rules
-from moetune.job import postprocess, render
-from moetune.job import scheduler as jobs
+from moetune.job import postprocess, render, slurm
 from moetune.experiment import constraints, fit
 from moetune.experiment.schema import ConfigError
 from moetune.estimate.memory import plan_cluster
@@ -103,8 +101,8 @@ def node_cpus(cluster, launcher: str) -> tuple[int | None, str]:
         return None, "cluster.cpus_per_task"
     if launcher == "local":  # the job runs on this machine
         return os.cpu_count(), f"this machine's {os.cpu_count()} CPUs"
-    if shutil.which("sinfo"):
-        found = jobs.node_cpus(cluster.partition)
+    if slurm.available():
+        found = slurm.node_cpus(cluster.partition)
         if found:
             return found, f"Slurm's {found} CPUs per node"
     return None, f"the {cluster.gpu_type} reference node's share"

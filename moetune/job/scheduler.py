@@ -1,6 +1,6 @@
 """Trial jobs through submitit: Slurm's executor on a cluster, submitit's local executor as the
-embedded default on one machine. States come from Slurm itself (`sacct`, `squeue` while
-accounting has not seen a new job yet) and map to trial outcomes through `OUTCOMES`.
+embedded default on one machine. States come from Slurm itself (job/slurm.py: accounting, the
+queue while accounting has not seen a new job yet) and map to trial outcomes through `OUTCOMES`.
 
     make_executor(kind, folder, spec)   -> submitit executor
     submit(spec, kind)                  -> JobRef (job id, kind, folder, name)
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import signal
 import subprocess
 import time
@@ -24,12 +23,9 @@ import submitit
 from submitit.core.utils import JobPaths
 
 from moetune import settings
-from moetune.errors import MoetuneError
+from moetune.job import slurm
 from moetune.job.render import JobSpec
-
-
-class JobError(MoetuneError):
-    """A job could not be submitted or looked up (one line, says what to do)."""
+from moetune.job.slurm import ACTIVE, JobError  # JobError: the job layer's one error
 
 
 @dataclass(frozen=True)
@@ -58,10 +54,6 @@ OUTCOMES: dict[str, JobOutcome] = {
     "PREEMPTED": JobOutcome("preempted", retry=True, measured=False),  # requeue
     "REVOKED": JobOutcome("preempted", retry=True, measured=False),
 }
-# States of a job that is still the scheduler's business.
-ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
-                    "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT",
-                    "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT", "UNKNOWN"})
 # submitit's local job states → Slurm's words.
 LOCAL_STATES = {"RUNNING": "RUNNING", "FINISHED": "COMPLETED", "FAILED": "FAILED",
                 "INTERRUPTED": "CANCELLED", "QUEUED": "PENDING"}
@@ -96,10 +88,6 @@ def never_starts(state: "JobState") -> str | None:
     code = state.reason.strip("() ").split(",")[0].split()[0] if state.reason.strip("() ") else ""
     advice = NEVER_STARTS.get(code)
     return f"Slurm keeps it pending ({code}): {advice}" if advice else None
-
-
-SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Submit", "Start", "End", "Elapsed",
-                "NodeList", "Reason")
 
 
 @dataclass(frozen=True)
@@ -163,16 +151,12 @@ class RunScript:
         return rc
 
 
-def slurm_available() -> bool:
-    return shutil.which("sbatch") is not None and shutil.which("sacct") is not None
-
-
 def resolve_kind(kind: str) -> str:
     if kind == "auto":
-        return "slurm" if slurm_available() else "local"
+        return "slurm" if slurm.available() else "local"
     if kind not in ("slurm", "local"):
         raise JobError(f"executor {kind!r}: use slurm, local or auto")
-    if kind == "slurm" and not slurm_available():
+    if kind == "slurm" and not slurm.available():
         raise JobError("executor slurm: sbatch/sacct not on PATH (run scripts/slurm-up, or use "
                        "--executor local)")
     return kind
@@ -243,28 +227,6 @@ def submit(spec: JobSpec, kind: str = "auto") -> JobRef:
     return JobRef(job_id=str(job.job_id), kind=kind, folder=str(folder), name=spec.name)
 
 
-def _run(cmd: list[str]) -> str:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
-    except FileNotFoundError:
-        raise JobError(f"{cmd[0]} not found: is Slurm installed here (scripts/slurm-up)?") from None
-    except subprocess.CalledProcessError as e:
-        raise JobError(f"{' '.join(cmd[:2])} failed: {e.stderr.strip()[:200]}") from None
-    except subprocess.TimeoutExpired:
-        raise JobError(f"{' '.join(cmd[:2])} did not answer in 60 s (slurmctld/slurmdbd down?)") from None
-
-
-def node_cpus(partition: str | None = None) -> int | None:
-    """CPUs of the partition's smallest node, as Slurm knows them (`sinfo %c`); None where Slurm
-    does not answer."""
-    cmd = ["sinfo", "-h", "-o", "%c"] + ([f"--partition={partition}"] if partition else [])
-    try:
-        found = [int(x) for x in _run(cmd).split() if x.isdigit()]
-    except JobError:
-        return None
-    return min(found) if found else None
-
-
 def _clean(value: str) -> str | None:
     return None if value in ("", "Unknown", "None", "N/A") else value
 
@@ -273,8 +235,7 @@ def slurm_state(job_id: str) -> JobState:
     """The job's state from accounting (`sacct`); from `squeue` while sacct has no record yet.
     A job whose batch script failed because a step was killed for memory reads OUT_OF_MEMORY
     (Slurm marks the step, and the batch shell only sees a failed command)."""
-    out = _run(["sacct", "-n", "-P", "-j", str(job_id), "-o", ",".join(SACCT_FIELDS)])
-    rows = [dict(zip(SACCT_FIELDS, line.split("|"), strict=False)) for line in out.splitlines() if line.strip()]
+    rows = slurm.WATCHER.rows(job_id)
     job = [r for r in rows if r["JobID"] == str(job_id)]
     if job:
         r = job[-1]
@@ -293,25 +254,17 @@ def slurm_state(job_id: str) -> JobState:
 
 
 def _queued(job_id: str) -> JobState | None:
-    """The job's state and reason as the queue has them now (`squeue`); None where it has none."""
-    try:
-        out = _run(["squeue", "-h", "-j", str(job_id), "-o", "%T|%R"])
-    except JobError:
-        out = ""
-    if not out.strip():
+    """The job's state and reason as the queue has them now; None where it has none."""
+    found = slurm.queue(job_id)
+    if not found:
         return None
-    state, reason = out.strip().split("|", 1)
+    state, reason = found[0]
     return JobState(state=state, reason=_clean(reason.strip("()")))
 
 
 def find_slurm_job(name: str) -> str | None:
     """Id of the newest job of this name that Slurm knows (a submit whose id was never stored)."""
-    out = _run(["sacct", "-X", "-n", "-P", "--name", name, "-S", "now-30days", "-o", "JobID"])
-    ids = [line.strip() for line in out.splitlines() if line.strip().isdigit()]
-    if not ids:
-        out = _run(["squeue", "-h", "--name", name, "-o", "%i"])
-        ids = [line.strip() for line in out.splitlines() if line.strip().isdigit()]
-    return max(ids, key=int) if ids else None
+    return slurm.find_job(name)
 
 
 def local_state(ref: JobRef) -> JobState:
@@ -339,7 +292,7 @@ def job_state(ref: JobRef) -> JobState:
 
 def cancel(ref: JobRef) -> None:
     if ref.kind == "slurm":
-        _run(["scancel", ref.job_id])
+        slurm.cancel(ref.job_id)
     else:
         try:
             os.kill(int(ref.job_id), signal.SIGTERM)

@@ -6,13 +6,14 @@ import json
 
 from moetune.job import render
 from moetune.job import scheduler as jobs
+from moetune.job import slurm
 from moetune.trial.framework import TrialContext
 
 
 def launcher(t: TrialContext) -> str:
     """`srun` where the trial runs on Slurm, else `local`."""
-    slurm = t.executor == "slurm" or (t.executor == "auto" and jobs.slurm_available())
-    return "srun" if slurm else "local"
+    on_slurm = t.executor == "slurm" or (t.executor == "auto" and slurm.available())
+    return "srun" if on_slurm else "local"
 
 
 def load_spec(t: TrialContext) -> render.JobSpec:

@@ -1,9 +1,9 @@
 """One run of a trial: its stages in order (trial/stages.py), the job watched for hangs while it
 runs, and what came of it (`TrialOutcome`) for the tuner to judge.
 
-Executors: `local` and `slurm` submit the rendered job script (job/scheduler.py); `replay` (the
-demo) submits `job.replay.replay_job` through submitit's local executor instead, and every other
-stage is the same.
+The submit stage goes through the trial's executor (job/executors.py: slurm, local, or the demo's
+replay); an executor that refuses the config (a replay of a config the bank does not hold) leaves
+the trial skipped, with nothing submitted.
 """
 from __future__ import annotations
 
@@ -16,15 +16,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import submitit
-
 from moetune.errors import MoetuneError
+from moetune.job import executors
 from moetune.job import scheduler as jobs
-from moetune.job import replay
 from moetune.job.paths import TrialPaths
-from moetune.job.replay import replay_job
 from moetune.experiment.config import TrainingConfig
-from moetune.store import now
 from moetune.trial import framework, stages, traces
 
 ITERATION_LINE = re.compile(r"iteration\s+\d+\s*/\s*\d+\s*\|")
@@ -61,33 +57,6 @@ def _stage(name: str, fn, *args, **kwargs):
         raise
     except MoetuneError as e:  # a TraceError too
         raise StageFailure(name, e) from None
-
-
-def _replay_inputs(t: stages.TrialContext, bank_dir: Path) -> tuple[list[Path], dict]:
-    files, _ = stages.submit_inputs(t)
-    return files, {"replay": str(bank_dir)}
-
-
-def _do_replay(t: stages.TrialContext, bank_dir: Path) -> list[Path]:
-    folder = t.paths.submitit
-    ex = submitit.LocalExecutor(folder=folder)
-    ex.update_parameters(timeout_min=30)
-    job = ex.submit(replay_job, t.row.config, str(t.folder), str(bank_dir))
-    out = t.paths.job
-    out.write_text(json.dumps({"job_id": str(job.job_id), "kind": "local", "folder": str(folder),
-                               "name": t.job_name(), "submitted_at": now()}, indent=1) + "\n")
-    t.store.update_trial(t.id, job_id=str(job.job_id), state="submitted", submitted_at=now())
-    return [out]
-
-
-# The demo's submit stage: `replay_job` through submitit's local executor, recorded under the submit
-# stage's name and in its job.json form, so collect and the rest read it as any submit's.
-REPLAY_SUBMIT = framework.Stage("submit", _replay_inputs, _do_replay, options=("bank_dir",),
-                                input_options=("bank_dir",))
-
-
-def submit_replay(store, trial_id: int, runs_root: Path, bank_dir: Path, force: bool = False) -> None:
-    framework.run(store, trial_id, REPLAY_SUBMIT, force, runs_root=runs_root, executor="local", bank_dir=bank_dir)
 
 
 def watch(ref, log: Path, hang_timeout_s: float, poll_s: float = 0.5,
@@ -194,8 +163,7 @@ def write_decision_file(store, trial, runs_root: Path, executor: str) -> None:
     if not fresh.folder or not TrialPaths(fresh.folder).analysis.exists():
         return
     try:
-        stages.run_stage(store, trial.id, "decide", force=True, runs_root=runs_root,
-                         executor="local" if executor == "replay" else executor)
+        stages.run_stage(store, trial.id, "decide", force=True, runs_root=runs_root, executor=executor)
     except stages.StageError:
         pass  # decision.json is a copy of what the store holds; the store is the record
 
@@ -207,18 +175,17 @@ def run_trial(store, trial, *, executor: str, runs_root: Path,
     `fit_first`: measure the layout on one GPU first and submit nothing that does not fit.
     `resubmit`: submit the job again although one ran (the tuner's retry of a node failure); the
     earlier attempt's files stay under previous/<job id>/."""
-    kind = "local" if executor == "replay" else executor
-    opts = {"runs_root": runs_root, "executor": kind}
+    opts = {"runs_root": runs_root, "executor": executor}
     fitted = None
     try:
         if fit_first:
             _stage(stages.FIT, stages.run_stage, store, trial.id, stages.FIT, **opts)
-            fitted = _stage(stages.FIT, stages.load_fit, stages.TrialContext(store, trial.id, runs_root, kind))
+            fitted = _stage(stages.FIT, stages.load_fit, stages.TrialContext(store, trial.id, runs_root, executor))
             if not fitted["fits"]:
                 return TrialOutcome("no_fit", error=f"fit: {fitted['reason']}", fit=fitted)
         out = _run_on_cluster(store, trial, executor, runs_root, bank_dir, hang_timeout_s, resubmit)
     except StageFailure as e:  # a config that cannot be rendered or submitted, a job not collected...
-        log = stages.TrialContext(store, trial.id, runs_root, kind).paths.log
+        log = stages.TrialContext(store, trial.id, runs_root, executor).paths.log
         lines = log.read_text(errors="replace").splitlines()[-10:] if log.exists() else []
         return TrialOutcome("stage_error", error=str(e), stage=e.stage, fit=fitted, last_lines=lines)
     out.fit = fitted
@@ -227,24 +194,21 @@ def run_trial(store, trial, *, executor: str, runs_root: Path,
 
 def _run_on_cluster(store, trial, executor: str, runs_root: Path, bank_dir: Path | None,
                     hang_timeout_s: float, resubmit: bool = False) -> TrialOutcome:
-    kind = "local" if executor == "replay" else executor
-    opts = {"runs_root": runs_root, "executor": kind}
+    opts = {"runs_root": runs_root, "executor": executor}
     _stage("render", stages.run_stage, store, trial.id, "render", **opts)
-    t = stages.TrialContext(store, trial.id, runs_root, kind)
+    t = stages.TrialContext(store, trial.id, runs_root, executor)
     log = t.paths.log
-    if executor == "replay":
-        missing = replay.not_in_bank(TrainingConfig.from_dict(trial.config), bank_dir)
-        if missing:  # nothing to replay: no job is submitted
-            return TrialOutcome("skipped", error=missing)
+    refused = _stage("submit", lambda: executors.get(executor, bank_dir=bank_dir).refuses(
+        TrainingConfig.from_dict(trial.config)))
+    if refused:  # nothing this executor can run (a config the bank does not hold): no job is submitted
+        return TrialOutcome("skipped", error=refused)
     for attempt in (0, 1):
-        if executor == "replay":
-            _stage("submit", submit_replay, store, trial.id, runs_root, bank_dir, force=attempt > 0 or resubmit)
-        else:
-            _stage("submit", stages.run_stage, store, trial.id, "submit", force=attempt > 0 or resubmit, **opts)
-            try:  # queued now, behind the trial's job (afterany): it starts when that ends
-                traces.start_postprocess(t)
-            except stages.StageError:
-                pass  # the export stage submits it again, and says why where it cannot
+        _stage("submit", stages.run_stage, store, trial.id, "submit", force=attempt > 0 or resubmit,
+               bank_dir=bank_dir, **opts)
+        try:  # queued now, behind the trial's job (afterany): it starts when that ends
+            traces.start_postprocess(t)
+        except stages.StageError:
+            pass  # the export stage submits it again, and says why where it cannot
         ref = _stage("submit", stages.load_ref, t)
         status, why = _stage("collect", watch, ref, log, hang_timeout_s)
         if status == "unstartable":  # nothing ran: the trial is recorded as one it could not start

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from moetune.analysis.logs import parse_log
-from moetune.job import render
+from moetune.job import executors, render, slurm
 from moetune.job import postprocess
 from moetune.job.paths import TrialPaths
 from moetune.job import scheduler as jobs
@@ -112,7 +112,7 @@ def job_facts(t: TrialContext) -> dict:
     if _launcher(t) == "local":
         cpus = os.cpu_count()
     else:
-        cpus = found.get("node_cpus") or jobs.node_cpus(c.get("partition"))
+        cpus = found.get("node_cpus") or slurm.node_cpus(c.get("partition"))
     return {"node_cpus": cpus, "megatron_core": found.get("megatron_core")}
 
 
@@ -219,8 +219,10 @@ def load_fit(t: TrialContext) -> dict:
     return json.loads(t.need(t.paths.fit.fit_result, FIT).read_text())
 
 
-def submit_inputs(t: TrialContext) -> tuple[list[Path], Any]:
-    return [t.need(t.paths.job_script, "render"), t.need(t.paths.spec, "render")], None
+def submit_inputs(t: TrialContext, bank_dir: Path | None = None) -> tuple[list[Path], Any]:
+    # a replay's bank is what its job reads in place of the script
+    return [t.need(t.paths.job_script, "render"), t.need(t.paths.spec, "render")], \
+        ({"replay": str(bank_dir)} if bank_dir else None)
 
 
 def _set_aside(t: TrialContext, job_id: str) -> None:
@@ -231,7 +233,8 @@ def _set_aside(t: TrialContext, job_id: str) -> None:
         shutil.move(str(p), str(dest / p.name))
 
 
-def do_submit(t: TrialContext, force: bool = False) -> list[Path]:
+def do_submit(t: TrialContext, force: bool = False, bank_dir: Path | None = None) -> list[Path]:
+    """Submit the rendered job through the trial's executor (job/executors.py); job.json."""
     spec = load_spec(t)
     out = t.paths.job
     earlier = {p.name for p in t.paths.previous("*").parent.glob("*")}
@@ -242,17 +245,12 @@ def do_submit(t: TrialContext, force: bool = False) -> list[Path]:
         if pp.exists() and old.get("kind") == "slurm":  # it would write into the next attempt's folder
             postprocess.cancel(json.loads(pp.read_text())["job_id"])
         _set_aside(t, old["job_id"])
-    kind = jobs.resolve_kind(t.executor)
-    ref = None
-    if kind == "slurm" and not force:
-        # a submit whose job id never reached the store (the tuner was killed right after
-        # sbatch): that job is this trial's, so take it instead of submitting a second one
-        found = jobs.find_slurm_job(spec.name)
-        if found and found not in earlier:
-            ref = jobs.JobRef(job_id=found, kind="slurm", folder=str(spec.paths.submitit),
-                              name=spec.name)
+    executor = executors.get(t.executor, bank_dir=bank_dir)
+    # a submit whose job id never reached the store (the tuner was killed right after it): that
+    # job is this trial's, so take it instead of submitting a second one
+    ref = None if force else executor.find(spec, earlier)
     if ref is None:
-        ref = jobs.submit(spec, kind)
+        ref = executor.submit(spec)
     out.write_text(json.dumps({**ref.to_dict(), "submitted_at": now()}, indent=1, sort_keys=True) + "\n")
     t.store.update_trial(t.id, job_id=ref.job_id, state="submitted", submitted_at=now())
     return [out]
@@ -302,7 +300,8 @@ def do_decide(t: TrialContext) -> list[Path]:
 STAGES: dict[str, Stage] = {st.name: st for st in (
     Stage(FIT, _fit_inputs, do_fit),
     Stage("render", _render_inputs, do_render),
-    Stage("submit", submit_inputs, do_submit, takes_force=True),
+    Stage("submit", submit_inputs, do_submit, options=("bank_dir",), input_options=("bank_dir",),
+          takes_force=True),
     Stage("collect", _collect_inputs, do_collect, options=("wait", "poll_s", "timeout_s")),
     Stage("export", _export_inputs, do_export, options=("local",), input_options=("local",),
           takes_force=True),

@@ -2,7 +2,8 @@
 
     export  : trace_*.nsys-rep → trace_*.sqlite (nsys export, on this node), or on Slurm
               (cluster.postprocess.where: job) a CPU job after the trial's that exports each rank and
-              writes its summary: trace_*.sqlite, trace_*.metrics.json (job/postprocess.py)
+              writes its summary: trace_*.sqlite, trace_*.metrics.json (job/postprocess.py submits
+              workloads/postprocess.py)
     analyze : trace_*.sqlite, log.txt → analysis.json (analysis.analyze), or from the
               trace_*.metrics.json where every report has one (analysis.summary: no SQLite read);
               beside it what the report draws of the window, timeline.json and top_kernels.json
@@ -21,6 +22,7 @@ from moetune.analysis.nsys import nsys_binary
 from moetune.job import postprocess, render
 from moetune.job import scheduler as jobs
 from moetune.job.paths import TrialPaths
+from moetune.workloads import postprocess as in_job
 from moetune.trial.framework import StageError, TrialContext
 from moetune.trial.jobfiles import launcher, load_ref, load_spec
 
@@ -88,15 +90,15 @@ def do_export(t: TrialContext, local: bool = False, force: bool = False) -> list
     ranks = {t.paths.rank_of(p) for p in t.paths.reports}
     imported, out = [], []
     for rank in sorted(ranks):
-        report = postprocess.rank_report(t.folder, rank)
+        report = in_job.rank_report(t.folder, rank)
         rep = t.paths.report(rank)
         if not rep.exists():
             imported.append(rep)
         try:
-            sqlite = postprocess.export(report)
-        except (postprocess.PostprocessError, analysis.TraceError) as e:
+            sqlite = in_job.export(report)
+        except (in_job.PostprocessError, analysis.TraceError) as e:
             raise StageError(f"trial {t.id}: {e}") from None
-        out += [sqlite, postprocess.write_recipes(_nsys(t), rep, sqlite)]
+        out += [sqlite, in_job.write_recipes(_nsys(t), rep, sqlite)]
     return imported + out
 
 

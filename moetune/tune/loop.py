@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from moetune.decide import rules as rules_mod
 from moetune.decide.judge import judged_step
 from moetune import settings
 from moetune.errors import MoetuneError
+from moetune.job import slurm
 from moetune.job.render import time_minutes
 from moetune.job.replay import find as find_entry, load_bank
 from moetune.job.paths import TrialPaths
@@ -417,7 +417,7 @@ def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs
     if one_gpu:
         exp.tuning = exp.tuning.model_copy(update={"one_gpu": True})
     if executor == "auto":
-        executor = "slurm" if shutil.which("sbatch") else "local"
+        executor = "slurm" if slurm.available() else "local"
     if executor not in ("slurm", "local", "replay"):
         raise TunerError(f"executor {executor!r}: use auto, slurm, local or replay")
     if executor == "replay":

@@ -64,13 +64,13 @@ def test_summary_path_and_bad_version():
 
 
 def test_written_summary_reads_back_to_the_same_analysis(tmp_path):
-    """What the post-processing job writes (job/postprocess.py write_summary) and the login node
+    """What the post-processing job writes (workloads/postprocess.py write_summary) and the login node
     reads (load_summary: kernel lists as arrays) combine to analyze() of the file; the job it was
     made for is at the file's head, where the analyze stage looks for it."""
     import shutil
     from moetune.analysis.summary import load_summary
-    from moetune.job.postprocess import write_summary
     from moetune.trial.traces import _for_job
+    from moetune.workloads.postprocess import write_summary
     trace = tmp_path / "trace_0.sqlite.xz"
     shutil.copy(GPU / "skew.sqlite.xz", trace)
     out = write_summary(trace, for_job="4242")

@@ -21,8 +21,11 @@ HOME = REPO / "moetune" / "job" / "paths.py"
 # where the analysis keeps the two names it reads back itself (a report's rank, its summary)
 ANALYSIS_HOMES = {"trace_": REPO / "moetune" / "analysis" / "ranks.py", ".metrics.json": REPO / "moetune" / "analysis" / "summary.py"}
 # a name spelled elsewhere for a reason of its own: the OCI runtime's config.json inside the bundle
-# (not the trial's), and the CPU stand-in's rank file (the workload runs without moetune)
-ELSEWHERE = {("config.json", "oci.py"), ("config.json", "oci.sh.j2"), ("rank_", "cpu_workload.py")}
+# (not the trial's), the CPU stand-in's rank file (the workload runs without moetune), and the
+# post-processing job's body's per-rank names (it reads the analysis only; tests/workloads holds
+# them equal to TrialPaths')
+ELSEWHERE = {("config.json", "oci.py"), ("config.json", "oci.sh.j2"), ("rank_", "cpu_workload.py"),
+             (".nsys-version", "postprocess.py"), (".recipes.json", "postprocess.py")}
 
 
 # file types used everywhere, and the part every rank-numbered name shares: not names of a trial's own

@@ -1,69 +1,57 @@
-"""moetune/job/postprocess.py with the job's own export: a profiled rank's report is exported to
-SQLite inside the job by the nsys that recorded it (its version written beside it), the
-post-processing reads that export instead of exporting again, and a report recorded by a newer
-nsys than the one at hand is refused in one line instead of being opened (an older nsys cannot
-read a newer report)."""
+"""moetune/job/postprocess.py, the login side of the post-processing job: its sbatch line runs the
+job's body (workloads/postprocess.py) by its path, one array element a rank, after the trial's job;
+the array's state is COMPLETED only when every element is, and a missing element is waited for.
+Slurm's commands are stand-ins here (the real ones: tests/integration/test_slurm_postprocess.py)."""
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
+import os
+import shlex
 
 import pytest
 
-from moetune.job import postprocess, render
-from moetune.job.paths import TrialPaths
-from tests.conftest import stand_in_cluster
+from moetune.job import postprocess, slurm
 
 
-def test_the_job_exports_each_profiled_rank_with_its_own_nsys(nsys_bin, tmp_path):
-    """A real run of the CPU stand-in under Debian's nsys, launched by the rendered job.sh (no
-    Slurm): the rank's SQLite and the recording nsys's version are in the trial folder when the job
-    ends, and the post-processing picks that SQLite."""
-    cluster = stand_in_cluster(nsys=nsys_bin, profile_ranks=[0], python=sys.executable,
-                               stand_in={"ms_per_iter": 5})
-    spec = render.job_spec(name="export", folder=tmp_path / "trial", config={},
-                           argv=["--train-iters", "4"], cluster=cluster, launcher="local")
-    render.write_job(spec)
-    r = subprocess.run(["bash", f"{spec.folder}/job.sh"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    folder = Path(spec.folder)
-    sqlite, rep = folder / "trace_0.sqlite", folder / "trace_0.nsys-rep"
-    assert rep.exists() and sqlite.exists(), sorted(p.name for p in folder.iterdir())
-    recorded = TrialPaths(folder).nsys_version(0).read_text()
-    assert postprocess.nsys_release(recorded)[:2] == (2022, 4), recorded
-    assert postprocess.rank_report(folder, 0) == sqlite
-    written = postprocess.process_report(folder, 0, for_job="1")
-    assert written[0] == sqlite and written[1].name == "trace_0.metrics.json"
+def test_the_job_runs_the_body_by_its_path_one_element_a_rank(tmp_path):
+    argv = postprocess.sbatch_argv(tmp_path, [0, 3], {"partition": "cpu", "postprocess": {"mem": "2G"}},
+                                   after="77", name="t.post", python="/py/bin/python")
+    assert argv[:2] == ["sbatch", "--parsable"]
+    assert {"--dependency=afterany:77", "--array=0-1", "--mem=2G", "--partition=cpu"} <= set(argv)
+    wrap = shlex.split(argv[argv.index("--wrap") + 1])
+    assert wrap[:2] == ["/py/bin/python", str(postprocess.BODY)] and postprocess.BODY.exists()
+    assert wrap[2:] == [str(tmp_path.resolve()), "--ranks", "0,3", "--task", "$SLURM_ARRAY_TASK_ID",
+                        "--for-job", "77"]
 
 
-def test_a_report_from_a_newer_nsys_is_refused_in_one_line(nsys_bin, tmp_path):
-    """The version file names a newer nsys than this one: no export is tried, the line says which
-    versions and what to do."""
-    rep = tmp_path / "trace_3.nsys-rep"
-    rep.write_bytes(b"not opened")
-    TrialPaths(tmp_path).nsys_version(3).write_text(
-        "NVIDIA Nsight Systems version 2025.3.2.474-253236389321v0\n")
-    with pytest.raises(postprocess.PostprocessError) as e:
-        postprocess.export(rep)
-    line = str(e.value)
-    assert "\n" not in line and "2025.3.2" in line and "2022.4" in line and "export in the job" in line
-    assert not (tmp_path / "trace_3.sqlite").exists()
+@pytest.fixture
+def fake_slurm(tmp_path, monkeypatch):
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for cmd in ("sacct", "squeue"):
+        (bin_ / cmd).write_text(f"#!/bin/sh\n[ -f {tmp_path}/{cmd}.txt ] && cat {tmp_path}/{cmd}.txt\nexit 0\n")
+        (bin_ / cmd).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(slurm, "WATCHER", slurm.SacctWatcher(delay_s=0))
+    return tmp_path
 
 
-def test_an_older_recording_nsys_is_read_here(nsys_bin, tmp_path):
-    """A report recorded by an older (or the same) nsys passes the check; only newer is refused."""
-    rep = tmp_path / "trace_1.nsys-rep"
-    rep.write_bytes(b"x")
-    TrialPaths(tmp_path).nsys_version(1).write_text("NVIDIA Nsight Systems version 2021.5.1.77\n")
-    postprocess.check_recorder(rep, nsys_bin)  # no error
+def sacct_rows(*pairs: tuple[str, str]) -> str:
+    return "".join(f"{jid}|n|{st}|0:0|||||n1|None\n" for jid, st in pairs)
 
 
-@pytest.mark.parametrize("text, release", [
-    ("NVIDIA Nsight Systems version 2025.3.2.474-253236389321v0", (2025, 3, 2, 474)),
-    ("NVIDIA Nsight Systems version 2022.4.2.1-df9881f", (2022, 4, 2, 1)),
-    ("nsys: command not found", ()),
-])
-def test_release_numbers(text, release):
-    """nsys's release number is read from each form of its version text."""
-    assert postprocess.nsys_release(text) == release
+def test_the_array_completes_when_every_element_has(fake_slurm):
+    (fake_slurm / "sacct.txt").write_text(sacct_rows(("5_0", "COMPLETED"), ("5_0.batch", "COMPLETED"),
+                                                     ("5_1", "COMPLETED")))
+    assert postprocess.state("5", 2) == "COMPLETED"
+    (fake_slurm / "sacct.txt").write_text(sacct_rows(("5_0", "COMPLETED"), ("5_1", "TIMEOUT")))
+    assert postprocess.state("5", 2) == "TIMEOUT"
+
+
+def test_an_element_not_in_accounting_yet_is_waited_for(fake_slurm):
+    """One of two elements in accounting: the queue's word, else UNKNOWN (still active)."""
+    (fake_slurm / "sacct.txt").write_text(sacct_rows(("6_0", "COMPLETED")))
+    (fake_slurm / "squeue.txt").write_text("RUNNING|n1\n")
+    assert postprocess.state("6", 2) == "RUNNING"
+    (fake_slurm / "squeue.txt").unlink()
+    assert postprocess.state("6", 2) == "UNKNOWN"
+    assert postprocess.wait("6", 2, timeout_s=0.3, poll_s=0.1) == "UNKNOWN"
