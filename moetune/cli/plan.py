@@ -10,7 +10,7 @@ import sys
 
 from moetune.cli.common import add_gpu_args, experiment_for_gpus, exit_code
 from moetune.cli.predict import StoreReadings, run_prediction
-from moetune.experiment.schema import ConfigError
+from moetune.experiment.schema import ConfigError, cluster_section
 from moetune.experiment.config import TrainingConfig
 from moetune.estimate.memory import FIXED_GB, TooFewGPUs, baseline_layout, plan, plan_cluster
 
@@ -30,11 +30,10 @@ def measured_peaks(exp, world: int, readings: StoreReadings) -> dict[str, float]
     for study, t, metrics in readings.trials():
         if study.model not in (exp.name, exp.model.name):
             continue
-        cluster = (study.experiment or {}).get("cluster") or {}
-        gpus = (cluster.get("nodes") or 0) * (cluster.get("gpus_per_node") or 0)
+        gpus = cluster_section((study.experiment or {}).get("cluster") or {}).world
         # a run's peak, else its fit's (the layout measured on one GPU: experiment/fit.py)
         peak = t.peak_memory_gb if t.peak_memory_gb is not None else metrics.get("fit_peak_gb")
-        if peak is None or (gpus and gpus != world):
+        if peak is None or gpus != world:
             continue
         key = _layout_key(TrainingConfig.from_dict(t.config).to_dict())
         out[key] = max(out.get(key, 0.0), float(peak))

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 
 from moetune.experiment.config import TrainingConfig
 from moetune.estimate import Node, predict
-from moetune.experiment.section import gpu_count
 
 # config fields a layout or dispatcher move changes: the moves the model can rank
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dispatcher", "flex_backend")
@@ -50,7 +49,7 @@ class Model:
 
     def __init__(self, experiment):
         self.model, self.cluster = experiment.model, experiment.cluster
-        self.world = gpu_count(experiment.cluster)
+        self.world = experiment.cluster.world
 
     def terms(self, config: TrainingConfig) -> dict[str, float] | None:
         """The model's step of `config` by TERM_GROUPS (ms each), or None: a layout the model cannot
