@@ -139,7 +139,7 @@ class Cluster(_Strict):
         on nodes without GPUs, ntasks_per_node (else one) on each node."""
         return self.nodes * (self.gpus_per_node or self.ntasks_per_node or 1)
 
-    def with_gpus(self, gpus: int) -> "Cluster":
+    def with_gpus(self, gpus: int) -> Cluster:
         """The cluster cut to `gpus` GPUs: part of one node (a --gpus below a node's, or one GPU
         for a one-GPU study), else whole nodes of gpus_per_node each."""
         per_node = min(gpus, self.gpus_per_node) if self.gpus_per_node else gpus
@@ -190,7 +190,7 @@ class Tuning(_Strict):
     submit those it predicts slower than the incumbent beyond noise_threshold (tune/predicted.py)."""
 
     @classmethod
-    def from_stored(cls, section: dict | None, where: str = "stored experiment") -> "Tuning":
+    def from_stored(cls, section: dict | None, where: str = "stored experiment") -> Tuning:
         """A study's stored tuning section as the model: a key stored as None takes the schema's
         default, one an older schema had and left unset is dropped. ConfigError (one line) otherwise."""
         try:
@@ -219,7 +219,7 @@ class Experiment(ExperimentFile):
     """A loaded experiment, validated once (load_experiment, or from_stored for a study's copy)
     and passed as this model everywhere."""
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-    baseline: TrainingConfig = TrainingConfig()
+    baseline: TrainingConfig = TrainingConfig()  # type: ignore[assignment]  # the file's dict, parsed
     """The first trial's training configuration (experiment/config.py)."""
     path: Path | None = None
     """The YAML it was loaded from; None for one read back from the store."""
@@ -231,7 +231,7 @@ class Experiment(ExperimentFile):
                 "tuning": self.tuning.model_dump(), "baseline": self.baseline.to_dict()}
 
     @classmethod
-    def from_stored(cls, record: dict) -> "Experiment":
+    def from_stored(cls, record: dict) -> Experiment:
         """A study's stored experiment (to_stored's dict, the store's JSON) as the typed model.
         Keys an older schema had and left unset are dropped (a set one must still be known); a
         tuning key stored as None takes the schema's default. ConfigError (one line) otherwise."""
