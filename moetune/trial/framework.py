@@ -22,7 +22,7 @@ from moetune.errors import MoetuneError
 from moetune.job.paths import TrialPaths
 from moetune import settings
 from moetune.paths import trial_folder
-from moetune.experiment.schema import Experiment, load_experiment
+from moetune.experiment.schema import Experiment, Tuning, load_experiment
 from moetune.store import Study, now
 
 
@@ -84,11 +84,14 @@ class TrialContext:
     @functools.cached_property
     def exp(self) -> Experiment:
         """The study's experiment, typed: its stored record, else (a record without model and
-        cluster) the experiment its `experiment` name loads."""
+        cluster) the experiment its `experiment` name loads, under the record's tuning if stored."""
         rec = self.experiment
         if isinstance(rec.get("model"), dict) and isinstance(rec.get("cluster"), dict):
             return Experiment.from_stored(rec)
-        return load_experiment(rec.get("experiment") or self.study.model)
+        loaded = load_experiment(rec.get("experiment") or self.study.model)
+        if isinstance(rec.get("tuning"), dict):
+            loaded.tuning = Tuning.from_stored(rec["tuning"])
+        return loaded
 
     def model_and_cluster(self):
         """(ModelArch, Cluster) of the study's experiment."""
