@@ -33,7 +33,7 @@ def layouts() -> list[dict]:
     out = []
     for name in MODELS:
         exp = load_experiment(name)
-        world = exp.cluster.nodes * exp.cluster.gpus_per_node
+        world = exp.cluster.world
         first = plan(exp)[0].config
         for kind, cfg in (("baseline", exp.baseline), ("plan", first)):
             fitted = fit.fit_config(cfg)

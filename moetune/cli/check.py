@@ -8,7 +8,7 @@ from moetune.cli.common import add_gpu_args, exit_code
 from moetune.experiment import megatron_validate as megatron
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.constraints import check
-from moetune.experiment.schema import ConfigError, load_experiment
+from moetune.experiment.schema import Cluster, ConfigError, load_experiment
 from moetune.experiment.model import ModelArch
 
 
@@ -55,8 +55,8 @@ def _main(argv: list[str]) -> int:
         print(f"moetune check: {e}", file=sys.stderr)
         return 2
     model = exp.model if exp else ModelArch.from_args(argv)
-    cluster = dict(exp.cluster.model_dump()) if exp else {"nodes": 1, "gpus_per_node": 8,
-                                                         "gpu_type": "H100", "has_deep_ep": False}
+    # without an experiment, the schema's cluster (one node of 8 H100s, DeepEP not assumed)
+    cluster = (exp.cluster if exp else Cluster()).model_dump()
     if args.gpus is not None:
         cluster.update(nodes=1, gpus_per_node=args.gpus)
     if args.gpu_type:
@@ -65,6 +65,7 @@ def _main(argv: list[str]) -> int:
         cluster["has_transformer_engine"] = False
     if args.deep_ep:
         cluster["has_deep_ep"] = True
+    cluster = Cluster.model_validate(cluster)
     # a mistyped flag would be read as absent and its default blamed: name it, and judge nothing
     # else of an argv that is not the one meant
     problems = [f"not a Megatron argument: {flag}" for flag in megatron.unknown_flags(argv)]

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from moetune.cli.common import LAYOUT_OPTIONS
 from moetune.experiment.schema import load_experiment
-from moetune.experiment.section import as_dict
 from moetune.trial import stages
 
 
@@ -18,8 +17,7 @@ def run(store, args) -> tuple[dict, int]:
     changes = {k: getattr(args, k) for k in LAYOUT_OPTIONS if getattr(args, k) is not None}
     config = exp.baseline.replace(**changes)
     study = store.create_study(f"{exp.name}-fit", exp.model.name, {
-        "experiment": str(exp.path), "executor": args.executor, "model": exp.model.to_dict(),
-        "cluster": as_dict(exp.cluster), "tuning": as_dict(exp.tuning), "baseline": exp.baseline.to_dict()})
+        **exp.to_stored(), "experiment": str(exp.path), "executor": args.executor})
     trial = store.trial_by_hash(study.id, config.config_hash()) or \
         store.add_trial(study.id, config.to_dict(), config.config_hash(), fix="fit")
     stages.run_stage(store, trial.id, stages.FIT, force=True, runs_root=Path(args.runs),

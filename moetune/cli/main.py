@@ -70,15 +70,17 @@ def writable_folder(path, what: str) -> None:
                         f"give another with --{'runs' if what == 'runs' else 'out'}") from None
 
 
-def refused_layout(model: str, **changes) -> None:
-    """The constraint table on the layout a tune or fit would submit first: one line, no job."""
+def refused_layout(model, **changes):
+    """The constraint table on the layout a tune or fit would submit first: one line, no job.
+    `model`: the experiment's name or path, or the experiment loaded; the experiment back."""
     from moetune.experiment import constraints, schema as experiment  # pydantic: not for `moetune --help`
-    exp = experiment.load_experiment(model)
+    exp = model if isinstance(model, experiment.Experiment) else experiment.load_experiment(model)
     config = exp.baseline.replace(**changes) if changes else exp.baseline
     refused = constraints.check(config, exp.model, exp.cluster)
     if refused:
         raise UserError(f"{exp.path}: the layout TP{config.tp} PP{config.pp} EP{config.ep} is refused "
                         "before any job: " + "; ".join(f"{v.code}: {v.message}" for v in refused))
+    return exp
 
 
 def cmd_fit(args, _rest):
@@ -93,10 +95,10 @@ def cmd_fit(args, _rest):
 
 def cmd_tune(args, _rest):
     from moetune.tune import loop as tuner  # not for `moetune --help` (above)
-    refused_layout(args.model)
+    exp = refused_layout(args.model)  # the experiment's YAML, loaded once for the whole run
     writable_folder(args.runs, "runs")
     writable_folder(args.out, "reports")
-    summary = tuner.tune(args.model, _store(args), executor=args.executor,
+    summary = tuner.tune(exp, _store(args), executor=args.executor,
                          runs_root=Path(args.runs), max_trials=args.max_trials,
                          progress=not args.no_progress, one_gpu=args.one_gpu,
                          bank_dir=getattr(args, "bank", None))

@@ -16,7 +16,6 @@ from moetune.errors import MoetuneError
 from moetune.experiment import fit
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.constraints import check as constraint_check
-from moetune.experiment.section import get
 
 # Changes of PP or micro batch past the baseline's the step is sized for. Each doubling it holds
 # doubles every trial's step: one keeps the step within twice the least that fills the pipeline
@@ -63,7 +62,7 @@ def plan_samples(baseline: TrainingConfig, model, cluster, tuning, rules: list[R
                  check=constraint_check) -> int:
     """The study's step: tuning.one_gpu_samples where the experiment sets it (it must hold the
     baseline), else the least that holds every layout of step_layouts()."""
-    explicit = get(tuning, "one_gpu_samples")
+    explicit = tuning.one_gpu_samples
     if explicit is not None:
         why = fit.one_gpu_problem(baseline, int(explicit))
         if why:

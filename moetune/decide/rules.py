@@ -26,7 +26,7 @@ from moetune import settings
 from moetune.experiment import gpus as gpu_table
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.constraints import check as constraint_check
-from moetune.experiment.section import as_dict, gpu_count
+from moetune.experiment.schema import Cluster, Tuning
 
 VERIFY_KINDS = ("flex_dispatch", "cuda_graphs", "fp8", "recompute", "overlap", "grouped_gemm", "none")
 
@@ -158,17 +158,17 @@ def load_fit_order(path: str | Path | None = None, rules: list[Rule] | None = No
 
 
 # -- the context conditions read ------------------------------------------------------------
-def layout_facts(config: TrainingConfig, model: dict, cluster: dict, analysis: dict) -> dict:
+def layout_facts(config: TrainingConfig, model: dict, cluster: Cluster, analysis: dict) -> dict:
     """The table's `derived.*` values: facts of the layout on this cluster (and the run's memory
     share) that no single field holds, for the rules' preconditions."""
-    gpus = gpu_count(cluster)
-    per_node = int(cluster.get("gpus_per_node") or gpus)
-    nvl = int(cluster.get("nvlink_domain") or per_node)
+    gpus = cluster.world
+    per_node = cluster.gpus_per_node or gpus
+    nvl = cluster.nvlink_domain
     etp = config.etp or config.tp
     dp = config.data_parallel(gpus)
     experts = int(model.get("num_experts") or 0)
     layers = int(model.get("num_layers") or 0)
-    gpu_type = str(cluster.get("gpu_type") or "")
+    gpu_type = cluster.gpu_type
     mem_gb = analysis.get("gpu_memory_gb") or gpu_table.memory_gb(gpu_type)
     m = (analysis.get("metrics") or {}).get("combined") or {}
     expert_dp = gpus // max(config.pp * config.ep * etp, 1)
@@ -219,10 +219,11 @@ def holds(cond, ctx: dict) -> bool:
         return False
 
 
-def context(analysis: dict, config: TrainingConfig, model, cluster, tuning=None) -> dict:
-    model_d, cluster_d = as_dict(model), as_dict(cluster)
+def context(analysis: dict, config: TrainingConfig, model, cluster: Cluster,
+            tuning: Tuning | None = None) -> dict:
+    model_d, cluster_d = model.to_dict(), cluster.model_dump()
     metrics = dict(((analysis.get("metrics") or {}).get("combined")) or {})
-    d = layout_facts(config, model_d, cluster_d, analysis)
+    d = layout_facts(config, model_d, cluster, analysis)
     metrics.setdefault("memory_used_share", d["memory_used_share"])
     if "exposed_a2a_share" in metrics and "exposed_a2a_share_net" not in metrics:
         # analyses made before the metric existed
@@ -231,7 +232,7 @@ def context(analysis: dict, config: TrainingConfig, model, cluster, tuning=None)
     metrics["log_failure"] = (analysis.get("log") or {}).get("failure")
     cfg = config.to_dict()
     return {"metric": metrics, "config": cfg, "cluster": cluster_d, "model": model_d,
-            "tuning": as_dict(tuning), "derived": d}
+            "tuning": tuning.model_dump() if tuning is not None else {}, "derived": d}
 
 
 def walls_in_order(analysis: dict) -> list[str]:

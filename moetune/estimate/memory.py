@@ -357,10 +357,8 @@ def plan_cluster(exp, gpus: int | None = None, gpu_type: str | None = None):
     """The experiment's cluster section with --gpus / --gpu-type applied: (cluster, world, capacity GB)."""
     cluster = exp.cluster.model_copy(update={k: v for k, v in (("gpu_type", gpu_type),) if v})
     if gpus:
-        per_node = min(gpus, cluster.gpus_per_node)
-        cluster = cluster.model_copy(update={"nodes": max(1, gpus // per_node), "gpus_per_node": per_node})
-    world = cluster.nodes * cluster.gpus_per_node
-    return cluster, world, cluster.memory_gb
+        cluster = cluster.with_gpus(gpus)
+    return cluster, cluster.world, cluster.memory_gb
 
 
 Measured = Callable[[TrainingConfig], "float | None"]  # a layout's measured peak, where known

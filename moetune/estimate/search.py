@@ -16,6 +16,7 @@ from moetune.estimate.memory import (
 from moetune.estimate.pricing import price
 from moetune.estimate.readings import StoreReadings
 from moetune.experiment.config import TrainingConfig
+from moetune.experiment.schema import cluster_section
 
 # Fields that do not change a layout's memory: how long it runs and what is profiled. Routing's
 # capacity fields are left out too, since a fit runs the layout with static routing.
@@ -34,11 +35,10 @@ def measured_peaks(exp, world: int, readings: StoreReadings) -> dict[str, float]
     for study, t, metrics in readings.trials():
         if study.model not in (exp.name, exp.model.name):
             continue
-        cluster = (study.experiment or {}).get("cluster") or {}
-        gpus = (cluster.get("nodes") or 0) * (cluster.get("gpus_per_node") or 0)
+        gpus = cluster_section((study.experiment or {}).get("cluster") or {}).world
         # a run's peak, else its fit's (the layout measured on one GPU: experiment/fit.py)
         peak = t.peak_memory_gb if t.peak_memory_gb is not None else metrics.get("fit_peak_gb")
-        if peak is None or (gpus and gpus != world):
+        if peak is None or gpus != world:
             continue
         key = layout_key(TrainingConfig.from_dict(t.config).to_dict())
         out[key] = max(out.get(key, 0.0), float(peak))

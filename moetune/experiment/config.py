@@ -30,51 +30,99 @@ class TrainingConfig:
     """Everything a trial may change. Defaults are Megatron's own unless noted."""
 
     tp: int = 1
+    """Tensor-parallel size: ranks one layer's matrices are split over; 1 is no split."""
     pp: int = 1
-    vpp: int | None = None  # virtual stages per pipeline rank
-    first_pp_layers: int | None = None  # uneven pipeline: layers of the first stage
-    last_pp_layers: int | None = None  # and of the last
+    """Pipeline-parallel size: stages the layers are split into; 1 is no pipeline."""
+    vpp: int | None = None
+    """Virtual stages per pipeline rank (interleaved schedule); None: one, no interleaving."""
+    first_pp_layers: int | None = None
+    """Uneven pipeline: layers of the first stage; None: an even share."""
+    last_pp_layers: int | None = None
+    """Uneven pipeline: layers of the last stage; None: an even share."""
     cp: int = 1
+    """Context-parallel size: ranks a sequence is split over; 1 is no split."""
     ep: int = 1
-    etp: int | None = None  # expert tensor parallel; None follows Megatron (= tp)
+    """Expert-parallel size: ranks the experts are spread over; 1 is every expert on each rank."""
+    etp: int | None = None
+    """Expert tensor-parallel size; None follows Megatron (= tp)."""
     sequence_parallel: bool = False
+    """Sequence parallelism inside the TP group (activations split by sequence); off by default."""
     micro_batch: int = 1
+    """Sequences per micro batch on one data-parallel rank."""
     global_batch: int = 8
-    seq_length: int | None = None  # None: the model's
-    dispatcher: str = "alltoall"  # moetune's baseline; Megatron's default is allgather
+    """Sequences per training step, over all data-parallel ranks."""
+    seq_length: int | None = None
+    """Tokens per sequence; None: the model's seq_length."""
+    dispatcher: str = "alltoall"
+    """The MoE token dispatcher (alltoall, allgather, flex); alltoall is moetune's baseline,
+    Megatron's default is allgather."""
     flex_backend: str | None = None
+    """The flex dispatcher's backend (deepep, hybridep); None: none (not flex)."""
     deepep_num_sms: int | None = None
+    """SMs DeepEP's kernels take; None: Megatron's default (20)."""
     hybridep_num_sms: int | None = None
+    """SMs HybridEP's kernels take; None: Megatron's default (16)."""
     overlap_ep_a2a: bool = False
+    """Overlap the expert all-to-all with compute (1F1B A2A overlap); off by default."""
     delay_wgrad: bool = False
+    """Delay the expert weight-gradient GEMMs to overlap the all-to-all; off by default."""
     shared_expert_overlap: bool = False
+    """Overlap the shared expert with the dispatch; off by default."""
     tp_comm_overlap: bool = False
+    """Overlap TP communication with GEMMs (Transformer Engine userbuffers); off by default."""
     overlap_grad_reduce: bool = False
+    """Overlap the data-parallel gradient reduce with the backward pass; off by default."""
     overlap_param_gather: bool = False
+    """Overlap the distributed optimizer's parameter all-gather with the forward; off by default."""
     distributed_optimizer: bool = False
+    """Shard optimizer states over data-parallel ranks; off by default."""
     precision_aware_optimizer: bool = False
-    recompute_granularity: str | None = None  # selective | full
+    """Optimizer states in lower precision (Transformer Engine's FusedAdam); off by default."""
+    recompute_granularity: str | None = None
+    """Activation recompute: selective or full; None: none."""
     recompute_modules: tuple[str, ...] = ()
-    recompute_num_layers: int | None = None  # full recompute, uniform method
+    """Modules recomputed under selective recompute; empty: Megatron's default (core_attn)."""
+    recompute_num_layers: int | None = None
+    """Layers per recompute chunk under full recompute (uniform method); None: Megatron's default."""
     offload_modules: tuple[str, ...] = ()
+    """Modules whose activations are offloaded to host memory; empty: none."""
     cuda_graph_impl: str = "none"
+    """CUDA graph implementation (none, local, transformer_engine, full_iteration); none by default."""
     cuda_graph_modules: tuple[str, ...] = ()
-    fp8_format: str | None = None  # e4m3 | hybrid
+    """Modules captured in CUDA graphs; empty: the implementation's default scope."""
+    fp8_format: str | None = None
+    """FP8 format (e4m3, hybrid); None: no FP8 (BF16)."""
     fp8_recipe: str | None = None
+    """FP8 scaling recipe (tensorwise, delayed, blockwise, mxfp8); None: Megatron's default where
+    FP8 is on."""
     grouped_gemm: bool = False
+    """The experts' GEMMs as one grouped GEMM; off by default."""
     permute_fusion: bool = False
+    """Fused token permute/unpermute kernels; off by default."""
     router_fusion: bool = False
+    """Fused router kernels (top-k, score); off by default."""
     cross_entropy_fusion: bool = False
-    router_dtype: str | None = None  # fp32 | fp64
+    """Fused cross-entropy loss kernel; off by default."""
+    router_dtype: str | None = None
+    """The router's compute precision (fp32, fp64); None: the model's (BF16)."""
     force_balance: bool = False
-    capacity_factor: float | None = None  # token drop
-    pad_to_capacity: bool = False  # drop-and-pad
+    """Route tokens evenly regardless of the router (a benchmark's static routing); off by default."""
+    capacity_factor: float | None = None
+    """Expert capacity factor: tokens beyond it are dropped; None: dropless."""
+    pad_to_capacity: bool = False
+    """Pad each expert's tokens to its capacity (drop-and-pad); off by default."""
     manual_gc: bool = False
+    """Python's garbage collector run by Megatron at fixed steps, not at random; off by default."""
     manual_gc_interval: int | None = None
-    transformer_impl: str = "transformer_engine"  # local where TE is absent
+    """Steps between manual collections; None: Megatron's default."""
+    transformer_impl: str = "transformer_engine"
+    """Layer implementation: transformer_engine, or local where TE is absent."""
     train_iters: int = 20
+    """Training steps a trial runs."""
     profile_step_start: int = 10
+    """The first step traced by nsys."""
     profile_step_end: int = 13
+    """The step at which tracing stops (not traced)."""
 
     # -- identity --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -10,9 +10,8 @@ from typing import Callable
 
 from moetune.experiment.config import (CUDA_GRAPH_MODULES, DISPATCHERS, FLEX_BACKENDS, OFFLOAD_MODULES,
                                        RECOMPUTE_MODULES, TrainingConfig)
-from moetune.experiment.gpus import generation
 from moetune.experiment.model import ModelArch
-from moetune.experiment.section import gpu_count
+from moetune.experiment.schema import Cluster
 
 WORKFLOW = "moe-optimization-workflow.md"
 OVERLAP = "moe-comm-overlap.txt"
@@ -263,17 +262,15 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def env_of(model, cluster) -> Env:
-    def g(k, d=None):  # a key the section leaves None (not probed, not set) reads as its default
-        v = cluster.get(k) if isinstance(cluster, dict) else getattr(cluster, k, None)
-        return d if v is None else v
-    gpus = gpu_count(cluster, per_node=8)
-    return Env(m=model, gpus=gpus, generation=generation(g("gpu_type", "H100"), default="hopper"),
-               has_te=bool(g("has_transformer_engine", True)), has_deep_ep=bool(g("has_deep_ep", False)),
-               nvlink_domain=int(g("nvlink_domain", 8) or 1), has_apex=bool(g("has_apex", True)))
+def env_of(model, cluster: Cluster) -> Env:
+    """What the predicates see of the cluster. A capability left None (not set, not probed) reads
+    as the field says: Transformer Engine and apex assumed there, DeepEP not."""
+    return Env(m=model, gpus=cluster.world, generation=cluster.generation,
+               has_te=cluster.has_transformer_engine is not False, has_deep_ep=bool(cluster.has_deep_ep),
+               nvlink_domain=cluster.nvlink_domain, has_apex=cluster.has_apex is not False)
 
 
-def check(config: TrainingConfig, model, cluster) -> list[Violation]:
+def check(config: TrainingConfig, model, cluster: Cluster) -> list[Violation]:
     e = env_of(model, cluster)
     return [Violation(code, msg(config, e) if callable(msg) else msg, src)
             for code, src, bad, msg in RULES if bad(config, e)]

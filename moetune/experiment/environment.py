@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from moetune.experiment.section import get
+from moetune.experiment.schema import Cluster
 
 BRIDGE = "Megatron-Bridge scripts/performance (../shared/cluster-notes.md, Environment)"
 # Megatron's defaults for the SMs the flex dispatcher's kernels take (--moe-deepep-num-sms,
@@ -46,7 +46,7 @@ ENV_RULES: tuple[tuple[Callable[[Mapping[str, Any], Any], Any], dict[str, Value]
      BRIDGE + " (layernorm SM margins on MoE)"),
     # a wrong value makes HybridEP slow or wrong
     (lambda c, k: _flex(c) == "hybridep",
-     {"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": lambda c, k: str(get(k, "nvlink_domain", 8))},
+     {"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": lambda c, k: str(k.nvlink_domain)},
      "moe-dispatcher-selection.txt (HybridEP)"),
     # the first row's expandable segments make Megatron refuse TE CUDA graphs at start-up unless NCCL
     # does not register graph buffers (illegal memory access otherwise); seen on the device
@@ -56,10 +56,11 @@ ENV_RULES: tuple[tuple[Callable[[Mapping[str, Any], Any], Any], dict[str, Value]
 )
 
 
-def config_env(config: Mapping[str, Any], cluster: Any = None) -> dict[str, str]:
-    """The variables of every row that applies to this config on this cluster (None: defaults)."""
+def config_env(config: Mapping[str, Any], cluster: Cluster | None = None) -> dict[str, str]:
+    """The variables of every row that applies to this config on this cluster (None: the schema's
+    default cluster)."""
     env: dict[str, str] = {}
-    cluster = {} if cluster is None else cluster
+    cluster = Cluster() if cluster is None else cluster
     for applies, values, _source in ENV_RULES:
         if applies(config, cluster):
             env.update({k: v(config, cluster) if callable(v) else v for k, v in values.items()})

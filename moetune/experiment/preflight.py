@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from moetune.experiment.section import as_dict, get
+from moetune.experiment.schema import Cluster
 
 # the cluster keys a probe may fill: None in the experiment means "what the preflight found"
 PROBED_KEYS = ("has_transformer_engine", "has_deep_ep", "has_hybrid_ep", "has_apex", "gpu_memory_gb")
@@ -68,16 +68,16 @@ def _ibgda_ok(rec: dict) -> bool:
     return bool((d.get("stream_mem_ops") and d.get("peer_mapping_override")) or d.get("gdrdrv"))
 
 
-def _nsys_on(c: dict) -> bool:
-    return get(c, "nsys", "nsys") not in ("", "off", False)
+def _nsys_on(c: Cluster) -> bool:
+    return c.nsys not in ("", "off")
 
 
-def _workload(c: dict) -> str:
-    return str(get(c, "workload", "megatron"))
+def _workload(c: Cluster) -> str:
+    return c.workload
 
 
-def _multi_node(c: dict) -> bool:
-    return int(get(c, "nodes", 1) or 1) > 1
+def _multi_node(c: Cluster) -> bool:
+    return c.nodes > 1
 
 
 def _ran(rec: dict) -> bool:
@@ -105,18 +105,18 @@ def _megatron_message(rec: dict) -> str:
 @dataclass(frozen=True)
 class Check:
     name: str
-    applies: Callable[[dict], bool]  # on the cluster section
-    fails: Callable[[dict, dict], bool]  # on (record, cluster)
-    message: Callable[[dict, dict], str]
-    fix: Callable[[dict, dict], str]
+    applies: Callable[[Cluster], bool]  # on the cluster section
+    fails: Callable[[dict, Cluster], bool]  # on (record, cluster)
+    message: Callable[[dict, Cluster], str]
+    fix: Callable[[dict, Cluster], str]
     blocking: bool
 
 
-def _always(_c: dict) -> bool:
+def _always(_c: Cluster) -> bool:
     return True
 
 
-def _megatron(c: dict) -> bool:
+def _megatron(c: Cluster) -> bool:
     return _workload(c) == "megatron"
 
 
@@ -147,8 +147,8 @@ CHECKS: tuple[Check, ...] = (
           lambda r, c: "submit to a GPU partition (cluster.partition); where the site asks for GPUs by "
                        "--gres, set cluster.gres (e.g. gpu:8)", True),
     Check("gpus_per_node", _megatron,
-          lambda r, c: _ran(r) and 0 < len(_gpus(r)) < int(get(c, "gpus_per_node", 1) or 1),
-          lambda r, c: f"cluster.gpus_per_node is {get(c, 'gpus_per_node')} but the job on {_host(r)} "
+          lambda r, c: _ran(r) and 0 < len(_gpus(r)) < (c.gpus_per_node or 1),
+          lambda r, c: f"cluster.gpus_per_node is {c.gpus_per_node} but the job on {_host(r)} "
                        f"sees {len(_gpus(r))} GPUs",
           lambda r, c: f"set cluster.gpus_per_node: {len(_gpus(r))}, or ask for whole nodes", True),
     Check("torch_cuda", _megatron,
@@ -159,7 +159,7 @@ CHECKS: tuple[Check, ...] = (
           lambda r, c: "use an image whose torch is built for this driver's CUDA "
                        f"({_sec(r, 'gpus').get('driver_cuda') or 'see nvidia-smi'})", True),
     Check("nsys", _nsys_on, lambda r, c: _ran(r) and not _sec(r, "nsys").get("path"),
-          lambda r, c: f"nsys {get(c, 'nsys', 'nsys')!r} not found in the job on {_host(r)}",
+          lambda r, c: f"nsys {c.nsys!r} not found in the job on {_host(r)}",
           lambda r, c: "install Nsight Systems in the image or set cluster.nsys to its path there", True),
     # notes: the tuner goes on, without what they name
     Check("nsys_recipe", _nsys_on,
@@ -210,8 +210,8 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
-def problems(record: dict, cluster: Any) -> list[Problem]:
-    c = as_dict(cluster)
+def problems(record: dict, cluster: Cluster) -> list[Problem]:
+    c = cluster
     return [Problem(ch.name, ch.blocking, ch.message(record, c), ch.fix(record, c))
             for ch in CHECKS if ch.applies(c) and ch.fails(record, c)]
 
@@ -221,10 +221,10 @@ def blocking(found: list[Problem]) -> list[Problem]:
 
 
 # -- what it implies ---------------------------------------------------------------------------
-def capabilities(record: dict, cluster: Any = None) -> dict:
+def capabilities(record: dict, cluster: Cluster | None = None) -> dict:
     """What the probe found, under the cluster's key names; a key is left out where the probe could
-    not tell (the job did not run, or the imports crashed)."""
-    c = as_dict(cluster)
+    not tell (the job did not run, or the imports crashed). None: the schema's default cluster."""
+    c = cluster or Cluster()
     caps: dict = {}
     if not _ran(record):
         return caps
@@ -255,22 +255,17 @@ def capabilities(record: dict, cluster: Any = None) -> dict:
     return caps
 
 
-def resolve(cluster: Any, caps: dict) -> Any:
+def resolve(cluster: Cluster, caps: dict) -> Cluster:
     """The cluster with each probed value where the experiment leaves the key unset (None); an
-    explicit value in the YAML overrides the probe. Same type back (pydantic model or dict)."""
-    current = as_dict(cluster)
-    update = {k: caps[k] for k in PROBED_KEYS if caps.get(k) is not None and current.get(k) is None}
-    if not update:
-        return cluster
-    if hasattr(cluster, "model_copy"):
-        return cluster.model_copy(update=update)
-    return {**current, **update}
+    explicit value in the YAML overrides the probe."""
+    update = {k: caps[k] for k in PROBED_KEYS if caps.get(k) is not None and getattr(cluster, k) is None}
+    return cluster.model_copy(update=update) if update else cluster
 
 
 # -- keys -------------------------------------------------------------------------------------
-def image_key(cluster: Any) -> str:
+def image_key(cluster: Cluster) -> str:
     """What software the trials meet: the container image, else the venv or interpreter."""
-    c = as_dict(cluster)
+    c = cluster.model_dump()
     if c.get("template") == "container" and c.get("container_image"):
         return str(c["container_image"])
     if c.get("python"):
@@ -280,8 +275,8 @@ def image_key(cluster: Any) -> str:
     return f"python:{sys.executable}"  # job/render.py runs the tuner's own interpreter then
 
 
-def fingerprint(cluster: Any, runs_root: str) -> str:
-    c = as_dict(cluster)
+def fingerprint(cluster: Cluster, runs_root: str) -> str:
+    c = cluster.model_dump()
     what = {k: c.get(k) for k in FINGERPRINT_KEYS}
     what["runs_root"] = str(runs_root)
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]

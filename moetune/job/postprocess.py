@@ -24,21 +24,20 @@ from moetune.job import slurm
 from moetune.job.paths import TrialPaths
 from moetune.job.render import shell_word, time_minutes
 from moetune.job.slurm import ACTIVE
-from moetune.experiment.schema import Postprocess
-from moetune.experiment.section import as_dict, get as attr
+from moetune.experiment.schema import Cluster
 from moetune.paths import WORKLOADS
 from moetune.workloads.postprocess import PostprocessError  # the login side raises it too
 
 BODY = WORKLOADS / "postprocess.py"  # what each array element runs, by its path
 
 
-def settings(cluster) -> dict:
+def settings(cluster: Cluster) -> dict:
     """The job's resources (per rank, one array element): the cluster section's `postprocess`
     keys validated by its schema (experiment/schema.py Postprocess, which holds the defaults), the
     partition and account else the cluster's own."""
-    pp = Postprocess.model_validate(as_dict(attr(cluster, "postprocess")))
-    return {**pp.model_dump(), "partition": pp.partition or attr(cluster, "partition"),
-            "account": pp.account or attr(cluster, "account")}
+    pp = cluster.postprocess
+    return {**pp.model_dump(), "partition": pp.partition or cluster.partition,
+            "account": pp.account or cluster.account}
 
 
 def sbatch_options(folder: str | Path, ranks: list[int], cluster, after: str, name: str,

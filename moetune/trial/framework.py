@@ -11,6 +11,7 @@ names are job/paths.py `TrialPaths`. The experiment comes from the study's `expe
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -21,8 +22,7 @@ from moetune.errors import MoetuneError
 from moetune.job.paths import TrialPaths
 from moetune import settings
 from moetune.paths import trial_folder
-from moetune.experiment.schema import load_experiment, tuning_value
-from moetune.experiment.model import ModelArch
+from moetune.experiment.schema import Experiment, Tuning, load_experiment
 from moetune.store import Study, now
 
 
@@ -81,19 +81,27 @@ class TrialContext:
                              f"--trial {self.id}` first")
         return path
 
+    @functools.cached_property
+    def exp(self) -> Experiment:
+        """The study's experiment, typed: its stored record, else (a record without model and
+        cluster) the experiment its `experiment` name loads, under the record's tuning if stored."""
+        rec = self.experiment
+        if isinstance(rec.get("model"), dict) and isinstance(rec.get("cluster"), dict):
+            return Experiment.from_stored(rec)
+        loaded = load_experiment(rec.get("experiment") or self.study.model)
+        if isinstance(rec.get("tuning"), dict):
+            loaded.tuning = Tuning.from_stored(rec["tuning"])
+        return loaded
+
     def model_and_cluster(self):
-        """(ModelArch, cluster mapping or object) of the study's experiment."""
-        exp = self.experiment
-        if isinstance(exp.get("model"), dict) and isinstance(exp.get("cluster"), dict):
-            return ModelArch.from_dict(exp["model"]), exp["cluster"]
-        loaded = load_experiment(exp.get("experiment") or self.study.model)
-        return loaded.model, loaded.cluster
+        """(ModelArch, Cluster) of the study's experiment."""
+        return self.exp.model, self.exp.cluster
 
     @property
     def one_gpu(self) -> bool:
         """The study runs every trial as one rank of its layout alone on one GPU (tuning.one_gpu;
         stages.one_gpu_rank)."""
-        return bool(tuning_value(self.experiment.get("tuning") or {}, "one_gpu"))
+        return self.exp.tuning.one_gpu
 
     def job_name(self) -> str:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.study.name)

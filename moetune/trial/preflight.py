@@ -20,7 +20,7 @@ from moetune.job import scheduler as jobs
 from moetune.workloads.preflight_probe import MARKER
 from moetune.paths import WORKLOADS
 from moetune.experiment import preflight as spec
-from moetune.experiment.section import as_dict, get
+from moetune.experiment.schema import Cluster
 
 PROBE = WORKLOADS / "preflight_probe.py"
 FOLDER = "_preflight"  # under the runs folder, beside the studies
@@ -53,23 +53,22 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:60]
 
 
-def job(cluster, folder: Path, launcher: str) -> render.JobSpec:
+def job(cluster: Cluster, folder: Path, launcher: str) -> render.JobSpec:
     """The trials' job spec (same template, image, mounts, environment, python) with the probe as
     its one task on one node and nsys off; the token is written beside it."""
-    c = as_dict(cluster)
-    base = render.job_spec(name=f"moetune.preflight.{_safe(str(c.get('name') or 'cluster'))}",
+    base = render.job_spec(name=f"moetune.preflight.{_safe(cluster.name)}",
                            folder=folder, config={}, argv=[], cluster=cluster, launcher=launcher)
     folder = Path(base.folder)
     command = (base.command[0], "-u", str(PROBE), "--out", str(folder / RECORD),
-               "--token-file", str(folder / TOKEN), "--nsys", str(get(c, "nsys", "nsys")),
+               "--token-file", str(folder / TOKEN), "--nsys", cluster.nsys,
                "--workload-dir", base.workload_dir)
     return dataclasses.replace(base, command=command, nsys=None, nodes=1, ntasks_per_node=1)
 
 
-def prepare(cluster, runs_root, launcher: str) -> tuple[render.JobSpec, str]:
+def prepare(cluster: Cluster, runs_root, launcher: str) -> tuple[render.JobSpec, str]:
     """Render the job into a new folder under the runs folder and write the token the job reads
     back; (spec, token)."""
-    name = _safe(str(get(cluster, "name", "cluster")))
+    name = _safe(cluster.name)
     folder = (Path(runs_root) / FOLDER / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}").resolve()
     folder.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(16)
@@ -100,7 +99,7 @@ def _last_lines(path: Path, n: int = 3) -> str:
     return " | ".join(lines[-n:])[:400]
 
 
-def finish(cluster, s: render.JobSpec, token: str, kind: str, poll_s: float = 2.0,
+def finish(cluster: Cluster, s: render.JobSpec, token: str, kind: str, poll_s: float = 2.0,
            timeout_s: float | None = None, store=None, runs_root=None) -> Outcome:
     """Submit the prepared job, wait for it, read and judge its record, store it."""
     job_info: dict = {"kind": kind}
@@ -129,14 +128,13 @@ def finish(cluster, s: render.JobSpec, token: str, kind: str, poll_s: float = 2.
     (Path(s.folder) / "outcome.json").write_text(json.dumps(outcome.to_dict(), indent=1, sort_keys=True,
                                                             default=str) + "\n")
     if store is not None:
-        c = as_dict(cluster)
-        store.add_preflight(str(c.get("name") or "cluster"), spec.image_key(cluster),
+        store.add_preflight(cluster.name, spec.image_key(cluster),
                             spec.fingerprint(cluster, str(Path(runs_root or ".").resolve())), record,
                             [p.to_dict() for p in problems], job_id=outcome.job_id, folder=s.folder)
     return outcome
 
 
-def run(cluster, *, executor: str = "auto", runs_root="runs", store=None, poll_s: float = 2.0,
+def run(cluster: Cluster, *, executor: str = "auto", runs_root="runs", store=None, poll_s: float = 2.0,
         timeout_s: float | None = None) -> Outcome:
     """The preflight of this cluster section, now: render, submit, wait, judge, store."""
     kind = jobs.resolve_kind(executor)
@@ -152,11 +150,10 @@ def _age_s(stamp: str) -> float:
         return float("inf")
 
 
-def current(cluster, store, runs_root) -> Outcome | None:
+def current(cluster: Cluster, store, runs_root) -> Outcome | None:
     """The latest stored preflight of this cluster and image, where it passed, was taken with the
     same cluster keys and runs folder, and is younger than MAX_AGE_S; its problems judged again."""
-    c = as_dict(cluster)
-    row = store.latest_preflight(str(c.get("name") or "cluster"), spec.image_key(cluster))
+    row = store.latest_preflight(cluster.name, spec.image_key(cluster))
     if row is None or row.blocking or _age_s(row.created_at) > MAX_AGE_S:
         return None
     if row.fingerprint != spec.fingerprint(cluster, str(Path(runs_root).resolve())):

@@ -33,11 +33,10 @@ from moetune.job import executors, render, slurm
 from moetune.job import postprocess
 from moetune.job.paths import TrialPaths
 from moetune.job import scheduler as jobs
-from moetune.experiment import fit, gpus
+from moetune.experiment import fit
 from moetune.experiment import preflight as preflight_spec
 from moetune.experiment.config import TrainingConfig, args_for_megatron, run_args
-from moetune.experiment.schema import tuning_value
-from moetune.experiment.section import as_dict, rank_count
+from moetune.experiment.schema import Cluster, Tuning
 from moetune.store import now
 from moetune.trial import framework
 from moetune.trial.framework import NotReady, Stage, StageError, TrialContext
@@ -51,8 +50,7 @@ FIT = "fit"  # before render, where the tuner fits first
 # -- the stages ------------------------------------------------------------------------------
 def _fit_inputs(t: TrialContext) -> tuple[list[Path], Any]:
     model, cluster = t.model_and_cluster()
-    cluster_d = as_dict(cluster)
-    return [], {"config": t.row.config, "model": model.to_dict(), "cluster": cluster_d,
+    return [], {"config": t.row.config, "model": model.to_dict(), "cluster": cluster.model_dump(),
                 "folder": str(t.folder), "launcher": _launcher(t), **job_facts(t),
                 "templates": render.template_texts()}
 
@@ -76,7 +74,7 @@ def one_gpu_rank(t: TrialContext) -> fit.BoundRank | None:
     model, cluster = t.model_and_cluster()
     fitted = t.paths.fit.fit_result
     measured = json.loads(fitted.read_text()).get("ranks") if fitted.exists() else None
-    return fit.bound_rank(model, config, rank_count(cluster), measured)
+    return fit.bound_rank(model, config, cluster.world, measured)
 
 
 def pinned_rank(t: TrialContext, config: TrainingConfig) -> fit.BoundRank | None:
@@ -106,17 +104,16 @@ def job_facts(t: TrialContext) -> dict:
     where the job runs here; `megatron_core`, the image's version the preflight found (None where
     none ran: a flag Megatron renamed then goes by its newest name)."""
     _, cluster = t.model_and_cluster()
-    c = as_dict(cluster)
-    row = t.store.latest_preflight(str(c.get("name") or "cluster"), preflight_spec.image_key(c))
-    found = preflight_spec.capabilities(row.record, c) if row and row.record else {}
+    row = t.store.latest_preflight(cluster.name, preflight_spec.image_key(cluster))
+    found = preflight_spec.capabilities(row.record, cluster) if row and row.record else {}
     if _launcher(t) == "local":
         cpus = os.cpu_count()
     else:
-        cpus = found.get("node_cpus") or slurm.node_cpus(c.get("partition"))
+        cpus = found.get("node_cpus") or slurm.node_cpus(cluster.partition)
     return {"node_cpus": cpus, "megatron_core": found.get("megatron_core")}
 
 
-def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluster, tuning,
+def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluster: Cluster, tuning: Tuning,
                launcher: str, node_cpus: int | None, megatron_core: str | None = None,
                rank: int = 0) -> render.JobSpec:
     """What one trial submits: its layout's job, or in a one-GPU study (tuning.one_gpu) the
@@ -124,12 +121,12 @@ def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluste
     cannot hold the layout). `megatron_core`: the image's version, where the preflight found it:
     a flag that Megatron renamed goes by the name that version knows."""
     one_rank = None
-    if tuning_value(tuning or {}, "one_gpu"):
-        world = rank_count(cluster)
-        samples = int(tuning_value(tuning or {}, "one_gpu_samples"))
+    if tuning.one_gpu:
+        world = cluster.world
+        samples = int(tuning.one_gpu_samples)
         config = fit.one_gpu_config(config, world, samples)
         one_rank = ((rank,), world)
-    argv = config.to_args(model, has_apex=as_dict(cluster).get("has_apex") is not False) + run_args()
+    argv = config.to_args(model, has_apex=cluster.has_apex is not False) + run_args()
     if one_rank:
         argv += list(fit.FAKE_GROUP_ARGS)
     argv = args_for_megatron(argv, megatron_core)
@@ -154,7 +151,7 @@ def do_render(t: TrialContext) -> list[Path]:
     bound = one_gpu_rank(t)
     try:
         spec = trial_spec(name=t.job_name(), folder=t.folder, config=TrainingConfig.from_dict(t.row.config),
-                          model=model, cluster=cluster, tuning=t.experiment.get("tuning"),
+                          model=model, cluster=cluster, tuning=t.exp.tuning,
                           launcher=_launcher(t), **job_facts(t), rank=bound.rank if bound else 0)
     except fit.OneGpuError as e:
         raise StageError(f"trial {t.id}: {e}") from None
@@ -171,15 +168,14 @@ def do_fit(t: TrialContext) -> list[Path]:
     process group, as a job of its own in fit/ (rendered from the same templates, submitted the
     same way); each rank's peak and step time, and whether the layout fits (fit/fit.json)."""
     model, cluster = t.model_and_cluster()
-    cluster_d = as_dict(cluster)
     folder = t.paths.fit.folder
     if folder.exists():  # a fit is measured whole, never half from an earlier run
         shutil.rmtree(folder)
-    world = rank_count(cluster)
+    world = cluster.world
     config = fit.fit_config(TrainingConfig.from_dict(t.row.config), world)
     ranks = fit.bounding_ranks(config, world, model)
     facts = job_facts(t)
-    argv = args_for_megatron(config.to_args(model, has_apex=cluster_d.get("has_apex") is not False)
+    argv = args_for_megatron(config.to_args(model, has_apex=cluster.has_apex is not False)
                              + run_args() + list(fit.FAKE_GROUP_ARGS), facts["megatron_core"])
     spec = render.job_spec(name=t.job_name() + ".fit", folder=folder, config=config.to_dict(),
                            argv=argv, cluster=cluster, launcher=_launcher(t), fit=(ranks, world),
@@ -192,10 +188,7 @@ def do_fit(t: TrialContext) -> list[Path]:
     measured = {r: {**_fit_rank(t.paths.fit.rank_log(r)),
                     **({"stage": stages_of[r].index, "moe_layers": stages_of[r].moe_layers}
                        if r in stages_of else {})} for r in ranks}
-    capacity = cluster_d.get("gpu_memory_gb") or gpus.memory_gb(cluster_d.get("gpu_type"))
-    if not capacity:
-        raise StageError(f"trial {t.id}: cluster.gpu_type {cluster_d.get('gpu_type')!r} has no known "
-                         "memory; set cluster.gpu_memory_gb")
+    capacity = cluster.memory_gb
     result = {**fit.verdict(measured, capacity).to_dict(), "world": world,
               "job": {"job_id": ref.job_id, "state": state.state},
               "ranks": {str(r): m for r, m in measured.items()}}

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from moetune.experiment import preflight as preflight_spec
-from moetune.experiment.section import as_dict
 from moetune.trial import preflight
 
 
@@ -19,7 +18,7 @@ def preflight_gate(exp, store, executor: str, runs_root: Path) -> tuple[str, str
         return "preflight", "not run: the replay submits no job to probe", {}
     cluster = exp.cluster
     if exp.tuning.one_gpu:  # every trial is one rank on one GPU: probe what those jobs get
-        cluster = cluster.model_copy(update={"gpus_per_node": 1, "nodes": 1})
+        cluster = cluster.with_gpus(1)
     out = preflight.current(cluster, store, runs_root) or \
         preflight.run(cluster, executor=executor, runs_root=runs_root, store=store)
     exp.cluster = preflight_spec.resolve(exp.cluster, out.capabilities)
@@ -46,4 +45,4 @@ def record_preflight(tuner, kind: str, reason: str, evidence: dict) -> None:
         store.set_study_state(study.id, "running")
         # its trials run on the cluster as the experiment says now, the cause fixed
         store.set_study_experiment(study.id, {**(study.experiment or {}),
-                                              "cluster": as_dict(tuner.exp.cluster)})
+                                              "cluster": tuner.exp.cluster.model_dump()})

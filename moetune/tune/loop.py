@@ -30,8 +30,7 @@ from moetune.paths import trial_folder
 from moetune.experiment import fit
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.constraints import check
-from moetune.experiment.schema import load_experiment, tuning_value
-from moetune.experiment.section import as_dict, get as attr, gpu_count
+from moetune.experiment.schema import Experiment, load_experiment
 from moetune.store import now
 from moetune.trial import run as runner
 from moetune.trial import stages
@@ -85,36 +84,34 @@ class Tuner:
         self.rules = rules if rules is not None else rules_mod.load_rules()
         self.rule_by_id = {r.id: r for r in self.rules}
         self.fit_order = rules_mod.load_fit_order(rules=self.rules)
-        self.max_trials = int(tuning_value(experiment.tuning, "budget_trials", max_trials))
-        self.budget_gpu_hours = float(tuning_value(experiment.tuning, "budget_gpu_hours"))
-        self.rel_noise = float(tuning_value(experiment.tuning, "noise_threshold"))
-        self.alpha = float(tuning_value(experiment.tuning, "significance"))
-        self.patience = int(tuning_value(experiment.tuning, "patience"))
-        self.hang_timeout_s = float(tuning_value(experiment.tuning, "hang_timeout_s"))
+        self.max_trials = int(experiment.tuning.budget_trials if max_trials is None else max_trials)
+        self.budget_gpu_hours = experiment.tuning.budget_gpu_hours
+        self.rel_noise = experiment.tuning.noise_threshold
+        self.alpha = experiment.tuning.significance
+        self.patience = experiment.tuning.patience
+        self.hang_timeout_s = experiment.tuning.hang_timeout_s
         # one GPU (tuning.one_gpu): every trial is one rank of the layout alone (the slowest MoE
         # stage's), so a trial costs one GPU's time and only the rules one rank can show are proposed
-        self.one_gpu = bool(tuning_value(experiment.tuning, "one_gpu"))
-        tuning = as_dict(experiment.tuning)
+        self.one_gpu = experiment.tuning.one_gpu
+        record = experiment.to_stored()
         # the one-GPU step, planned now for every trial the study can propose (decide/one_gpu.py)
         self.samples = self._plan_samples() if self.one_gpu else None
         if self.one_gpu:
-            tuning["one_gpu_samples"] = self.samples
-        record = {"experiment": experiment.name, "executor": "local" if executor == "replay" else executor,
-                  "replay": executor == "replay", "model": experiment.model.to_dict(),
-                  "cluster": as_dict(experiment.cluster), "tuning": tuning,
-                  "baseline": experiment.baseline.to_dict(), "plan": self._plan()}
+            record["tuning"]["one_gpu_samples"] = self.samples
+        record.update({"executor": "local" if executor == "replay" else executor,
+                       "replay": executor == "replay", "plan": self._plan()})
         self.study_name = self._study_for(study_name, record["plan"])
         self.study = store.create_study(self.study_name, experiment.model.name, record)
-        self.gpus = 1 if self.one_gpu else gpu_count(experiment.cluster)
+        self.gpus = 1 if self.one_gpu else experiment.cluster.world
         # fit first (experiment/fit.py): every multi-GPU layout measured on one GPU before it is submitted
-        fit_first = attr(experiment.tuning, "fit_first")
+        fit_first = experiment.tuning.fit_first
         if fit_first is None:
-            fit_first = attr(experiment.cluster, "workload", "megatron") == "megatron"
-        self.fit_first = bool(fit_first) and executor != "replay" and gpu_count(experiment.cluster) > 1
+            fit_first = experiment.cluster.workload == "megatron"
+        self.fit_first = bool(fit_first) and executor != "replay" and experiment.cluster.world > 1
         # the step-time model (tune/predicted.py); not in a one-GPU study, whose trials measure one
         # rank alone, not the cluster's step the model predicts
         self.model = None if self.one_gpu else predicted.Model(experiment, store)
-        self.rank_moves = self.model is not None and bool(tuning_value(experiment.tuning, "predict_moves"))
+        self.rank_moves = self.model is not None and experiment.tuning.predict_moves
 
     # -- what the study measures, fixed at its start ------------------------------------
     def _plan_samples(self) -> int:
@@ -127,7 +124,7 @@ class Tuner:
     def _plan(self) -> dict:
         """What makes trials of a study comparable: the baseline, the world it runs in, and
         (one GPU) the step every trial runs."""
-        return {"baseline": self.exp.baseline.config_hash(), "world": gpu_count(self.exp.cluster),
+        return {"baseline": self.exp.baseline.config_hash(), "world": self.exp.cluster.world,
                 "one_gpu_samples": self.samples}
 
     def _study_for(self, name: str, plan: dict) -> str:
@@ -314,7 +311,7 @@ class Tuner:
         inc = self.store.metrics(parent.id).get("judged_step_time_ms") or parent.step_time_ms
         if not inc:
             return None
-        minutes = time_minutes(attr(self.exp.cluster, "time_limit", "00:30:00"))
+        minutes = time_minutes(self.exp.cluster.time_limit)
         return {"step_time_ms": round(ms, 3), "model_ms": round(sum(terms.values()), 3),
                 "model_terms_ms": {g: round(v, 3) for g, v in terms.items()}, "correction": corr.to_dict(),
                 "incumbent_ms": inc, "noise_threshold": self.rel_noise,
@@ -354,7 +351,7 @@ class Tuner:
         return outcomes.OutcomeContext(
             outcome=out, fix=trial.fix, parent=kind, parent_number=parent.number if parent else None,
             parent_hash=parent.config_hash if parent else None, parent_analysis=parent_an,
-            verify=rule.verify if rule else "none", cluster=attr(self.exp.cluster, "name", "cluster"),
+            verify=rule.verify if rule else "none", cluster=self.exp.cluster.name,
             image=image_of(self.exp.cluster), rel_noise=self.rel_noise, alpha=self.alpha)
 
     def _run_trial(self, trial, resubmit: bool = False):
@@ -408,12 +405,13 @@ class Tuner:
         return out
 
 
-def tune(experiment_name: str, store, *, executor: str = "auto", runs_root="runs",
+def tune(experiment: str | Experiment, store, *, executor: str = "auto", runs_root="runs",
          max_trials=None, progress: bool = True, bank_dir=None, study_name: str | None = None,
          one_gpu: bool = False) -> dict:
     """Run (or resume) the study of an experiment; returns `summary`. `one_gpu`: as if the
-    experiment said tuning.one_gpu (its study is named NAME-1gpu, apart from the cluster's)."""
-    exp = load_experiment(experiment_name)
+    experiment said tuning.one_gpu (its study is named NAME-1gpu, apart from the cluster's).
+    `experiment`: loaded already (`moetune tune` loads its YAML once), else its name or path."""
+    exp = experiment if isinstance(experiment, Experiment) else load_experiment(experiment)
     if one_gpu:
         exp.tuning = exp.tuning.model_copy(update={"one_gpu": True})
     if executor == "auto":

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from moetune.experiment.section import get as attr
+from moetune.experiment.schema import Cluster
 
 if TYPE_CHECKING:
     from moetune.store import Decision, Trial
@@ -39,13 +39,9 @@ def ran(trial) -> bool:
     return trial.state not in NOT_RUN
 
 
-def image_of(cluster) -> str:
+def image_of(cluster: Cluster) -> str:
     """What identifies the software on a cluster: a rule not applied is retried when it changes."""
-    for key in ("image", "container_image", "template"):
-        v = attr(cluster, key)
-        if v:
-            return str(v)
-    return "default"
+    return cluster.container_image or cluster.template
 
 
 @dataclass
@@ -137,7 +133,7 @@ def study_state(store, study, cluster) -> StudyState:
         if ran(t):
             st.runs += 1
             st.gpu_hours += store.metrics(t.id).get("gpu_hours", 0.0)
-    name, image = attr(cluster, "name", "cluster"), image_of(cluster)
+    name, image = cluster.name, image_of(cluster)
     for s in store.studies():
         for d in store.decisions(s.id):
             ev = d.evidence or {}

@@ -7,7 +7,6 @@ import pytest
 from moetune.cli.main import main
 from moetune.experiment.schema import load_experiment
 from moetune.estimate.memory import FIXED_GB
-from moetune.experiment.section import as_dict
 from moetune.store import Store
 
 QWEN_BASELINE_MEASURED_GB = 85919.27 / 1024  # benchmarks/fit_lease: rank 0 on one H200, max allocated
@@ -55,7 +54,7 @@ def test_measured_gb_from_the_store(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("MOETUNE_DB", str(tmp_path / "db.sqlite"))
     exp = load_experiment("qwen3_235b")
     store = Store()
-    study = store.create_study("fit-qwen", exp.model.name, {"cluster": as_dict(exp.cluster)})
+    study = store.create_study("fit-qwen", exp.model.name, {"cluster": exp.cluster.model_dump()})
     fit = exp.baseline.replace(capacity_factor=1.0, pad_to_capacity=True, train_iters=3)  # as the fit ran
     t = store.add_trial(study.id, fit.to_dict(), fit.config_hash())
     store.update_trial(t.id, state="completed", peak_memory_gb=QWEN_BASELINE_MEASURED_GB)

@@ -177,7 +177,6 @@ def test_every_shipped_experiment_plans_a_one_gpu_study_its_rules_fit_in(tmp_pat
     micro batch the one-GPU rules can propose from it (in one change, STEP_CHANGES)."""
     from moetune.decide import one_gpu
     from moetune.experiment.schema import load_experiment
-    from moetune.experiment.section import gpu_count
     exp = load_experiment(name)
     exp.tuning = exp.tuning.model_copy(update={"one_gpu": True})
     store = Store(str(tmp_path / "db.sqlite"))
@@ -185,7 +184,7 @@ def test_every_shipped_experiment_plans_a_one_gpu_study_its_rules_fit_in(tmp_pat
                     progress=False)
     samples = store.study(f"{name}-1gpu").experiment["tuning"]["one_gpu_samples"]
     assert samples == t.samples >= fit.ONE_GPU_MIN_SAMPLES
-    world = gpu_count(exp.cluster)
+    world = exp.cluster.world
     base = fit.one_gpu_config(exp.baseline, world, samples)  # raises where the step cannot run it
     assert base.global_batch == exp.baseline.data_parallel(world) * samples
     layouts = one_gpu.step_layouts(exp.baseline, exp.model, exp.cluster, exp.tuning, t.rules)

@@ -7,6 +7,7 @@ import pytest
 from moetune.decide import rules
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.model import ModelArch
+from moetune.experiment.schema import Cluster, Tuning
 
 MODEL = ModelArch(name="m", num_layers=8, hidden_size=2048, num_attention_heads=16,
                   num_query_groups=4, ffn_hidden_size=6144, moe_ffn_hidden_size=1536,
@@ -18,7 +19,7 @@ MLA_MODEL = ModelArch(**{**MODEL.to_dict(), "multi_latent_attention": True, "kv_
 def cluster(**kw):
     base = dict(name="c", nodes=1, gpus_per_node=8, gpu_type="H100", nvlink_domain=8,
                 has_transformer_engine=True, has_deep_ep=True, has_hybrid_ep=False)
-    return SimpleNamespace(**{**base, **kw})
+    return Cluster(**{**base, **kw})
 
 
 def analysis(wall, evidence=(), **metrics):
@@ -168,7 +169,7 @@ def test_token_drop_when_allowed():
     """Token drop is proposed when the experiment allows it."""
     ids = [p.rule.id for p in rules.proposals(analysis("compute", sm_util_estimate=0.9), BASE,
                                               MODEL, cluster(),
-                                              tuning={"allow_token_drop": True},
+                                              tuning=Tuning(allow_token_drop=True),
                                               check=no_violations)]
     assert "token_drop" in ids
 

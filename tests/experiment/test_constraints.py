@@ -3,7 +3,7 @@ import pytest
 
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.constraints import RULES, check
-from moetune.experiment.schema import load_experiment
+from moetune.experiment.schema import Cluster, load_experiment
 from moetune.experiment.model import ModelArch
 
 MODEL = ModelArch("t", num_layers=8, hidden_size=1024, num_attention_heads=16, num_query_groups=4,
@@ -112,7 +112,7 @@ MODEL_CASES = [
 def test_forbidden_router_is_refused(changes, code):
     """Each forbidden router setting of the model is refused by its row."""
     from dataclasses import replace
-    codes = [v.code for v in check(OK, replace(MODEL, **changes), H100)]
+    codes = [v.code for v in check(OK, replace(MODEL, **changes), Cluster(**H100))]
     assert code in codes, codes
 
 
@@ -121,19 +121,19 @@ def test_grouped_sigmoid_router_with_bias_passes():
     from dataclasses import replace
     m = replace(MODEL, moe_router_score_function="sigmoid", moe_router_num_groups=4, moe_router_group_topk=2,
                 moe_router_enable_expert_bias=True, moe_router_topk_scaling_factor=2.5)
-    assert check(OK, m, H100) == []
+    assert check(OK, m, Cluster(**H100)) == []
 
 
 def test_ok_config_passes():
     """The reference config passes the table with no violation."""
-    assert check(OK, MODEL, H100) == []
+    assert check(OK, MODEL, Cluster(**H100)) == []
 
 
 @pytest.mark.parametrize("changes, cluster, code", CASES, ids=[c[2] for c in CASES])
 def test_forbidden_combination_is_refused(changes, cluster, code):
     """Each forbidden combination is refused by its own row, with a source and a message saying what to
     change."""
-    violations = check(OK.replace(**changes), MODEL, {**H100, **cluster})
+    violations = check(OK.replace(**changes), MODEL, Cluster(**{**H100, **cluster}))
     codes = [v.code for v in violations]
     assert code in codes, codes
     v = next(v for v in violations if v.code == code)
@@ -150,13 +150,13 @@ def test_enough_distinct_refusals_covered():
 def test_allowed_offload_passes():
     """Offloading core_attn with attn_proj and expert_fc1 with moe_act is accepted."""
     cfg = OK.replace(grouped_gemm=True, offload_modules=["core_attn", "attn_proj", "expert_fc1", "moe_act"])
-    assert check(cfg, MODEL, H100) == []
+    assert check(cfg, MODEL, Cluster(**H100)) == []
 
 
 def test_mla_model_allows_mla_recompute():
     """mla_up_proj recompute is accepted on a multi-latent-attention model."""
     cfg = OK.replace(recompute_granularity="selective", recompute_modules=["mla_up_proj"])
-    assert "mla_up_proj_without_mla" not in [v.code for v in check(cfg, MLA, H100)]
+    assert "mla_up_proj_without_mla" not in [v.code for v in check(cfg, MLA, Cluster(**H100))]
 
 
 def test_allowed_overlap_and_graphs():
@@ -165,7 +165,7 @@ def test_allowed_overlap_and_graphs():
     cfg = OK.replace(overlap_ep_a2a=True, delay_wgrad=True, cuda_graph_impl="transformer_engine",
                      cuda_graph_modules=["attn", "moe_router", "moe_preprocess"],
                      recompute_granularity="selective", recompute_modules=["layernorm"])
-    assert check(cfg, MODEL, H100) == []
+    assert check(cfg, MODEL, Cluster(**H100)) == []
 
 
 @pytest.mark.parametrize("name", ["qwen3_235b", "qwen3_30b_a3b", "deepseek_v3", "mixtral_8x7b",
@@ -181,15 +181,15 @@ def test_batch_and_divisibility_messages_carry_the_numbers():
     data-parallel size (with the GPUs and model parallelism it comes from, and a global batch that
     would divide); the GPU count against TP×PP×CP; experts against EP; heads against TP."""
     cluster = dict(H100)
-    msg = {v.code: v.message for v in check(OK.replace(global_batch=60, micro_batch=2), MODEL, cluster)}
+    msg = {v.code: v.message for v in check(OK.replace(global_batch=60, micro_batch=2), MODEL, Cluster(**cluster))}
     # 16 GPUs / TP 2 = DP 8; micro batch 2 × 8 = 16, and 64 is the multiple of 16 nearest 60
     assert msg["global_batch_not_divisible"] == (
         "global batch 60 must be a multiple of micro batch 2 × data-parallel size 8 (= 16, from 16 GPUs / "
         "TP×PP×CP 2); e.g. global batch 64")
-    msg = {v.code: v.message for v in check(OK.replace(tp=3), MODEL, cluster)}
+    msg = {v.code: v.message for v in check(OK.replace(tp=3), MODEL, Cluster(**cluster))}
     assert "TP×PP×CP = 3×1×1 = 3 must divide the GPU count 16" in msg["gpus_not_divisible"]
     assert msg["heads_not_divisible_by_tp"] == "attention heads (16) must be divisible by TP (3)"
-    msg = {v.code: v.message for v in check(OK.replace(ep=3), MODEL, {**cluster, "gpus_per_node": 6, "nodes": 1})}
+    msg = {v.code: v.message for v in check(OK.replace(ep=3), MODEL, Cluster(**{**cluster, "gpus_per_node": 6, "nodes": 1}))}
     assert msg["experts_not_divisible_by_ep"] == "the number of experts (16) must be divisible by EP (3)"
 
 
@@ -197,5 +197,5 @@ def test_every_message_is_one_line_text():
     """Every refusal of the cases above is a non-empty line of text (a message made from the config
     renders, none is left a function)."""
     for changes, cluster, _ in CASES:
-        for v in check(OK.replace(**changes), MODEL, {**H100, **cluster}):
+        for v in check(OK.replace(**changes), MODEL, Cluster(**{**H100, **cluster})):
             assert isinstance(v.message, str) and v.message and "\n" not in v.message, v.code

@@ -37,9 +37,8 @@ SHIPPED = ("deepseek_v3", "mixtral_8x7b", "mixtral_8x22b", "qwen3_30b_a3b", "qwe
 
 def shipped(name):
     from moetune.experiment.schema import load_experiment
-    from moetune.experiment.section import rank_count
     exp = load_experiment(name)
-    return exp.model, exp.baseline, rank_count(exp.cluster)
+    return exp.model, exp.baseline, exp.cluster.world
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -42,7 +42,7 @@ def test_preflight_through_slurm_records_cpus_numa_nsys_and_the_runs_folder(slur
     Debian's 2022.4, a note, not a block) and the token
     the login side wrote, read back by the same path; the record is stored per cluster and image."""
     store = Store(str(tmp_path / "db.sqlite"))
-    cluster = stand_in_cluster(nsys=nsys_bin, python=sys.executable)
+    cluster = Cluster(**stand_in_cluster(nsys=nsys_bin, python=sys.executable))
     out = preflight.run(cluster, executor="slurm", runs_root=tmp_path / "runs", store=store, poll_s=1,
                         timeout_s=300)
     rec = out.record
@@ -66,14 +66,14 @@ def test_preflight_through_slurm_records_cpus_numa_nsys_and_the_runs_folder(slur
     # a later tuner takes the stored record while the cluster keys and runs folder are unchanged
     again = preflight.current(cluster, store, tmp_path / "runs")
     assert again is not None and again.job_id == out.job_id and again.stored_at
-    assert preflight.current({**cluster, "nsys": "off"}, store, tmp_path / "runs") is None
+    assert preflight.current(cluster.model_copy(update={"nsys": "off"}), store, tmp_path / "runs") is None
 
 
 @pytest.mark.slurm
 def test_preflight_blocks_a_megatron_workload_where_the_image_has_no_megatron(slurm, tmp_path):
     """The login venv (no torch, no megatron) as a Megatron workload's interpreter: the entry's
     check cannot run, and no GPU is visible; both block, each line naming the fix."""
-    cluster = stand_in_cluster(workload="megatron", gpus_per_node=0, python=sys.executable, nsys="off")
+    cluster = Cluster(**stand_in_cluster(workload="megatron", gpus_per_node=0, python=sys.executable, nsys="off"))
     out = preflight.run(cluster, executor="slurm", runs_root=tmp_path / "runs", poll_s=1, timeout_s=300)
     found = _checks(out)
     assert {"megatron", "gpu"} <= {p.check for p in out.blocking}
@@ -89,8 +89,8 @@ def test_preflight_blocks_a_megatron_workload_where_the_image_has_no_megatron(sl
 def test_preflight_with_the_megatron_venv_finds_megatron_core_0_19(slurm, tmp_path):
     """cluster.python pointed at the Megatron venv: the probe, run by that interpreter in the
     job, finds megatron-core 0.19.2 and torch; the training entry's own check says it can run."""
-    cluster = stand_in_cluster(workload="megatron", gpus_per_node=0, python=str(venv_python()), nsys="off",
-                               time_limit="00:10:00")
+    cluster = Cluster(**stand_in_cluster(workload="megatron", gpus_per_node=0, python=str(venv_python()),
+                                         nsys="off", time_limit="00:10:00"))
     out = preflight.run(cluster, executor="slurm", runs_root=tmp_path / "runs", poll_s=2, timeout_s=600)
     rec = out.record
     assert rec["packages"]["megatron-core"].startswith("0.19.2") and rec["torch"]["version"]
@@ -107,7 +107,7 @@ def test_preflight_with_the_megatron_venv_finds_megatron_core_0_19(slurm, tmp_pa
 def test_preflight_runs_folder_not_the_same_on_the_compute_node_blocks(slurm, tmp_path):
     """What the compute node reads at the token's path differs from what the login node wrote
     (here: the file is rewritten after the job is rendered, before it is submitted): blocking."""
-    cluster = stand_in_cluster(python=sys.executable, nsys="off")
+    cluster = Cluster(**stand_in_cluster(python=sys.executable, nsys="off"))
     s, token = preflight.prepare(cluster, tmp_path / "runs", "srun")
     Path(s.folder, preflight.TOKEN).write_text("someone else's folder\n")
     out = preflight.finish(cluster, s, token, "slurm", poll_s=1, timeout_s=300)
@@ -225,15 +225,15 @@ def test_preflight_capabilities_resolve_under_the_yamls_explicit_values():
     assert "flex_needs_deep_ep" in before and "flex_needs_deep_ep" not in after
     ctx = rules_mod.context({"metrics": {"combined": {}}}, flex, exp.model, resolved)
     assert ctx["cluster"]["has_deep_ep"] is True and ctx["cluster"]["has_transformer_engine"] is False
-    # a dict cluster resolves the same way; nothing probed leaves it as it was
-    assert spec.resolve({"has_deep_ep": False}, caps)["has_deep_ep"] is False
+    # an explicit value of another cluster wins too; nothing probed leaves it as it was
+    assert spec.resolve(Cluster(has_deep_ep=False), caps).has_deep_ep is False
     assert spec.resolve(cluster, {}) is cluster
 
 
 def test_preflight_across_nodes_deep_ep_needs_ibgda_and_the_problems_table():
     """Two nodes: a DeepEP without IBGDA (driver settings absent, no GDRCopy) is not a capability,
     and says why in a note; a Megatron the entry cannot run on blocks with the entry's own fix."""
-    two = {"name": "c", "workload": "megatron", "nodes": 2, "gpus_per_node": 8, "nsys": "nsys"}
+    two = Cluster(name="c", workload="megatron", nodes=2, gpus_per_node=8, nsys="nsys")
     caps = spec.capabilities(_record(), two)
     assert caps["has_deep_ep"] is False and caps["has_hybrid_ep"] is False
     notes = {p.check: p for p in spec.problems(_record(), two)}
@@ -247,4 +247,4 @@ def test_preflight_across_nodes_deep_ep_needs_ibgda_and_the_problems_table():
     (p,) = [p for p in spec.problems(old, two) if p.blocking]
     assert p.check == "megatron" and "megatron-core 0.15.0 from /opt/megatron-lm" in p.message
     assert p.line.endswith("fix: use megatron-core 0.19 or later (pip install megatron-core==0.19.2)")
-    assert not [p for p in spec.problems(_record(), {**two, "nodes": 1}) if p.blocking]
+    assert not [p for p in spec.problems(_record(), two.model_copy(update={"nodes": 1})) if p.blocking]

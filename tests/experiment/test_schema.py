@@ -66,3 +66,56 @@ def test_unknown_experiment_lists_known():
     """An unknown experiment name is refused with the list of known ones."""
     with pytest.raises(ConfigError, match="known: .*qwen3_235b"):
         load_experiment("no_such_model")
+
+
+def test_cluster_world_and_gpus():
+    """The world size is the cluster's ranks: one per GPU; on nodes without GPUs, its tasks (else
+    one) per node. A cluster that leaves gpus_per_node out has the schema's 8."""
+    from moetune.experiment.schema import Cluster
+    assert (Cluster(nodes=2, gpus_per_node=4).world, Cluster(nodes=2, gpus_per_node=4).gpus) == (8, 8)
+    assert (Cluster(nodes=3).world, Cluster(nodes=3).gpus) == (24, 24)
+    cpu = Cluster(nodes=3, gpus_per_node=0, ntasks_per_node=2)
+    assert (cpu.world, cpu.gpus) == (6, 0)
+    assert Cluster(nodes=3, gpus_per_node=0).world == 3
+
+
+def test_cluster_cut_to_fewer_gpus():
+    """with_gpus: part of one node, one GPU (a one-GPU study), or whole nodes of gpus_per_node."""
+    from moetune.experiment.schema import Cluster
+    c = Cluster(nodes=4, gpus_per_node=8)
+    assert (c.with_gpus(4).nodes, c.with_gpus(4).world) == (1, 4)
+    assert (c.with_gpus(1).nodes, c.with_gpus(1).gpus_per_node) == (1, 1)
+    assert (c.with_gpus(16).nodes, c.with_gpus(16).world) == (2, 16)
+    assert Cluster(gpus_per_node=0).with_gpus(1).world == 1
+
+
+def test_a_stored_experiment_reads_back_typed(tmp_path):
+    """The study's record of an experiment (to_stored, through the store's JSON) reads back as
+    the same typed Experiment; a tuning key stored as None takes the schema's default."""
+    import json
+
+    from moetune.experiment.schema import Cluster, Experiment, Tuning
+    from moetune.store import Store
+    e = load_experiment("moe_proxy")
+    store = Store(f"sqlite:///{tmp_path / 'm.db'}")
+    store.create_study("s", e.model.name, {**e.to_stored(), "plan": {"world": e.cluster.world}})
+    (study,) = store.studies()
+    back = Experiment.from_stored(study.experiment)
+    assert isinstance(back.cluster, Cluster) and isinstance(back.tuning, Tuning)
+    assert isinstance(back.baseline, TrainingConfig)
+    assert (back.name, back.model, back.cluster, back.tuning, back.baseline) == \
+        (e.name, e.model, e.cluster, e.tuning, e.baseline)
+    record = json.loads(json.dumps(e.to_stored()))
+    record["tuning"]["patience"] = None
+    assert Experiment.from_stored(record).tuning.patience == Tuning().patience
+
+
+def test_a_stored_experiment_with_a_bad_key_is_one_line():
+    """A stored cluster or tuning key the schema does not know (and set) is a one-line ConfigError."""
+    from moetune.experiment.schema import Experiment
+    record = load_experiment("moe_proxy").to_stored()
+    with pytest.raises(ConfigError, match="cluster.gpus_per_nod: .*allowed keys") as err:
+        Experiment.from_stored({**record, "cluster": {**record["cluster"], "gpus_per_nod": 4}})
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="stored experiment moe_proxy: tuning.patience"):
+        Experiment.from_stored({**record, "tuning": {"patience": 0}})

@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 from moetune.store import Store
+from moetune.experiment.schema import Cluster
 from moetune.tune.state import (JUDGED, StudyState, crashed, image_of, lowered, measured_fit,
                                          study_state)
 
@@ -23,7 +24,7 @@ def test_a_rule_whose_trial_crashed_is_not_tried_again_in_the_study(tmp_path):
     the study state remembers it, so no later parent spends a trial on it again."""
     store = recorded_store(tmp_path)
     study = store.study("moe_proxy")
-    st = study_state(store, study, {"name": "device-h200x2"})
+    st = study_state(store, study, Cluster(name="device-h200x2"))
     assert st.crashed == {"cuda_graphs_local": 6}
     assert "manual_gc" not in st.crashed  # reverted within noise: not a crash
 
@@ -46,7 +47,7 @@ def test_the_recorded_study_reads_back_its_incumbent_parents_and_budget(tmp_path
     up; nothing is pending and the study's stop decision is the one it stopped on."""
     store = recorded_store(tmp_path)
     study = store.study("moe_proxy")
-    st = study_state(store, study, {"name": "device-h200x2"})
+    st = study_state(store, study, Cluster(name="device-h200x2"))
     assert st.incumbent.number == 3 and st.since_keep == 3
     assert st.tried == {"cf9ac0795bcf8949": {"ep_a2a_overlap", "larger_micro_batch"},
                         "74accb21b07dcafb": {"cuda_graphs_local", "larger_micro_batch", "manual_gc"}}
@@ -70,19 +71,18 @@ def test_a_trial_not_yet_judged_is_pending_and_a_not_applied_rule_is_blocked_on_
                        evidence={"parent": "h0", "cluster": "c", "image": "img:1"})
     unfit = store.add_trial(study.id, {"tp": 4}, "h2", fix="recompute")
     store.update_trial(unfit.id, state="no_fit")
-    st = study_state(store, study, {"name": "c", "image": "img:1"})
+    st = study_state(store, study, Cluster(name="c", container_image="img:1"))
     assert st.pending.id == unfit.id and st.incumbent.id == base.id
     assert st.blocked == {"flex_dispatch"} and st.tried == {"h0": {"flex_dispatch"}}
     assert st.runs == 2 and st.since_keep == 1
-    assert study_state(store, study, {"name": "c", "image": "img:2"}).blocked == set()
+    assert study_state(store, study, Cluster(name="c", container_image="img:2")).blocked == set()
 
 
 def test_image_of_names_the_software_a_cluster_runs():
-    """The image, else the container image, else the template, else 'default'."""
-    assert image_of({"image": "a", "template": "venv"}) == "a"
-    assert image_of({"container_image": "nvcr.io/x:1", "template": "container"}) == "nvcr.io/x:1"
-    assert image_of({"template": "venv"}) == "venv"
-    assert image_of({}) == "default"
+    """The container image, else the template (the schema's, "container", where none is set)."""
+    assert image_of(Cluster(container_image="nvcr.io/x:1", template="container")) == "nvcr.io/x:1"
+    assert image_of(Cluster(template="venv")) == "venv"
+    assert image_of(Cluster()) == "container"
 
 
 def test_a_memory_fix_is_the_next_parent_only_where_it_lowered_the_peak():
