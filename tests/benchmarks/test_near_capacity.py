@@ -43,7 +43,7 @@ def test_near_capacity_bars_the_fixes_that_grow_memory(recorded):
     exp = load_experiment(info.pop("experiment"))
     config = TrainingConfig.from_dict(info)
     assert (config.tp, config.pp, config.ep, config.micro_batch) == (2, 1, 8, 2)
-    cluster = exp.cluster.model_dump()
+    cluster = exp.cluster
     near = {p.rule.id for p in rules.proposals(recorded, config, exp.model, cluster, exp.tuning)}
     roomy = {p.rule.id for p in rules.proposals({**recorded, "gpu_memory_gb": 141.0}, config, exp.model,
                                                 cluster, exp.tuning)}

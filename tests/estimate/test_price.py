@@ -11,7 +11,6 @@ from moetune.cli.main import main
 from moetune.estimate import StoreReadings, price
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.schema import load_experiment
-from moetune.experiment.section import as_dict
 from moetune.store import Store
 from moetune.tune import predicted
 
@@ -37,7 +36,7 @@ def db(tmp_path, monkeypatch):
     exp = load_experiment("qwen3_30b_a3b")
     store = Store(path)
     store.add_calibration(exp.cluster.name, exp.cluster.gpu_type, CALIBRATION, job_id="1")
-    study = store.create_study("qwen3_30b_a3b-fit", exp.model.name, {"cluster": as_dict(exp.cluster)})
+    study = store.create_study("qwen3_30b_a3b-fit", exp.model.name, {"cluster": exp.cluster.model_dump()})
     t = store.add_trial(study.id, exp.baseline.to_dict(), exp.baseline.config_hash(), fix="fit")
     store.set_metrics(t.id, {"fit_compute_ms": FIT_MS})
     store.engine.dispose()

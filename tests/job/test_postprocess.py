@@ -9,11 +9,12 @@ import shlex
 
 import pytest
 
+from moetune.experiment.schema import cluster_section
 from moetune.job import postprocess, slurm
 
 
 def test_the_job_runs_the_body_by_its_path_one_element_a_rank(tmp_path):
-    argv = postprocess.sbatch_argv(tmp_path, [0, 3], {"partition": "cpu", "postprocess": {"mem": "2G"}},
+    argv = postprocess.sbatch_argv(tmp_path, [0, 3], cluster_section({"name": "c", "partition": "cpu", "postprocess": {"mem": "2G"}}),
                                    after="77", name="t.post", python="/py/bin/python")
     assert argv[:2] == ["sbatch", "--parsable"]
     assert {"--dependency=afterany:77", "--array=0-1", "--mem=2G", "--partition=cpu"} <= set(argv)
