@@ -15,7 +15,7 @@ scaled so that host / GPU is r, the GPU a single queue (kernels of several strea
 the overlap of communication with compute is not replayed), with and without the waits. The table
 gives step / max(host, GPU) - 1 at each r: what max(host, GPU) leaves out at that balance, for
 that trace's code path. The first trace's curve over CURVE_RATIOS is the model's `host_wait_excess` (estimate/rates.py CURVES;
-tests/test_predict_rates.py keeps the two equal).
+tests/estimate/test_rates.py keeps the two equal).
 """
 from __future__ import annotations
 

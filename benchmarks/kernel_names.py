@@ -5,7 +5,7 @@ test data) through the analysis loader, so the names are the ones the analysis c
 by their namespace), and the kernel names of the NVIDIA recipes' outputs kept beside the one-GPU runs
 (benchmarks/one_gpu_tuning, benchmarks/near_capacity: their traces were not kept, the recipes' short
 names were). The table is written with today's classes; review it by eye, then
-tests/test_analysis_kernels.py holds moetune/analysis/kernels.py to it.
+tests/analysis/test_kernels.py holds moetune/analysis/kernels.py to it.
 
     python benchmarks/kernel_names.py            # rewrite the table (minutes: ~50 traces)
     python benchmarks/kernel_names.py --names-only  # classify the names already in the table again

@@ -1,6 +1,6 @@
 """A completed run that is busy on compute with its allocator peak near the GPU's capacity:
 recorded on one H100 as one-GPU trials, to test that such a run is not
-classified `memory` (tests/test_near_capacity.py).
+classified `memory` (tests/benchmarks/test_near_capacity.py).
 
 Each variant is a production experiment's model with a layout and micro batch chosen by
 `moetune/estimate/memory.py`'s estimate to peak at 92-97 % of an 80 GB H100 (the `memory_near_capacity`

@@ -7,7 +7,7 @@ is read here.
     .venv/bin/python benchmarks/predict_calibration.py [--out benchmarks/results/predict_calibration.json]
 
 prints each rate with the trials it came from; rates.py's efficiency rows carry these values
-(tests/test_predict_rates.py keeps the two equal)."""
+(tests/estimate/test_rates.py keeps the two equal)."""
 from __future__ import annotations
 
 import argparse

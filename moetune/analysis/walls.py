@@ -14,7 +14,7 @@ its wall is whatever else holds it back. Such rows (`LIMITS`) stand in the evide
 `limits` instead of a wall (the rule table bars the fixes that grow memory through the same
 share: a larger micro batch requires it under 0.6, moetune/decide/rules.yaml). A recorded H100 run
 of Mixtral 8x7B at 95.7 % of capacity and 4.8 % GPU idle is compute-walled
-(tests/test_near_capacity.py).
+(tests/benchmarks/test_near_capacity.py).
 """
 from __future__ import annotations
 

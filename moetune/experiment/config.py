@@ -336,7 +336,7 @@ class FlagSince:
     source: str
 
 
-# Found by running each release's parse_args on every flag moetune renders (tests/test_megatron_validate.py)
+# Found by running each release's parse_args on every flag moetune renders (tests/experiment/test_megatron_validate.py)
 FLAG_VERSIONS: tuple[FlagSince, ...] = (
     FlagSince("--cuda-graph-modules", (0, 18), "--cuda-graph-scope",
               "megatron/training/arguments.py: megatron-core 0.17.1 has only --cuda-graph-scope; "

@@ -78,7 +78,7 @@ def test_native_crash_is_named_from_torchruns_summary():
 
 
 # Recorded: a job over its --mem on this machine's Slurm 22.05.8 (cgroup v1, ConstrainRAMSpace),
-# tests/test_slurm_failures.py: the last lines of its log
+# tests/integration/test_slurm_failures.py: the last lines of its log
 SLURM_CGROUP_OOM = ("srun: error: n2: task 0: Out Of Memory\n"
                     "srun: launch/slurm: _step_signal: Terminating StepId=24.0\n"
                     "slurmstepd-n2: error: Detected 1 oom-kill event(s) in StepId=24.0. Some of your "

@@ -1,7 +1,7 @@
 """A completed run busy on compute with its allocator near the GPU's capacity, recorded on one H100
 (tests/data/gpu/near_capacity, made by benchmarks/near_capacity.py): it is not memory-walled, the
 near-capacity row stands in its evidence as a limit, and it bars the fixes that grow memory. (The
-same run's fit logs are read in tests/test_fit.py.)"""
+same run's fit logs are read in tests/experiment/test_fit.py.)"""
 import json
 from pathlib import Path
 

@@ -1,7 +1,7 @@
 """decide/applied.py: did the fix take effect? applied.verify on traces (hand-built SQLite in the
 nsys schema, read by the real analysis) calls a fix applied only where its kernels show, not_applied
 where they do not, unverified without trace metrics. (That the tuner then records not_applied and
-bars the rule on that cluster is proved by tests/test_loop.py, which runs the tuner.)"""
+bars the rule on that cluster is proved by tests/tune/test_loop.py, which runs the tuner.)"""
 import sys
 from pathlib import Path
 

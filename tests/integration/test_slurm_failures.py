@@ -3,7 +3,7 @@ consistent and the study resumable: OUT_OF_MEMORY, CANCELLED (not retried), slur
 while a job runs, the tuner SIGKILLed between submit and collect, TIMEOUT (of a one-node and of a
 2-node trial), NODE_FAIL. The TIMEOUT jobs (a minute, Slurm's least) are submitted first and run
 beside the others; NODE_FAIL runs last, its job's node set down. (A node dying under a 2-node
-trial of a tuning study: tests/test_slurm_node_failure.py.)"""
+trial of a tuning study: tests/integration/test_slurm_node_failure.py.)"""
 from __future__ import annotations
 
 import json

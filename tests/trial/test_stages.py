@@ -1,6 +1,6 @@
 """trial/stages.py on submitit's local executor (no Slurm, no nsys): records, skipping, force,
 re-creation, the CLI's `moetune stage`, and a local job that outlives a killed tuner. (The study
-lock: tests/test_lock.py.)"""
+lock: tests/tune/test_lock.py.)"""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,7 @@
 """workloads/cpu_workload.py, the CPU stand-in for training: its iteration lines are Megatron's as
 moetune/analysis/logs.py reads them, it reads Megatron's parallel sizes and leaves the rest of a Megatron
 command line alone, it refuses at start-up only where told to, and its slow-rank option is one
-clear error when malformed. (Its runs as trials: tests/test_stages.py, tests/test_loop.py.)"""
+clear error when malformed. (Its runs as trials: tests/trial/test_stages.py, tests/tune/test_loop.py.)"""
 import argparse
 
 import pytest

@@ -1,6 +1,6 @@
 """workloads/link_probe.py, run here as the job runs it (by its path, torch only, no moetune): the group
 shapes it measures from where each rank sits, and its record from two gloo ranks on this machine.
-(Through Slurm, with the login side storing and using it: tests/test_calibrate.py.)"""
+(Through Slurm, with the login side storing and using it: tests/trial/test_calibrate.py.)"""
 from __future__ import annotations
 
 import json

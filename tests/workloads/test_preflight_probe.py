@@ -1,7 +1,7 @@
 """workloads/preflight_probe.py, run here as the job runs it (by its path, no moetune needed): one JSON
 record after its marker, also written to --out; this machine's CPUs and NUMA nodes as the kernel
 lists them; the installed nsys with its version and whether `nsys recipe` answers; the runs folder's
-token read back, or why not. (Through Slurm, with the login side's checks: tests/test_preflight.py.)"""
+token read back, or why not. (Through Slurm, with the login side's checks: tests/experiment/test_preflight.py.)"""
 import glob
 import json
 import os
