@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from moetune import analysis
+from moetune.experiment.schema import cluster_section
 from moetune.job import postprocess
 from moetune.store import Store
 from moetune.trial import stages
@@ -155,7 +156,7 @@ def test_post_processing_job_under_a_hostile_folder_name(slurm, tmp_path):
     trial_job = subprocess.run(["sbatch", "--parsable", "--time=1", "--mem=50M", "--wrap", "true",
                                 f"--output={tmp_path}/trial.out"], capture_output=True, text=True,
                                check=True).stdout.strip()
-    post = postprocess.submit(folder, [0], {"partition": None, "postprocess": {"mem": "1G"}},
+    post = postprocess.submit(folder, [0], cluster_section({"name": "c", "postprocess": {"mem": "1G"}}),
                               after=trial_job, name="moetune.hostile.post")
     assert postprocess.wait(post, 1, timeout_s=120) == "COMPLETED", list(folder.iterdir())
     written = json.loads((folder / "trace_0.metrics.json").read_text())
