@@ -34,7 +34,7 @@ def column_classes(k: pd.DataFrame, w: Window, cols: int = TIMELINE_COLUMNS) -> 
         hi = np.clip(np.searchsorted(edges, e, "left"), 1, cols)
         one = hi - lo <= 1  # most kernels sit inside one column
         np.add.at(tot, lo[one], (e - s)[one])
-        for a, b, l0, h0 in zip(s[~one], e[~one], lo[~one], hi[~one]):
+        for a, b, l0, h0 in zip(s[~one], e[~one], lo[~one], hi[~one], strict=True):
             for c in range(l0, h0):
                 tot[c] += min(b, edges[c + 1]) - max(a, edges[c])
         more = tot > cover
@@ -71,7 +71,8 @@ def rank_view(rank, kernels: pd.DataFrame, runtime: pd.DataFrame, nvtx: pd.DataF
     if w.ns <= 0 or kernels.empty:
         return None
     k = in_window(kernels, w)
-    return {"rank": rank.item() if hasattr(rank, "item") else rank, "start": int(w.start), "end": int(w.end), "steps": int(w.steps),
+    return {"rank": rank.item() if hasattr(rank, "item") else rank, "start": int(w.start), "end": int(w.end),
+            "steps": int(w.steps),
             "classes": sorted(str(c) for c in k["cls"].unique()),
             "runs": runs(column_classes(k, w, cols)), "kernels": kernel_totals(k)}
 

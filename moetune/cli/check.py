@@ -56,16 +56,16 @@ def _main(argv: list[str]) -> int:
         return 2
     model = exp.model if exp else ModelArch.from_args(argv)
     # without an experiment, the schema's cluster (one node of 8 H100s, DeepEP not assumed)
-    cluster = (exp.cluster if exp else Cluster()).model_dump()
+    fields = (exp.cluster if exp else Cluster()).model_dump()
     if args.gpus is not None:
-        cluster.update(nodes=1, gpus_per_node=args.gpus)
+        fields.update(nodes=1, gpus_per_node=args.gpus)
     if args.gpu_type:
-        cluster["gpu_type"] = args.gpu_type
+        fields["gpu_type"] = args.gpu_type
     if args.no_te:
-        cluster["has_transformer_engine"] = False
+        fields["has_transformer_engine"] = False
     if args.deep_ep:
-        cluster["has_deep_ep"] = True
-    cluster = Cluster.model_validate(cluster)
+        fields["has_deep_ep"] = True
+    cluster = Cluster.model_validate(fields)
     # a mistyped flag would be read as absent and its default blamed: name it, and judge nothing
     # else of an argv that is not the one meant
     problems = [f"not a Megatron argument: {flag}" for flag in megatron.unknown_flags(argv)]

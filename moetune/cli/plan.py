@@ -47,19 +47,19 @@ def _main(argv: list[str], db: str | None = None) -> int:
     layouts, base, world, capacity = found.layouts, found.base, found.world, found.capacity_gb
     code = (0 if layouts[0].fits else 1) if args.baseline else (0 if layouts else 1)
     if args.format == "json":
-        print(json.dumps([{**l.to_dict(), **({"predicted": found.headline(l)} if found.headline(l) else {})}
-                          for l in layouts], indent=1))
+        print(json.dumps([{**lay.to_dict(), **({"predicted": found.headline(lay)} if found.headline(lay) else {})}
+                          for lay in layouts], indent=1))
         return code
     gpu_type = args.gpu_type or exp.cluster.gpu_type
     # where the capacity comes from: a device reports a little less than its data sheet (an H200's
     # 141 GB reads 139.8 in a trace), so the figure says which it is
     source = "cluster.gpu_memory_gb" if exp.cluster.gpu_memory_gb else f"{gpu_type} data sheet"
     if args.baseline:
-        l = layouts[0]
-        c = l.config
-        verdict = "fits" if l.fits else ("refused: " + ", ".join(l.refused) if l.refused else "does NOT fit")
+        lay = layouts[0]
+        c = lay.config
+        verdict = "fits" if lay.fits else ("refused: " + ", ".join(lay.refused) if lay.refused else "does NOT fit")
         print(f"{exp.name} baseline TP{c.tp} PP{c.pp} EP{c.ep} on {world}x {gpu_type}: estimate "
-              f"{l.estimate_gb:.1f} GB allocated + {FIXED_GB:.0f} GB fixed = {l.memory_gb:.1f} of "
+              f"{lay.estimate_gb:.1f} GB allocated + {FIXED_GB:.0f} GB fixed = {lay.memory_gb:.1f} of "
               f"{capacity:.0f} GB ({source}): {verdict}")
         return code
     if not layouts:
@@ -69,13 +69,15 @@ def _main(argv: list[str], db: str | None = None) -> int:
              "least model parallelism first, the baseline first where the search does not hold it")
     print(f"{exp.name} on {world}x {gpu_type} ({capacity:.0f} GB each, {source}): {len(layouts)} feasible layouts "
           f"shown (--limit {args.limit}), {order}")
-    rw = max([18] + [len(",".join(l.config.recompute_modules)) for l in layouts])  # the column fits its names
-    print(f"{'TP':>3} {'PP':>3} {'VPP':>3} {'EP':>4} {'recompute':<{rw}} {'GB/GPU':>7} {'measured':>8} {'tok/s/GPU':>9}")
-    for l in layouts:
-        c = l.config
-        seen = f"{l.measured_gb:>8.1f}" if l.measured_gb is not None else f"{'-':>8}"
-        speed = (found.headline(l) or {}).get("tokens_per_s_per_gpu")
-        note = "  baseline" if l is base else ""
+    # the column fits its names
+    rw = max([18] + [len(",".join(lay.config.recompute_modules)) for lay in layouts])
+    print(f"{'TP':>3} {'PP':>3} {'VPP':>3} {'EP':>4} {'recompute':<{rw}} {'GB/GPU':>7} {'measured':>8} "
+          f"{'tok/s/GPU':>9}")
+    for lay in layouts:
+        c = lay.config
+        seen = f"{lay.measured_gb:>8.1f}" if lay.measured_gb is not None else f"{'-':>8}"
+        speed = (found.headline(lay) or {}).get("tokens_per_s_per_gpu")
+        note = "  baseline" if lay is base else ""
         print(f"{c.tp:>3} {c.pp:>3} {c.vpp or '-':>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<{rw}} "
-              f"{l.memory_gb:>7.1f} {seen} {speed if speed is not None else '-':>9}{note}")
+              f"{lay.memory_gb:>7.1f} {seen} {speed if speed is not None else '-':>9}{note}")
     return code

@@ -69,8 +69,8 @@ def layout_config(base: TrainingConfig, a) -> TrainingConfig:
 def render_text(name: str, c: TrainingConfig, p: Prediction) -> str:
     i = p.inputs
     layout = (f"TP{c.tp} PP{c.pp}" + (f" VPP{c.vpp}" if c.vpp else "") + f" EP{c.ep} ETP{c.etp or c.tp} CP{c.cp}, "
-              f"micro batch {c.micro_batch}, global batch {c.global_batch}, {p.inputs['ep_a2a_per_layer'].get('dispatcher', 'no')} "
-              f"dispatcher, {i['precision']}")
+              f"micro batch {c.micro_batch}, global batch {c.global_batch}, "
+              f"{p.inputs['ep_a2a_per_layer'].get('dispatcher', 'no')} dispatcher, {i['precision']}")
     lines = [f"{name} {layout} on {i['world']}x {i['gpu_type']}: {p.step_time_ms:.0f} ms a step, "
              f"{p.tokens_per_s_per_gpu:.0f} tokens/s/GPU (compute: {p.compute_source})",
              f"  {'term':<16} {'ms/step':>10} {'share':>6}"]

@@ -66,14 +66,14 @@ def ranked(exp, layouts: list[Layout], gpus: int | None, gpu_type: str | None,
     holds a fit of the layout; their headlines by id). One the model cannot price (its batch does
     not divide) goes last."""
     predicted: dict[int, dict] = {}
-    for l in layouts:
+    for lay in layouts:
         try:
-            p = price(exp, l.config, readings, gpus, gpu_type)
+            p = price(exp, lay.config, readings, gpus, gpu_type)
         except ValueError:
             continue
-        predicted[id(l)] = {"tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu), "step_time_ms": round(p.step_time_ms, 1),
-                            "compute_source": p.compute_source}
-    return sorted(layouts, key=lambda l: -predicted.get(id(l), {}).get("tokens_per_s_per_gpu", -1)), predicted
+        predicted[id(lay)] = {"tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu),
+                              "step_time_ms": round(p.step_time_ms, 1), "compute_source": p.compute_source}
+    return sorted(layouts, key=lambda lay: -predicted.get(id(lay), {}).get("tokens_per_s_per_gpu", -1)), predicted
 
 
 def search(exp, readings: StoreReadings, gpus: int | None = None, gpu_type: str | None = None,
@@ -84,7 +84,10 @@ def search(exp, readings: StoreReadings, gpus: int | None = None, gpu_type: str 
     (TooFewGPUs where the GPUs cannot hold it)."""
     _, world, capacity = plan_cluster(exp, gpus, gpu_type)
     peaks = measured_peaks(exp, world, readings)
-    measured = lambda cfg: peaks.get(layout_key(cfg.to_dict()))
+
+    def measured(cfg: TrainingConfig) -> float | None:
+        return peaks.get(layout_key(cfg.to_dict()))
+
     if baseline:  # TooFewGPUs where the GPUs cannot hold it
         alone = baseline_layout(exp, gpus, gpu_type, measured=measured)
         return Search([alone], alone, world, capacity)
@@ -96,8 +99,8 @@ def search(exp, readings: StoreReadings, gpus: int | None = None, gpu_type: str 
     speed = order == "speed"
     layouts = plan(exp, gpus, gpu_type, limit=10**6 if speed else limit, measured=measured, virtual=speed)
     # the baseline is a candidate too, where it fits and the search's grid does not hold it
-    if base is not None and base.fits and all(layout_key(l.config.to_dict()) != layout_key(
-            base.config.to_dict()) for l in layouts):
+    if base is not None and base.fits and all(layout_key(lay.config.to_dict()) != layout_key(
+            base.config.to_dict()) for lay in layouts):
         layouts.insert(0, base)
     predicted: dict[int, dict] = {}
     if speed:

@@ -52,7 +52,8 @@ def sbatch_options(folder: str | Path, ranks: list[int], cluster, after: str, na
            f"--dependency=afterany:{after}", f"--array=0-{max(1, len(ranks)) - 1}", "--ntasks=1",
            f"--cpus-per-task={int(s['cpus_per_task'])}", f"--mem={s['mem']}",
            f"--time={time_minutes(s['time_limit'])}",
-           "--output=" + "%a".join(p.replace("%", "%%") for p in TrialPaths.around_rank(TrialPaths(folder).postprocess_out)),
+           "--output=" + "%a".join(p.replace("%", "%%")
+                                   for p in TrialPaths.around_rank(TrialPaths(folder).postprocess_out)),
            f"--chdir={folder}"]
     cmd += [f"--partition={s['partition']}"] if s["partition"] else []
     cmd += [f"--account={s['account']}"] if s["account"] else []

@@ -101,7 +101,7 @@ class SacctWatcher:
         found: dict[str, list[dict]] = {j: [] for j in ids}
         for line in out.splitlines():
             if line.strip():
-                row = dict(zip(SACCT_FIELDS, line.split("|")))
+                row = dict(zip(SACCT_FIELDS, line.split("|"), strict=False))
                 found.setdefault(base_id(row["JobID"]), []).append(row)
         self._rows.update({j: found[j] for j in ids})
         self._watched -= {j for j in ids if ended(found[j])}
@@ -125,8 +125,8 @@ def queue(job_id: str | int, array: bool = False) -> list[tuple[str, str]]:
         out = _run(cmd)
     except JobError:
         return []
-    return [tuple(line.strip().split("|", 1)) if "|" in line else (line.strip(), "")
-            for line in out.splitlines() if line.strip()]
+    rows = [line.strip().partition("|") for line in out.splitlines() if line.strip()]
+    return [(state, reason) for state, _, reason in rows]
 
 
 def find_job(name: str) -> str | None:

@@ -8,16 +8,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moetune.job.paths import TrialPaths
+from moetune.store import Decision, Store, Study, Trial
 from moetune.tune.state import JUDGED
 
 
 @dataclass
 class TrialView:
     """One trial as the report sees it: its store row and decisions, and the files of its folder."""
-    trial: object
+    trial: Trial
     analysis: dict | None
-    apply: object | None  # the decision that chose its fix
-    verdict: object | None  # the decision that closed it: a tune/state.py JUDGED kind
+    apply: Decision | None  # the decision that chose its fix
+    verdict: Decision | None  # the decision that closed it: a tune/state.py JUDGED kind
     command: str | None
     folder: Path | None
     judged_ms: float | None = None  # the step time the tuner judged by (log median or trace)
@@ -44,7 +45,7 @@ class TrialView:
         return ((self.analysis or {}).get("metrics") or {}).get("combined") or {}
 
 
-def gather(store, study_name: str) -> tuple[object, list[TrialView], list]:
+def gather(store: Store, study_name: str) -> tuple[Study, list[TrialView], list[Decision]]:
     """(study, a view of each trial, the study's decisions), from the store and the trial folders'
     small files; no trace is opened."""
     study = store.study(study_name)

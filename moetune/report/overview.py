@@ -4,6 +4,7 @@ section per trial and the appendix of configs and command lines; markdown.py and
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from moetune.decide.judge import MIN_LOG_STEPS, faster_p, steady_iterations
@@ -20,6 +21,7 @@ from moetune.report.sections import (
     unstable,
 )
 from moetune.report.text import fmt, ms
+from moetune.store import Store, Study
 from moetune.tune.summary import one_gpu_ranks, summary
 
 
@@ -48,13 +50,14 @@ TRIALS_NOTE = ("Judged ms: the median of the log's steady steps (the trace's ste
 def best_view(views: list[TrialView]) -> TrialView | None:
     """The kept trial with the shortest judged step time (a reverted trial is never best)."""
     kept = [v for v in views if v.verdict and v.verdict.kind == "keep" and v.judged_ms]
-    return min(kept, key=lambda v: v.judged_ms, default=None)
+    return min(kept, key=lambda v: v.judged_ms or 0.0, default=None)  # kept holds judged trials only
 
 
 def kept_path(views: list[TrialView], best: TrialView) -> list[TrialView]:
     """The kept trials from the baseline down to best, in order."""
-    by_id = {v.trial.id: v for v in views}
-    out, v = [], best
+    by_id: dict[int | None, TrialView] = {v.trial.id: v for v in views}
+    out: list[TrialView] = []
+    v: TrialView | None = best
     while v is not None and not is_baseline(v):
         out.append(v)
         v = by_id.get(v.trial.parent_id)
@@ -72,6 +75,7 @@ def headline(views: list[TrialView]) -> tuple[list[str], list[str], TrialView | 
     if best is None or best is base:
         return [f"Judged step time ({judged_source(base)}): baseline {ms(base.judged_ms)}; no fix was "
                 f"kept, so the baseline stays best. Wall: {base.trial.wall}."], warnings, base
+    assert best.judged_ms  # best_view picks judged trials only
     speed = base.judged_ms / best.judged_ms
     steady_a, steady_b = steady_iterations(base.analysis), steady_iterations(best.analysis)
     if min(steady_a.size, steady_b.size) >= MIN_LOG_STEPS:
@@ -145,7 +149,7 @@ def tree_lines(views: list[TrialView]) -> list[tuple[int, TrialView]]:
     return out
 
 
-def one_gpu_sentence(study, views: list[TrialView] = ()) -> str | None:
+def one_gpu_sentence(study: Study, views: Sequence[TrialView] = ()) -> str | None:
     """What a one-GPU study's step times are (tuning.one_gpu; experiment/fit.py one_gpu_config), and
     which rank stood for each trial's layout, and why."""
     tuning = Tuning.from_stored((study.experiment or {}).get("tuning"))
@@ -165,7 +169,7 @@ def _trials_word(numbers: list[int]) -> str:
     return ("trial " if len(numbers) == 1 else "trials ") + ", ".join(map(str, numbers))
 
 
-def build(store, study_name: str) -> StudyReport:
+def build(store: Store, study_name: str) -> StudyReport:
     """The report of a study, once; study_markdown and study_html render it."""
     study, views, decisions = gather(store, study_name)
     s = summary(store, study_name)
@@ -180,8 +184,8 @@ def build(store, study_name: str) -> StudyReport:
     if best:
         changes = ", ".join(f"`{k}` {a} → {b}" for k, (a, b) in _from_baseline(views, best).items()) or "none"
     refused = [d for d in decisions if d.kind == "skip" and not d.trial_id]
-    number = {v.trial.id: v.trial.number for v in views}
-    by_id = {v.trial.id: v for v in views}
+    number: dict[int | None, int] = {v.trial.id: v.trial.number for v in views}
+    by_id: dict[int | None, TrialView] = {v.trial.id: v for v in views}
     cluster = (study.experiment or {}).get("cluster") or {}
     appendix = []
     if best:

@@ -74,8 +74,8 @@ def breakdown(c: dict) -> dict | None:
 def svg_breakdown(views: list[TrialView], width: int = 900) -> str:
     """Per trial, the profiled step's milliseconds split into compute, exposed comm and idle (hidden
     comm a band under compute), every bar on one scale, so a faster trial has a shorter bar."""
-    rows = [(v, breakdown(v.combined), v.combined.get("step_time_ms")) for v in views]
-    rows = [(v, b, step) for v, b, step in rows if b and step]
+    found = [(v, breakdown(v.combined), v.combined.get("step_time_ms")) for v in views]
+    rows = [(v, b, step) for v, b, step in found if b and step]
     if not rows:
         return ""
     row_h, label_w = 20, 190
@@ -105,7 +105,8 @@ def svg_breakdown(views: list[TrialView], width: int = 900) -> str:
     for frac in (0, 0.25, 0.5, 0.75, 1.0):
         parts.append(f'<text x="{label_w + frac * bar_w - 8:.1f}" y="{axis_y + 13}" font-size="10">'
                      f'{top * frac:.0f}</text>')
-    parts.append(f'<text x="{label_w + bar_w / 2 - 50:.1f}" y="{axis_y + 27}" font-size="10">ms per profiled step</text>')
+    parts.append(f'<text x="{label_w + bar_w / 2 - 50:.1f}" y="{axis_y + 27}" font-size="10">'
+                 'ms per profiled step</text>')
     parts.append(legend(list(BREAKDOWN), label_w, height - 8, width, step=130))
     parts.append("</svg>")
     return "".join(parts)
@@ -117,22 +118,26 @@ STEP_COLORS = {"baseline": "#4c72b0", "keep": "#2a9d46", "revert": "#c44e52", "n
 def svg_step_times(views: list[TrialView], width: int = 900, height: int = 240) -> str:
     """Judged step time of each trial that ran (x: those trials, in order), coloured by its verdict;
     dashed: the best kept so far."""
-    pts = [(v.trial.number, v.judged_ms or v.trial.step_time_ms,
-            "baseline" if is_baseline(v) else (v.verdict.kind if v.verdict else ""))
-           for v in views if v.judged_ms or v.trial.step_time_ms]
+    pts = [(v.trial.number, step, "baseline" if is_baseline(v) else (v.verdict.kind if v.verdict else ""))
+           for v in views if (step := v.judged_ms or v.trial.step_time_ms)]
     if not pts:
         return ""
     left, bottom, top = 60, 48, 15
     ymax = max(p[1] for p in pts) * 1.1
-    x = lambda i: left + (i + 0.5) * (width - left - 10) / len(pts)
-    y = lambda t: top + (1 - t / ymax) * (height - top - bottom)
+
+    def x(i: int) -> float:
+        return left + (i + 0.5) * (width - left - 10) / len(pts)
+
+    def y(t: float) -> float:
+        return top + (1 - t / ymax) * (height - top - bottom)
     parts = [f'<svg class="steptimes" xmlns="http://www.w3.org/2000/svg" width="{width}" '
              f'height="{height}" role="img" aria-label="judged step time of the trials that ran">',
              f'<line x1="{left}" y1="{y(0)}" x2="{width - 10}" y2="{y(0)}" stroke="#333"/>',
              f'<line x1="{left}" y1="{top}" x2="{left}" y2="{y(0)}" stroke="#333"/>']
     for frac in (0.25, 0.5, 0.75, 1.0):
         parts.append(f'<text x="2" y="{y(ymax * frac) + 4:.1f}" font-size="10">{ymax * frac:.0f} ms</text>')
-    best, line = None, []
+    best: float | None = None
+    line = []
     for i, (n, t, kind) in enumerate(pts):
         if kind in ("keep", "baseline") and (best is None or t < best):
             best = t

@@ -235,8 +235,9 @@ def trial_section(v: TrialView, parent_number: int | None, cluster: dict | None 
     shown = decision_sentence(v)
     if shown:
         sentences.append(f"Decision: {shown[0]} — {shown[1]}")
-    if v.fit_sentence():
-        sentences.append(v.fit_sentence())
+    fit = v.fit_sentence()
+    if fit:
+        sentences.append(fit)
     an = v.analysis or {}
     last = ((v.verdict.evidence or {}).get("last_lines") if v.verdict else None) or []
     return TrialSection(t.number, f"Trial {t.number}: {t.fix or 'baseline'} — {t.state}", sentences,

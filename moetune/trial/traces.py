@@ -62,6 +62,7 @@ def start_postprocess(t: TrialContext, force: bool = False) -> str | None:
             return known["job_id"]
     spec = load_spec(t)
     _, cluster = t.model_and_cluster()
+    assert spec.nsys is not None  # as_job: only a profiled trial's export runs as a job
     ranks = [r for r in spec.nsys.ranks if r < spec.ntasks]
     try:
         return postprocess.submit(t.folder, ranks, cluster, after=ref.job_id,
@@ -91,6 +92,7 @@ def do_export(t: TrialContext, local: bool = False, force: bool = False) -> list
     imported, out = [], []
     for rank in sorted(ranks):
         report = in_job.rank_report(t.folder, rank)
+        assert report is not None  # the rank is one of the reports found
         rep = t.paths.report(rank)
         if not rep.exists():
             imported.append(rep)
@@ -104,6 +106,7 @@ def do_export(t: TrialContext, local: bool = False, force: bool = False) -> list
 
 def _export_as_job(t: TrialContext, force: bool) -> list[Path]:
     job_id = start_postprocess(t, force=force)
+    assert job_id is not None  # called only where as_job holds
     known = json.loads(t.paths.postprocess.read_text())
     _, cluster = t.model_and_cluster()
     limit_s = 60 * render.time_minutes(postprocess.settings(cluster)["time_limit"])
@@ -198,6 +201,6 @@ def write_views(paths: TrialPaths, views: list[dict] | None) -> list[Path]:
         for p in files:
             p.unlink(missing_ok=True)
         return []
-    for p, content in zip(files, (timeline.timeline(views), timeline.top_kernels(views))):
+    for p, content in zip(files, (timeline.timeline(views), timeline.top_kernels(views)), strict=True):
         p.write_text(json.dumps(content, indent=1, sort_keys=True) + "\n")
     return list(files)
