@@ -22,7 +22,7 @@ from moetune.decide import rules as rules_mod
 from moetune.decide.judge import judged_step
 from moetune import settings
 from moetune.errors import MoetuneError
-from moetune.job import slurm
+from moetune.job import executors, slurm
 from moetune.job.render import time_minutes
 from moetune.job.replay import find as find_entry, load_bank
 from moetune.job.paths import TrialPaths
@@ -81,6 +81,7 @@ class Tuner:
         self.exp, self.store, self.executor = experiment, store, executor
         self.runs_root, self.study_name = Path(runs_root), study_name
         self.bank_dir = Path(bank_dir) if bank_dir else None
+        self.runner = executors.of_kind(executor, self.bank_dir)  # asked what it can run, not named
         self.progress = progress
         self.rules = rules if rules is not None else rules_mod.load_rules()
         self.rule_by_id = {r.id: r for r in self.rules}
@@ -113,7 +114,7 @@ class Tuner:
         fit_first = experiment.tuning.fit_first
         if fit_first is None:
             fit_first = experiment.cluster.workload == "megatron"
-        self.fit_first = bool(fit_first) and executor != "replay" and experiment.cluster.world > 1
+        self.fit_first = bool(fit_first) and self.runner.runs_jobs and experiment.cluster.world > 1
         # the step-time model (tune/predicted.py); not in a one-GPU study, whose trials measure one
         # rank alone, not the cluster's step the model predicts
         self.model = None if self.placement.one_gpu else predicted.Model(experiment, store)
@@ -284,7 +285,7 @@ class Tuner:
             if seen is not None:
                 self.decide("skip", f"its config already ran as trial {seen.number}", rule=rid, **ev)
                 continue
-            lacking = self._bank_lacks(p.config)
+            lacking = self.runner.not_proposed(p.config)
             if lacking:
                 self.decide("skip", lacking, rule=rid, **ev)
                 continue
@@ -325,14 +326,6 @@ class Tuner:
                 "gpu_hours": round(predicted.gpu_hours(self.gpus, ms, config.train_iters, minutes), 6),
                 "gpu_hours_basis": f"{self.gpus} GPUs x predicted step x {config.train_iters} "
                                    f"iterations, at most the {minutes}-minute time limit"}
-
-    def _bank_lacks(self, config: TrainingConfig) -> str | None:
-        """Replaying: why a proposal is not proposed when the trial bank holds no run of its config
-        (the demo replays only what was recorded on the GPU machine); None otherwise."""
-        if self.executor != "replay" or find_entry(config, self.bank_dir) is not None:
-            return None
-        return (f"the trial bank holds no recorded run of its config {config.config_hash()}; the demo "
-                "proposes only what it can replay")
 
     # -- a pending trial: run it, record its figures, decide ------------------------------
     def run_and_judge(self, trial) -> None:
@@ -422,8 +415,9 @@ def tune(experiment: str | Experiment, store, *, executor: str = "auto", runs_ro
         exp.tuning = exp.tuning.model_copy(update={"one_gpu": True})
     if executor == "auto":
         executor = "slurm" if slurm.available() else "local"
-    if executor not in ("slurm", "local", "replay"):
-        raise TunerError(f"executor {executor!r}: use auto, slurm, local or replay")
+    if executor not in executors.KINDS:
+        *kinds, last = executors.KINDS
+        raise TunerError(f"executor {executor!r}: use auto, {', '.join(kinds)} or {last}")
     if executor == "replay":
         bank_dir = Path(bank_dir or settings.bank())
         load_bank(bank_dir)  # a clear error now rather than in every job

@@ -55,7 +55,7 @@ def test_the_tuner_decides_it_once_and_stores_it_with_the_study(tmp_path):
     t = _tuner(exp, store, tmp_path, "ds-1gpu")
     assert t.placement == Placement("one_gpu", exp.cluster.world, 32) and t.gpus == 1
     stored = store.study("ds-1gpu").experiment
-    assert Placement.of_study(stored) == t.placement
+    assert stored["placement"] == t.placement.to_dict() and Placement.of_study(stored) == t.placement
     assert stored["tuning"]["one_gpu_samples"] == 32  # still there for the readers of the tuning
     # resumed: the study and its placement as stored
     again = _tuner(exp, store, tmp_path, "ds-1gpu")
