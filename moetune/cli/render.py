@@ -16,6 +16,7 @@ from moetune.decide import one_gpu as one_gpu_step
 from moetune.decide.rules import load_rules
 from moetune.job import postprocess, render, slurm
 from moetune.experiment import constraints, fit
+from moetune.experiment.placement import Placement
 from moetune.experiment.schema import ConfigError
 from moetune.estimate.memory import plan_cluster
 from moetune.trial import stages
@@ -67,17 +68,18 @@ def _main(argv: list[str]) -> int:
         return _fail(f"the constraint table refuses this layout: {v.code}: {v.message}"
                      + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""))
     tuning = exp.tuning.model_copy(update={"one_gpu": a.one_gpu or exp.tuning.one_gpu})
+    samples = None
     if tuning.one_gpu:  # the step a one-GPU study of this config would plan (decide/one_gpu.py)
         try:
             samples = one_gpu_step.plan_samples(config, exp.model, cluster, tuning, list(rules.values()))
         except one_gpu_step.StepError as e:
             return _fail(f"{exp.path}: {e}")
-        tuning = tuning.model_copy(update={"one_gpu_samples": samples})
+    placement = Placement.decide(tuning, cluster.world, samples)
     out = Path(a.out).resolve()
     cpus, where = node_cpus(cluster, a.launcher)
     try:
         spec = stages.trial_spec(name=f"moetune.{exp.name}.render", folder=out, config=config,
-                                 model=exp.model, cluster=cluster, tuning=tuning,
+                                 model=exp.model, cluster=cluster, placement=placement,
                                  launcher=a.launcher, node_cpus=cpus)
         written = stages.write_trial_job(spec, config.to_dict())
     except (fit.OneGpuError, render.RenderError, ConfigError) as e:

@@ -29,9 +29,17 @@ if TYPE_CHECKING:
 class Executor:
     """How one kind of executor runs a rendered job."""
     kind = ""
+    # False where a trial's job never runs here or on a cluster (it is played back): there is
+    # then no machine to probe before the study and no fit to measure first
+    runs_jobs = True
 
     def __init__(self, bank_dir: str | Path | None = None):
         self.bank_dir = bank_dir
+
+    def not_proposed(self, config: TrainingConfig) -> str | None:
+        """Why the tuner does not propose a trial of this config at all (the skip decision's
+        reason); None where it may."""
+        return None
 
     def refuses(self, config: TrainingConfig) -> str | None:
         """Why this executor cannot run a trial of this config (nothing is submitted: the trial is
@@ -66,7 +74,16 @@ class LocalExecutor(Executor):
 
 class ReplayExecutor(Executor):
     kind = "replay"
+    runs_jobs = False
     TIMEOUT_MIN = 30
+
+    def not_proposed(self, config: TrainingConfig) -> str | None:
+        """The demo proposes only what the trial bank recorded on the GPU machine."""
+        from moetune.job import replay
+        if replay.find(config, self.bank_dir) is not None:
+            return None
+        return (f"the trial bank holds no recorded run of its config {config.config_hash()}; the demo "
+                "proposes only what it can replay")
 
     def refuses(self, config: TrainingConfig) -> str | None:
         from moetune.job import replay
@@ -89,6 +106,12 @@ class ReplayExecutor(Executor):
 
 
 KINDS: dict[str, type[Executor]] = {e.kind: e for e in (SlurmExecutor, LocalExecutor, ReplayExecutor)}
+
+
+def of_kind(kind: str, bank_dir: str | Path | None = None) -> Executor:
+    """The executor of a kind already resolved (no check that Slurm is here: `get` does that);
+    the plain one for a kind not of KINDS, whose jobs go as the scheduler is told."""
+    return KINDS.get(kind, Executor)(bank_dir=bank_dir)
 
 
 def resolve(kind: str) -> str:

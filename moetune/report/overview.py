@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from moetune.decide.judge import MIN_LOG_STEPS, faster_p, steady_iterations
-from moetune.experiment.schema import Tuning
+from moetune.experiment.placement import Placement
 from moetune.report.gather import TrialView, gather, is_baseline
 from moetune.report.sections import (
     Table,
@@ -152,12 +152,12 @@ def tree_lines(views: list[TrialView]) -> list[tuple[int, TrialView]]:
 def one_gpu_sentence(study: Study, views: Sequence[TrialView] = ()) -> str | None:
     """What a one-GPU study's step times are (tuning.one_gpu; experiment/fit.py one_gpu_config), and
     which rank stood for each trial's layout, and why."""
-    tuning = Tuning.from_stored((study.experiment or {}).get("tuning"))
-    if not tuning.one_gpu:
+    placement = Placement.of_study(study.experiment)
+    if not placement.one_gpu:
         return None
     stood = one_gpu_ranks((v.trial.number, v.folder) for v in views)
     return ("One GPU: every trial ran one rank of its layout alone under Megatron's fake process group, "
-            f"a step of {tuning.one_gpu_samples} sequences per data-parallel rank with "
+            f"a step of {placement.samples} sequences per data-parallel rank with "
             "static routing; its step time is that rank's compute and host overhead at the "
             "production shapes, without communication, waiting or pipeline bubbles."
             + (" The rank that stood for the layout: " + "; ".join(

@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from moetune.experiment.schema import Tuning
+from moetune.experiment.placement import Placement
 from moetune.store import NoStore, Store
 from moetune.tune.summary import one_gpu_ranks, summary
 
@@ -61,7 +61,7 @@ def render_study(store, name: str) -> str:
 
 def one_gpu_lines(store, study) -> list[str]:
     """In a one-GPU study, the rank that stood for each trial's layout, and why."""
-    if not Tuning.from_stored((study.experiment or {}).get("tuning")).one_gpu:
+    if not Placement.of_study(study.experiment).one_gpu:
         return []
     trials = ((t.number, t.folder) for t in store.trials(study.id))
     return [f"  one GPU, {'trial' if len(n) == 1 else 'trials'} {', '.join(map(str, n))}: rank {b['rank']} "

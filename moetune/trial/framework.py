@@ -22,6 +22,7 @@ from moetune.errors import MoetuneError
 from moetune.job.paths import TrialPaths
 from moetune import settings
 from moetune.paths import trial_folder
+from moetune.experiment.placement import Placement
 from moetune.experiment.schema import Experiment, Tuning, load_experiment
 from moetune.store import Study, now
 
@@ -97,11 +98,11 @@ class TrialContext:
         """(ModelArch, Cluster) of the study's experiment."""
         return self.exp.model, self.exp.cluster
 
-    @property
-    def one_gpu(self) -> bool:
-        """The study runs every trial as one rank of its layout alone on one GPU (tuning.one_gpu;
-        stages.one_gpu_rank)."""
-        return self.exp.tuning.one_gpu
+    @functools.cached_property
+    def placement(self) -> Placement:
+        """Where the study's trials run, as decided at its start (experiment/placement.py): one GPU
+        runs every trial as one rank of its layout alone (stages.one_gpu_rank)."""
+        return Placement.of_study(self.experiment, self.exp.cluster.world)
 
     def job_name(self) -> str:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.study.name)

@@ -36,7 +36,8 @@ from moetune.job import scheduler as jobs
 from moetune.experiment import fit
 from moetune.experiment import preflight as preflight_spec
 from moetune.experiment.config import TrainingConfig, args_for_megatron, run_args
-from moetune.experiment.schema import Cluster, Tuning
+from moetune.experiment.placement import Placement
+from moetune.experiment.schema import Cluster
 from moetune.store import now
 from moetune.trial import framework
 from moetune.trial.framework import NotReady, Stage, StageError, TrialContext
@@ -65,7 +66,7 @@ def one_gpu_rank(t: TrialContext) -> fit.BoundRank | None:
     """In a one-GPU study, the rank that stands for the trial's layout (experiment/fit.py bound_rank):
     of its stages holding MoE layers, the one its fit (fit/fit.json) measured slowest; without a
     fit, the one with the most MoE layers and micro-batches in flight. None outside one."""
-    if not t.one_gpu:
+    if not t.placement.one_gpu:
         return None
     config = TrainingConfig.from_dict(t.row.config)
     pinned = pinned_rank(t, config)
@@ -113,19 +114,18 @@ def job_facts(t: TrialContext) -> dict:
     return {"node_cpus": cpus, "megatron_core": found.get("megatron_core")}
 
 
-def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluster: Cluster, tuning: Tuning,
-               launcher: str, node_cpus: int | None, megatron_core: str | None = None,
-               rank: int = 0) -> render.JobSpec:
-    """What one trial submits: its layout's job, or in a one-GPU study (tuning.one_gpu) the
-    layout's `rank` alone, profiled (experiment/fit.py one_gpu_config; fit.OneGpuError where the step
-    cannot hold the layout). `megatron_core`: the image's version, where the preflight found it:
-    a flag that Megatron renamed goes by the name that version knows."""
+def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluster: Cluster,
+               placement: Placement, launcher: str, node_cpus: int | None,
+               megatron_core: str | None = None) -> render.JobSpec:
+    """What one trial submits: its layout's job, or in a one-GPU placement the layout's
+    `placement.rank` (else 0) alone, profiled (experiment/fit.py one_gpu_config; fit.OneGpuError
+    where the step cannot hold the layout). `megatron_core`: the image's version, where the
+    preflight found it: a flag that Megatron renamed goes by the name that version knows."""
     one_rank = None
-    if tuning.one_gpu:
+    if placement.one_gpu:
         world = cluster.world
-        samples = int(tuning.one_gpu_samples)
-        config = fit.one_gpu_config(config, world, samples)
-        one_rank = ((rank,), world)
+        config = fit.one_gpu_config(config, world, int(placement.samples))
+        one_rank = ((placement.rank or 0,), world)
     argv = config.to_args(model, has_apex=cluster.has_apex is not False) + run_args()
     if one_rank:
         argv += list(fit.FAKE_GROUP_ARGS)
@@ -151,8 +151,9 @@ def do_render(t: TrialContext) -> list[Path]:
     bound = one_gpu_rank(t)
     try:
         spec = trial_spec(name=t.job_name(), folder=t.folder, config=TrainingConfig.from_dict(t.row.config),
-                          model=model, cluster=cluster, tuning=t.exp.tuning,
-                          launcher=_launcher(t), **job_facts(t), rank=bound.rank if bound else 0)
+                          model=model, cluster=cluster,
+                          placement=t.placement.at_rank(bound.rank) if bound else t.placement,
+                          launcher=_launcher(t), **job_facts(t))
     except fit.OneGpuError as e:
         raise StageError(f"trial {t.id}: {e}") from None
     out = write_trial_job(spec, t.row.config)

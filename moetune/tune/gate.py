@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from moetune.experiment import preflight as preflight_spec
+from moetune.job import executors
 from moetune.trial import preflight
 
 
@@ -14,8 +15,8 @@ def preflight_gate(exp, store, executor: str, runs_root: Path) -> tuple[str, str
     experiment's cluster takes the probed capabilities where its YAML leaves them unset; the
     rules and constraints decide with it. (decision kind, reason, evidence) for the study: `stop`
     with each blocking problem and its fix, else `preflight` with the notes."""
-    if executor == "replay":  # no job runs anywhere: the bank's trials carry their own image
-        return "preflight", "not run: the replay submits no job to probe", {}
+    if not executors.of_kind(executor).runs_jobs:  # the bank's trials carry their own image
+        return "preflight", f"not run: the {executor} submits no job to probe", {}
     cluster = exp.cluster
     if exp.tuning.one_gpu:  # every trial is one rank on one GPU: probe what those jobs get
         cluster = cluster.with_gpus(1)

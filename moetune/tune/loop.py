@@ -22,7 +22,7 @@ from moetune.decide import rules as rules_mod
 from moetune.decide.judge import judged_step
 from moetune import settings
 from moetune.errors import MoetuneError
-from moetune.job import slurm
+from moetune.job import executors, slurm
 from moetune.job.render import time_minutes
 from moetune.job.replay import find as find_entry, load_bank
 from moetune.job.paths import TrialPaths
@@ -30,6 +30,7 @@ from moetune.paths import trial_folder
 from moetune.experiment import fit
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.constraints import check
+from moetune.experiment.placement import Placement
 from moetune.experiment.schema import Experiment, load_experiment
 from moetune.store import now
 from moetune.trial import run as runner
@@ -80,6 +81,7 @@ class Tuner:
         self.exp, self.store, self.executor = experiment, store, executor
         self.runs_root, self.study_name = Path(runs_root), study_name
         self.bank_dir = Path(bank_dir) if bank_dir else None
+        self.runner = executors.of_kind(executor, self.bank_dir)  # asked what it can run, not named
         self.progress = progress
         self.rules = rules if rules is not None else rules_mod.load_rules()
         self.rule_by_id = {r.id: r for r in self.rules}
@@ -90,27 +92,32 @@ class Tuner:
         self.alpha = experiment.tuning.significance
         self.patience = experiment.tuning.patience
         self.hang_timeout_s = experiment.tuning.hang_timeout_s
-        # one GPU (tuning.one_gpu): every trial is one rank of the layout alone (the slowest MoE
-        # stage's), so a trial costs one GPU's time and only the rules one rank can show are proposed
-        self.one_gpu = experiment.tuning.one_gpu
+        # where trials run, decided once (experiment/placement.py): one GPU (tuning.one_gpu) runs
+        # every trial as one rank of the layout alone (the slowest MoE stage's), so a trial costs
+        # one GPU's time and only the rules one rank can show are proposed
         record = experiment.to_stored()
         # the one-GPU step, planned now for every trial the study can propose (decide/one_gpu.py)
-        self.samples = self._plan_samples() if self.one_gpu else None
-        if self.one_gpu:
-            record["tuning"]["one_gpu_samples"] = self.samples
+        samples = self._plan_samples() if experiment.tuning.one_gpu else None
+        decided = Placement.decide(experiment.tuning, experiment.cluster.world, samples)
+        if decided.one_gpu:
+            record["tuning"]["one_gpu_samples"] = decided.samples
         record.update({"executor": "local" if executor == "replay" else executor,
-                       "replay": executor == "replay", "plan": self._plan()})
+                       "replay": executor == "replay", "plan": self._plan(decided),
+                       "placement": decided.to_dict()})
         self.study_name = self._study_for(study_name, record["plan"])
         self.study = store.create_study(self.study_name, experiment.model.name, record)
-        self.gpus = 1 if self.one_gpu else experiment.cluster.world
+        # a resumed study keeps the placement it started with (one stored before placements
+        # were kept: the one its tuning implied)
+        self.placement = Placement.of_study(self.study.experiment, experiment.cluster.world)
+        self.gpus = self.placement.gpus
         # fit first (experiment/fit.py): every multi-GPU layout measured on one GPU before it is submitted
         fit_first = experiment.tuning.fit_first
         if fit_first is None:
             fit_first = experiment.cluster.workload == "megatron"
-        self.fit_first = bool(fit_first) and executor != "replay" and experiment.cluster.world > 1
+        self.fit_first = bool(fit_first) and self.runner.runs_jobs and experiment.cluster.world > 1
         # the step-time model (tune/predicted.py); not in a one-GPU study, whose trials measure one
         # rank alone, not the cluster's step the model predicts
-        self.model = None if self.one_gpu else predicted.Model(experiment, store)
+        self.model = None if self.placement.one_gpu else predicted.Model(experiment, store)
         self.rank_moves = self.model is not None and experiment.tuning.predict_moves
 
     # -- what the study measures, fixed at its start ------------------------------------
@@ -121,11 +128,11 @@ class Tuner:
         except one_gpu_step.StepError as e:
             raise TunerError(f"{self.exp.path}: {e}") from None
 
-    def _plan(self) -> dict:
+    def _plan(self, placement: Placement) -> dict:
         """What makes trials of a study comparable: the baseline, the world it runs in, and
         (one GPU) the step every trial runs."""
         return {"baseline": self.exp.baseline.config_hash(), "world": self.exp.cluster.world,
-                "one_gpu_samples": self.samples}
+                "one_gpu_samples": placement.samples}
 
     def _study_for(self, name: str, plan: dict) -> str:
         """`name`, unless a study of that name was planned otherwise (the experiment's baseline,
@@ -229,7 +236,7 @@ class Tuner:
 
     def _measurable(self, props: list) -> list:
         """In a one-GPU study, the proposals whose rule one rank alone can show (rules.yaml one_gpu)."""
-        return [p for p in props if p.rule.one_gpu] if self.one_gpu else props
+        return [p for p in props if p.rule.one_gpu] if self.placement.one_gpu else props
 
     def propose_fit(self, st: StudyState) -> bool:
         """Nothing fits yet: the next memory fix on top of the last trial that did not fit, in the
@@ -269,7 +276,7 @@ class Tuner:
                 self.decide("skip", "refused by the constraint checker: " + "; ".join(p.refused),
                             rule=rid, **ev)
                 continue
-            short = one_gpu_step.refusal(p.config, self.samples) if self.one_gpu else None
+            short = one_gpu_step.refusal(p.config, self.placement.samples) if self.placement.one_gpu else None
             if short:  # the study's step is fixed: a trial it cannot hold would not compare
                 self.decide("skip", f"the study's one-GPU step cannot hold it: {short}", rule=rid, **ev)
                 continue
@@ -278,7 +285,7 @@ class Tuner:
             if seen is not None:
                 self.decide("skip", f"its config already ran as trial {seen.number}", rule=rid, **ev)
                 continue
-            lacking = self._bank_lacks(p.config)
+            lacking = self.runner.not_proposed(p.config)
             if lacking:
                 self.decide("skip", lacking, rule=rid, **ev)
                 continue
@@ -319,14 +326,6 @@ class Tuner:
                 "gpu_hours": round(predicted.gpu_hours(self.gpus, ms, config.train_iters, minutes), 6),
                 "gpu_hours_basis": f"{self.gpus} GPUs x predicted step x {config.train_iters} "
                                    f"iterations, at most the {minutes}-minute time limit"}
-
-    def _bank_lacks(self, config: TrainingConfig) -> str | None:
-        """Replaying: why a proposal is not proposed when the trial bank holds no run of its config
-        (the demo replays only what was recorded on the GPU machine); None otherwise."""
-        if self.executor != "replay" or find_entry(config, self.bank_dir) is not None:
-            return None
-        return (f"the trial bank holds no recorded run of its config {config.config_hash()}; the demo "
-                "proposes only what it can replay")
 
     # -- a pending trial: run it, record its figures, decide ------------------------------
     def run_and_judge(self, trial) -> None:
@@ -416,8 +415,9 @@ def tune(experiment: str | Experiment, store, *, executor: str = "auto", runs_ro
         exp.tuning = exp.tuning.model_copy(update={"one_gpu": True})
     if executor == "auto":
         executor = "slurm" if slurm.available() else "local"
-    if executor not in ("slurm", "local", "replay"):
-        raise TunerError(f"executor {executor!r}: use auto, slurm, local or replay")
+    if executor not in executors.KINDS:
+        *kinds, last = executors.KINDS
+        raise TunerError(f"executor {executor!r}: use auto, {', '.join(kinds)} or {last}")
     if executor == "replay":
         bank_dir = Path(bank_dir or settings.bank())
         load_bank(bank_dir)  # a clear error now rather than in every job

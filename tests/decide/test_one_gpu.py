@@ -183,7 +183,7 @@ def test_every_shipped_experiment_plans_a_one_gpu_study_its_rules_fit_in(tmp_pat
     t = tuner.Tuner(exp, store, executor="local", runs_root=tmp_path / "runs", study_name=f"{name}-1gpu",
                     progress=False)
     samples = store.study(f"{name}-1gpu").experiment["tuning"]["one_gpu_samples"]
-    assert samples == t.samples >= fit.ONE_GPU_MIN_SAMPLES
+    assert samples == t.placement.samples >= fit.ONE_GPU_MIN_SAMPLES
     world = exp.cluster.world
     base = fit.one_gpu_config(exp.baseline, world, samples)  # raises where the step cannot run it
     assert base.global_batch == exp.baseline.data_parallel(world) * samples
@@ -224,7 +224,7 @@ def test_a_change_the_one_gpu_step_cannot_hold_is_skipped_not_proposed(tmp_path)
     exp.tuning = exp.tuning.model_copy(update={"one_gpu": True})
     store = Store(str(tmp_path / "db.sqlite"))
     t = tuner.Tuner(exp, store, executor="local", runs_root=tmp_path / "runs", study_name="ds", progress=False)
-    assert t.samples == 32
+    assert t.placement.samples == 32
     base = store.add_trial(t.study.id, exp.baseline.to_dict(), exp.baseline.config_hash())
     props = t._measurable(rules.proposals(host_bound(), exp.baseline, exp.model, exp.cluster, exp.tuning))
     assert props[0].rule.id == "larger_micro_batch"
@@ -268,11 +268,11 @@ def test_a_changed_step_or_layout_starts_a_study_of_its_own_and_says_so(tmp_path
         return tuner.Tuner(exp, store, executor="local", runs_root=tmp_path / "runs",
                            study_name="s-1gpu", progress=True)
     first = tuner_of()
-    assert first.study_name == "s-1gpu" and first.samples == 4
+    assert first.study_name == "s-1gpu" and first.placement.samples == 4
     assert tuner_of().study_name == "s-1gpu"  # same plan: the same study
     capsys.readouterr()
     other = tuner_of(one_gpu_samples=8)
-    assert other.study_name.startswith("s-1gpu-") and other.samples == 8
+    assert other.study_name.startswith("s-1gpu-") and other.placement.samples == 8
     err = capsys.readouterr().err
     assert "study s-1gpu was planned otherwise (one_gpu_samples 4 -> 8)" in err and other.study_name in err
     assert store.study(other.study_name).experiment["tuning"]["one_gpu_samples"] == 8

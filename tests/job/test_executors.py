@@ -43,6 +43,20 @@ def test_replay_refuses_what_the_bank_does_not_hold():
     assert executors.get("local").refuses(base.replace(seq_length=777)) is None
 
 
+def test_the_tuner_asks_the_executor_what_to_propose_and_whether_jobs_run():
+    """The replay runs no job (nothing to probe or fit first) and proposes only what the bank
+    holds; the others run jobs and pass over no config."""
+    base = replay.entry_config(replay.load_bank(BANK)[0])
+    other = base.replace(seq_length=777)
+    ex = executors.of_kind("replay", bank_dir=BANK)
+    assert ex.runs_jobs is False and ex.not_proposed(base) is None
+    assert ex.not_proposed(other) == (f"the trial bank holds no recorded run of its config {other.config_hash()}; "
+                                      "the demo proposes only what it can replay")
+    for kind in ("slurm", "local", "auto"):  # of_kind checks no Slurm: the tuner resolved it before
+        ex = executors.of_kind(kind)
+        assert ex.runs_jobs is True and ex.not_proposed(other) is None
+
+
 def test_replay_submits_the_recording_as_a_local_job(tmp_path):
     """The rendered job's config.json names the trial; the job writes the bank entry's log."""
     entry = replay.load_bank(BANK)[0]
