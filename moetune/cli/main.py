@@ -112,7 +112,8 @@ def cmd_tune(args, _rest):
           f"{judged('baseline_judged_step_time_ms')} ms, judged)")
     print(f"report: {md}\nreport: {html}")
     if summary.get("best_judged_step_time_ms") is None:  # stopped before any trial measured
-        print(f"moetune {args.command}: no trial measured a step time; stopped: {summary.get('stop_reason')}", file=sys.stderr)
+        print(f"moetune {args.command}: no trial measured a step time; stopped: {summary.get('stop_reason')}",
+              file=sys.stderr)
         return 1
     return 0
 

@@ -296,7 +296,8 @@ def test_a_name_that_is_a_path_writes_nothing(tmp_path):
     work = tmp_path / "a" / "b"
     work.mkdir(parents=True)
     exp = work / "evil.yaml"
-    exp.write_text((REPO / "experiments" / "moe_proxy.yaml").read_text().replace("name: moe_proxy", "name: ../../etc/evil", 1))
+    text = (REPO / "experiments" / "moe_proxy.yaml").read_text()
+    exp.write_text(text.replace("name: moe_proxy", "name: ../../etc/evil", 1))
     for cmd in ("tune", "fit"):
         one_line(moetune("--db", str(work / "db.sqlite"), cmd, str(exp), "--executor", "local", cwd=work),
                  "evil.yaml: name '../../etc/evil'", "letters, digits")
@@ -327,8 +328,11 @@ def test_reading_commands_make_no_store(tmp_path, db):
     status says there is none, report refuses in one line, plan plans; none creates a file or folder."""
     env = {"MOETUNE_DB": db} if db else {}
     clean = {k: v for k, v in os.environ.items() if k != "MOETUNE_DB"}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "moetune.cli.main", *a], capture_output=True, text=True,
-                                    timeout=120, cwd=tmp_path, env={**clean, **env})
+
+    def run(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "moetune.cli.main", *a], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path, env={**clean, **env})
+
     r = run("status")
     assert r.returncode == 0 and "no studies" in r.stdout and "no moetune store here" in r.stdout, r.stdout + r.stderr
     one_line(run("report"), "no moetune store here")
