@@ -180,7 +180,24 @@ def database_url(url: str | None = None, read_only: bool = False) -> str:
         if not read_only:
             Path(url).parent.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{Path(url).resolve()}"
+    elif read_only:
+        _sqlite_file_exists(url)
     return url
+
+
+def _sqlite_file_exists(url: str) -> None:
+    """A read-only open of a SQLite URL: NoStore where its file is not there, since connecting
+    would create it (an empty file, in a folder made for it)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return  # Store names the bad URL in its own line
+    database = parsed.database or ""
+    if not parsed.drivername.startswith("sqlite") or database in ("", ":memory:") or database.startswith("file:"):
+        return
+    if not Path(database).is_file():
+        raise NoStore(f"{masked(url)}: no moetune store here (no file {database}); `moetune tune MODEL` or "
+                      "`make demo` makes one")
 
 
 # user:password@ of a URL SQLAlchemy cannot parse

@@ -81,8 +81,9 @@ FAILURES: tuple[tuple[str, re.Pattern], ...] = (
     ("cuda_error", re.compile(r"CUDA error: |torch\.AcceleratorError|illegal memory access")),
     # a Python exception that ended the run: Megatron refusing its arguments at start-up
     # (TransformerConfig's AssertionError on the device: "attention dropout is not supported with
-    # graphed attention recomputation"), a missing module; the traceback's last line names it
-    ("python_error", re.compile(r"^(?:[\w.]+\.)?\w+(?:Error|Exception): \S.*$", re.M)),
+    # graphed attention recomputation"), a missing module; the traceback's last line names it,
+    # bare or tagged by torchrun with its rank ("[rank0]: AssertionError: ...")
+    ("python_error", re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[\w.]+\.)?\w+(?:Error|Exception): \S.*$", re.M)),
 )
 
 

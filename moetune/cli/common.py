@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
+from moetune.experiment import constraints
+from moetune.experiment.config import TrainingConfig
 from moetune.experiment.schema import ConfigError, Experiment, load_experiment
 from moetune.experiment.gpus import GPU_TYPES
 
@@ -17,6 +19,17 @@ def exit_code(fn: Callable[[list[str]], int], argv: list[str]) -> int:
         return e.code if isinstance(e.code, int) else 2
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number of 1 or more (a usage error, exit 2, otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give 1 or more") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: give 1 or more")
+    return value
+
+
 def add_gpu_args(p: argparse.ArgumentParser, gpus_help: str) -> None:
     p.add_argument("--gpus", type=int, help=gpus_help)
     p.add_argument("--gpu-type", choices=GPU_TYPES)
@@ -27,10 +40,22 @@ def experiment_for_gpus(model: str, gpus: int | None) -> Experiment:
     nodes (ConfigError, one line, otherwise)."""
     exp = load_experiment(model)
     per_node = exp.cluster.gpus_per_node
+    if gpus is not None and not per_node:
+        raise ConfigError(f"--gpus {gpus}: {exp.path}: cluster.gpus_per_node is 0 (the CPU stand-in's nodes), "
+                          "there are no GPUs to price; use an experiment whose cluster has GPUs")
     if gpus is not None and (gpus < 1 or (gpus > per_node and gpus % per_node)):
         raise ConfigError(f"--gpus {gpus}: give 1..{per_node} GPUs of one node or a multiple of {per_node} "
                           "(the experiment's GPUs per node)")
     return exp
+
+
+def refuse_unknown_values(exp: Experiment, config: TrainingConfig) -> None:
+    """ConfigError (one line) where the config names a value no Megatron takes (a dispatcher, a
+    flex backend, a recompute module): the constraint table's unknown_* rows, refused before any
+    layout is searched or priced, each naming what is allowed."""
+    unknown = [v for v in constraints.check(config, exp.model, exp.cluster) if v.code.startswith("unknown_")]
+    if unknown:
+        raise ConfigError(f"{exp.path or exp.name}: baseline: " + "; ".join(v.message for v in unknown))
 
 
 LAYOUT_OPTIONS = {"tp": "tensor parallel", "pp": "pipeline parallel", "ep": "expert parallel",
@@ -40,7 +65,8 @@ LAYOUT_OPTIONS = {"tp": "tensor parallel", "pp": "pipeline parallel", "ep": "exp
 def add_fit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="experiment name (experiments/NAME.yaml) or a YAML path")
     for key, what in LAYOUT_OPTIONS.items():
-        p.add_argument("--" + key.replace("_", "-"), type=int, help=f"{what} (default: the baseline's)")
+        p.add_argument("--" + key.replace("_", "-"), type=positive_int, metavar="N",
+                       help=f"{what} (default: the baseline's)")
     p.add_argument("--executor", default="auto", choices=("auto", "slurm", "local"),
                    help="auto: Slurm when sbatch is on PATH, else submitit's local executor")
     p.add_argument("--runs", default="runs", help="folder for trial files (default runs/)")

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 from moetune.analysis import cli as analysis_cli
-from moetune import settings
+from moetune import __version__, settings
 from moetune.cli.common import LAYOUT_OPTIONS, add_fit_arguments, add_preflight_arguments
 from moetune.errors import MoetuneError
 from moetune.job import executors  # its registry only: submitit loads when a job is submitted
@@ -112,7 +112,8 @@ def cmd_tune(args, _rest):
           f"{judged('baseline_judged_step_time_ms')} ms, judged)")
     print(f"report: {md}\nreport: {html}")
     if summary.get("best_judged_step_time_ms") is None:  # stopped before any trial measured
-        print(f"moetune: no trial measured a step time; stopped: {summary.get('stop_reason')}", file=sys.stderr)
+        print(f"moetune {args.command}: no trial measured a step time; stopped: {summary.get('stop_reason')}",
+              file=sys.stderr)
         return 1
     return 0
 
@@ -131,7 +132,15 @@ def _write_reports(args, study, store=None):
     return report.write_reports(store or _store(args), study, Path(args.out))
 
 
+def _study_argument(args) -> None:
+    """A study named on the command line is a name (it names report files): checked before use."""
+    if args.study is not None:
+        from moetune.experiment.schema import check_name  # pydantic: not for `moetune --help`
+        check_name(args.study, "study")
+
+
 def cmd_report(args, _rest):
+    _study_argument(args)
     store = _store(args, read_only=True)
     names = [args.study] if args.study else [s.name for s in store.studies()]
     if not names:
@@ -145,6 +154,7 @@ def cmd_report(args, _rest):
 
 def cmd_status(args, _rest):
     from moetune.report import status  # not for `moetune --help` (above)
+    _study_argument(args)
     print(status.show(getattr(args, "db", None), args.study))
     return 0
 
@@ -182,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="moetune",
         description="Automatic performance tuner for Megatron MoE training on Slurm: profile "
                     "short runs under Nsight Systems, find the wall, apply the next fix, repeat.")
+    p.add_argument("--version", action="version", version=f"moetune {__version__}")
     p.add_argument("--db", default=None,  # the store reads MOETUNE_DB when the command runs
                    help="store: a SQLite path or any SQLAlchemy URL (env MOETUNE_DB; "
                         "default .moetune/moetune.db)")
@@ -192,8 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn, passthrough=passthrough)
         return sp
 
-    add("plan", cmd_plan, "list memory-feasible layouts for a model, least model parallelism "
-        "first (moetune plan MODEL [--gpus N --gpu-type T] [--format text|json])", True)
+    add("plan", cmd_plan, "list memory-feasible layouts for a model, fastest predicted first "
+        "(moetune plan MODEL [--gpus N --gpu-type T] [--order speed|memory] [--format text|json])", True)
     add("predict", cmd_predict, "a layout's predicted step time and tokens/s/GPU, term by term "
         "(moetune predict MODEL [--gpus N] [--tp N --pp N --ep N ...] [--format text|json])", True)
     add("calibrate", cmd_calibrate, "measure the cluster's links and a GPU's rates in one short job; "
@@ -268,13 +279,14 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except KeyboardInterrupt:
-        print("moetune: interrupted; the store keeps what was measured, run the same command "
+        print(f"moetune {args.command}: interrupted; the store keeps what was measured, run the same command "
               "again to resume", file=sys.stderr)
         return 130
     except Exception as e:  # one line for anything an engineer can act on
         if not _is_user_error(e):
             raise
-        print(f"moetune: {e}", file=sys.stderr)
+        # one prefix for every error line: the subcommand's, as its own parser's lines have it
+        print(f"moetune {args.command}: {e}", file=sys.stderr)
         return 2
 
 

@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from moetune.cli.common import add_gpu_args, experiment_for_gpus, exit_code
+from moetune.cli.common import add_gpu_args, experiment_for_gpus, exit_code, positive_int, refuse_unknown_values
 from moetune.experiment.schema import ConfigError
 from moetune.estimate import StoreReadings
 from moetune.estimate.memory import FIXED_GB, TooFewGPUs
@@ -21,19 +21,21 @@ def main(argv: list[str], db: str | None = None) -> int:
 
 def _main(argv: list[str], db: str | None = None) -> int:
     p = argparse.ArgumentParser(prog="moetune plan",
-                                description="List the layouts whose estimated per-GPU memory fits, least "
-                                            "model parallelism first (fit first: moe-optimization-workflow.md).")
+                                description="List the layouts whose estimated per-GPU memory fits, fastest "
+                                            "predicted first (--order memory: least model parallelism first, "
+                                            "fit first: moe-optimization-workflow.md).")
     p.add_argument("model", help="experiment name (experiments/NAME.yaml) or path")
     add_gpu_args(p, "GPU count (default: the experiment's cluster)")
     p.add_argument("--baseline", action="store_true",
                    help="only the experiment's baseline layout, listed whether it fits or not")
     p.add_argument("--format", choices=("text", "json"), default="text")
-    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--limit", type=positive_int, default=10, metavar="N", help="layouts shown at most (default 10)")
     p.add_argument("--order", choices=("speed", "memory"), default="speed",
                    help="speed: predicted tokens/s/GPU, best first (default); memory: least model parallelism first")
     args = p.parse_args(argv)
     try:
         exp = experiment_for_gpus(args.model, args.gpus)
+        refuse_unknown_values(exp, exp.baseline)
     except ConfigError as e:
         print(f"moetune plan: {e}", file=sys.stderr)
         return 2
@@ -62,6 +64,10 @@ def _main(argv: list[str], db: str | None = None) -> int:
               f"{lay.estimate_gb:.1f} GB allocated + {FIXED_GB:.0f} GB fixed = {lay.memory_gb:.1f} of "
               f"{capacity:.0f} GB ({source}): {verdict}")
         return code
+    if not layouts and found.common_refusal():  # the experiment's own values, not the GPUs, stop every layout
+        print(f"moetune plan: no layout of {exp.name} on {world} GPUs can run: " +
+              "; ".join(f"{v.code}: {v.message}" for v in found.common_refusal()), file=sys.stderr)
+        return 2
     if not layouts:
         print(f"no layout of {exp.name} fits; add GPUs, or consider offloading and full recompute")
         return code

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from moetune.cli.common import add_gpu_args, experiment_for_gpus, exit_code
+from moetune.cli.common import add_gpu_args, experiment_for_gpus, exit_code, refuse_unknown_values
 from moetune.experiment.config import RECOMPUTE_MODULES, TrainingConfig
 from moetune.experiment.schema import ConfigError
 from moetune.estimate import Prediction, StoreReadings, price
@@ -107,6 +107,7 @@ def _main(argv: list[str], db: str | None = None) -> int:
     a = p.parse_args(argv)
     try:
         exp = experiment_for_gpus(a.model, a.gpus)
+        refuse_unknown_values(exp, exp.baseline)
     except ConfigError as e:
         return _fail(str(e))
     try:

@@ -393,7 +393,7 @@ def vpp_choices(m: ModelArch, pp: int, most: int = 8) -> list[int]:
 
 def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int = 20,
          headroom_share: float = PLAN_HEADROOM_SHARE, measured: Measured | None = None,
-         virtual: bool = False) -> list[Layout]:
+         virtual: bool = False, refused: list | None = None) -> list[Layout]:
     """Feasible layouts for the experiment's model, least model parallelism first (TP×PP, then
     expert parallelism within NVLink before across it, then the smaller EP), selective recompute
     only where a layout does not fit without it (moe-optimization-workflow.md, Phase 1). A layout
@@ -401,7 +401,8 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
     leaves `headroom_share` of the GPU's memory free, or when its measured peak fits as a fit's does
     (`measured`: qwen3_235b's TP2 PP2 EP128 on an H100 is estimated within 2 % of the 68.9 GB it
     measured, but the estimate's margin is wider than a measurement's). `virtual`: each pipeline
-    with every VPP of vpp_choices too."""
+    with every VPP of vpp_choices too. `refused`: a list that gets, for each candidate left out, the
+    constraint violations that refused it (an empty list: its memory did not fit)."""
     cluster, world, capacity = plan_cluster(exp, gpus, gpu_type)
     m, base = exp.model, exp.baseline
     out: list[Layout] = []
@@ -415,11 +416,16 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
                                        distributed_optimizer=True,
                                        recompute_granularity="selective" if recompute else None,
                                        recompute_modules=recompute)
-                    if check(cfg, m, cluster):
+                    violations = check(cfg, m, cluster)
+                    if violations:
+                        if refused is not None:
+                            refused.append(violations)
                         continue
                     est = estimate(m, cfg, world)
                     peak = measured(cfg) if measured else None
                     if est.total_gb > (1 - headroom_share) * capacity and not fits_measured(peak, capacity):
+                        if refused is not None:
+                            refused.append([])
                         continue
                     out.append(Layout(cfg, cfg.to_args(m) + run_args(), est.total_gb, est.to_dict(), tp * pp,
                                       capacity_gb=capacity, measured_gb=peak))

@@ -54,6 +54,15 @@ class Search:
     world: int
     capacity_gb: float
     predicted: dict[int, dict] = field(default_factory=dict)
+    refused: list[list] = field(default_factory=list)  # memory.plan's: each candidate left out, why
+
+    def common_refusal(self) -> list:
+        """The constraint violations (of the first candidate) whose rules refused every candidate
+        the search left out, where none fitted; empty where memory or differing rules did."""
+        if self.layouts or not self.refused or not all(self.refused):
+            return []
+        common = set.intersection(*({v.code for v in vs} for vs in self.refused))
+        return [v for v in self.refused[0] if v.code in common]
 
     def headline(self, layout: Layout) -> dict | None:
         """The layout's predicted tokens/s/GPU, step and compute source; None where not priced."""
@@ -97,7 +106,9 @@ def search(exp, readings: StoreReadings, gpus: int | None = None, gpu_type: str 
     except TooFewGPUs:
         base = None
     speed = order == "speed"
-    layouts = plan(exp, gpus, gpu_type, limit=10**6 if speed else limit, measured=measured, virtual=speed)
+    refused: list[list] = []
+    layouts = plan(exp, gpus, gpu_type, limit=10**6 if speed else limit, measured=measured, virtual=speed,
+                   refused=refused)
     # the baseline is a candidate too, where it fits and the search's grid does not hold it
     if base is not None and base.fits and all(layout_key(lay.config.to_dict()) != layout_key(
             base.config.to_dict()) for lay in layouts):
@@ -106,4 +117,4 @@ def search(exp, readings: StoreReadings, gpus: int | None = None, gpu_type: str 
     if speed:
         layouts, predicted = ranked(exp, layouts, gpus, gpu_type, readings)
         layouts = layouts[:limit]
-    return Search(layouts, base, world, capacity, predicted)
+    return Search(layouts, base, world, capacity, predicted, refused)

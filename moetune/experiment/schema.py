@@ -6,6 +6,7 @@ A wrong field raises ConfigError naming the file, the key and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -300,13 +301,32 @@ def cluster_section(cluster: Cluster | dict) -> Cluster:
         raise ConfigError(one_line(e, "cluster")) from None
 
 
+# names become folder and file names (runs/<study>/, reports/<study>.md): no separator, no parent
+NAME = re.compile(r"[A-Za-z0-9._-]+")
+NAME_ALLOWED = "letters, digits, '.', '_' and '-' only, and no '..'"
+
+
+def check_name(value: str, where: str) -> str:
+    """`value` where it is a name that becomes a folder or file name; ConfigError (one line, naming
+    `where` and what is allowed) otherwise."""
+    if not NAME.fullmatch(value) or ".." in value or value == ".":
+        raise ConfigError(f"{where} {value!r}: a name takes {NAME_ALLOWED}")
+    return value
+
+
 def load_experiment(name_or_path: str | Path) -> Experiment:
     """The experiment of experiments/NAME.yaml (or a YAML path), validated into its typed model."""
     path = experiment_path(name_or_path)
     if not path.exists():
         raise ConfigError(f"{path}: no such experiment; known: {', '.join(list_experiments())}")
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a file; give an experiment's YAML file or its name")
     try:
         raw = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not text (not UTF-8); give an experiment's YAML file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" line {mark.line + 1}" if mark else ""
@@ -317,6 +337,10 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         data = ExperimentFile.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(f"{path}: {one_line(e)}") from None
+    # checked here, where a name enters, and not in the model: a stored study may name its
+    # experiment by the path it was loaded from (Experiment.from_stored)
+    check_name(data.name, f"{path}: name")
+    check_name(data.cluster.name, f"{path}: cluster.name")
     try:
         baseline = TrainingConfig.from_dict(data.baseline)
     except (TypeError, ValueError) as e:

@@ -77,6 +77,26 @@ def test_native_crash_is_named_from_torchruns_summary():
     assert parse_log(bank / "baseline.log.xz")["failure"] is None
 
 
+def test_a_python_exception_tagged_by_rank_is_a_python_error():
+    """The bank's tp2_sp_ep2 run: Megatron's AssertionError on every rank, each line tagged
+    `[rankN]: ` by torchrun, reads as a python_error naming the assertion."""
+    bank = Path(__file__).resolve().parents[2] / "data" / "trial_bank" / "logs"
+    r = parse_log(bank / "tp2_sp_ep2.log.xz")
+    assert r["failure"] == "python_error"
+    assert r["failure_line"] == "[rank0]: AssertionError: sequence parallel not supported by torch LayerNorm"
+
+
+@pytest.mark.parametrize("line, failure", [
+    ("[rank3]: ModuleNotFoundError: No module named 'megatron'\n", "python_error"),
+    ("[rank0]:[W1123 00:06:30] ProcessGroupNCCL.cpp:5188] Guessing device ID based on global rank.\n", None),
+])
+def test_rank_tagged_lines(tmp_path, line, failure):
+    """A tagged exception line is a python_error; a tagged warning is no failure."""
+    log = tmp_path / "log.txt"
+    log.write_text(ARGS + _iter_line(1, 900.0) + line)
+    assert parse_log(log)["failure"] == failure
+
+
 # Recorded: a job over its --mem on this machine's Slurm 22.05.8 (cgroup v1, ConstrainRAMSpace),
 # tests/integration/test_slurm_failures.py: the last lines of its log
 SLURM_CGROUP_OOM = ("srun: error: n2: task 0: Out Of Memory\n"

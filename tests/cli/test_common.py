@@ -32,3 +32,14 @@ def test_gpu_type_choices_are_the_gpu_table():
         assert parser().parse_args(["--gpu-type", t]).gpu_type == t
     (action,) = [a for a in parser()._actions if a.dest == "gpu_type"]
     assert tuple(action.choices) == GPU_TYPES
+
+
+@pytest.mark.parametrize("text, ok", [("1", True), ("8", True), ("0", False), ("-1", False), ("x", False)])
+def test_positive_int_says_what_is_allowed(text, ok):
+    """positive_int takes whole numbers of 1 or more; anything else says give 1 or more."""
+    from moetune.cli.common import positive_int
+    if ok:
+        assert positive_int(text) == int(text)
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="give 1 or more"):
+            positive_int(text)

@@ -18,11 +18,20 @@ def moetune(*args: str, env: dict | None = None, cwd: Path | None = None) -> sub
                           text=True, timeout=120, cwd=cwd, env={**os.environ, **(env or {})})
 
 
+def command_of(argv: list[str]) -> str:
+    """The subcommand of a `moetune` argv (after the global --db VALUE)."""
+    rest = argv[argv.index("moetune.cli.main") + 1:]
+    while rest[0].startswith("--db"):
+        rest = rest[1:] if "=" in rest[0] else rest[2:]
+    return rest[0]
+
+
 def one_line(r: subprocess.CompletedProcess, *fragments: str) -> str:
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert lines[0].startswith("moetune: "), lines[0]
+    # every error line has the subcommand's prefix, as the subcommands' own parsers write it
+    assert lines[0].startswith(f"moetune {command_of(r.args)}: "), lines[0]
     for f in fragments:
         assert f in lines[0], lines[0]
     return lines[0]
@@ -264,4 +273,68 @@ def test_tune_that_measured_nothing_exits_1(tmp_path):
     r = subprocess.run([sys.executable, "-m", "moetune.cli.main", "demo", "--bank", str(bank),
                         "--no-progress"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stderr
-    assert "moetune: no trial measured a step time; stopped: baseline trial did not complete" in r.stderr
+    assert "moetune demo: no trial measured a step time; stopped: baseline trial did not complete" in r.stderr
+
+
+def test_version_is_the_packages(tmp_path):
+    """`moetune --version` prints moetune.__version__, exit 0."""
+    from moetune import __version__
+    r = moetune("--version", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == f"moetune {__version__}", r.stdout + r.stderr
+
+
+def test_top_level_help_says_plans_default_order(tmp_path):
+    """The plan line of `moetune --help` names its default order (speed), not memory's."""
+    r = moetune("--help", cwd=tmp_path)
+    text = " ".join(r.stdout.split())
+    assert r.returncode == 0 and "fastest predicted first" in text and "least model parallelism" not in text
+
+
+def test_a_name_that_is_a_path_writes_nothing(tmp_path):
+    """`name: ../../etc/evil` in an experiment: one line naming the file and the key, exit 2, and
+    no lock, runs or reports folder written anywhere."""
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    exp = work / "evil.yaml"
+    text = (REPO / "experiments" / "moe_proxy.yaml").read_text()
+    exp.write_text(text.replace("name: moe_proxy", "name: ../../etc/evil", 1))
+    for cmd in ("tune", "fit"):
+        one_line(moetune("--db", str(work / "db.sqlite"), cmd, str(exp), "--executor", "local", cwd=work),
+                 "evil.yaml: name '../../etc/evil'", "letters, digits")
+    assert sorted(p.name for p in work.iterdir()) == ["evil.yaml"] and sorted(tmp_path.rglob("*")) == [
+        tmp_path / "a", work, exp]
+
+
+@pytest.mark.parametrize("cmd", ["report", "status"])
+def test_a_study_name_that_is_a_path_is_refused(tmp_path, cmd):
+    """A study named on the command line is checked as a name: one line, exit 2, nothing written."""
+    one_line(moetune(cmd, "../x", cwd=tmp_path), "study '../x'", "letters, digits")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flag, value", [("--pp", "0"), ("--micro-batch", "0"), ("--tp", "-1")])
+def test_fit_refuses_layout_flags_below_one(tmp_path, flag, value):
+    """`fit --pp 0`, `--micro-batch 0`, `--tp -1`: a usage error saying give 1 or more, exit 2,
+    before any store or trial."""
+    r = moetune("fit", "moe_proxy", flag, value, "--executor", "local", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"argument {flag}: {value}: give 1 or more" in r.stderr.strip().splitlines()[-1]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("db", ["sqlite:///relative.db", None])
+def test_reading_commands_make_no_store(tmp_path, db):
+    """With MOETUNE_DB=sqlite:///relative.db, or the default store path, and no store there:
+    status says there is none, report refuses in one line, plan plans; none creates a file or folder."""
+    env = {"MOETUNE_DB": db} if db else {}
+    clean = {k: v for k, v in os.environ.items() if k != "MOETUNE_DB"}
+
+    def run(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "moetune.cli.main", *a], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path, env={**clean, **env})
+
+    r = run("status")
+    assert r.returncode == 0 and "no studies" in r.stdout and "no moetune store here" in r.stdout, r.stdout + r.stderr
+    one_line(run("report"), "no moetune store here")
+    assert run("plan", "moe_proxy").returncode == 0
+    assert list(tmp_path.iterdir()) == []

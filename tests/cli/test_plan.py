@@ -120,3 +120,44 @@ def test_baseline_on_too_few_gpus_is_one_line(capsys, no_store):
         assert main(argv) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "baseline needs" in err[0] and "GPUs" in err[0], err
+
+
+def _variant(tmp_path, old: str, new: str):
+    from moetune.paths import EXPERIMENTS
+    text = (EXPERIMENTS / "moe_proxy.yaml").read_text()
+    assert old in text
+    path = tmp_path / "variant.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return str(path)
+
+
+@pytest.mark.parametrize("limit", ["0", "-1"])
+def test_a_limit_below_one_is_a_usage_error(capsys, no_store, limit):
+    """--limit 0 or -1 is refused by argparse (exit 2, saying give 1 or more), not "no layout fits"."""
+    assert main(["plan", "moe_proxy", "--limit", limit]) == 2
+    out = capsys.readouterr()
+    assert "--limit" in out.err and "give 1 or more" in out.err and "fits" not in out.out + out.err
+
+
+def test_an_unknown_dispatcher_names_itself(capsys, tmp_path, no_store):
+    """`dispatcher: nccl` in the baseline: one line naming the dispatchers allowed, exit 2."""
+    assert main(["plan", _variant(tmp_path, "dispatcher: alltoall", "dispatcher: nccl")]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and len(out.err.splitlines()) == 1, out.err
+    assert out.err.startswith("moetune plan: ") and "dispatcher must be one of alltoall, allgather, flex" in out.err
+
+
+def test_a_global_batch_no_layout_divides_names_it(capsys, tmp_path, no_store):
+    """A global batch of 15 with micro batch 2: every layout is refused by the batch, and plan says
+    so (with a batch that would divide) instead of "no layout fits; add GPUs"."""
+    assert main(["plan", _variant(tmp_path, "global_batch: 16", "global_batch: 15")]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and len(out.err.splitlines()) == 1, out.err
+    assert "global_batch_not_divisible" in out.err and "global batch 15" in out.err and "add GPUs" not in out.err
+
+
+def test_plan_describes_its_default_order(capsys):
+    """`plan --help` says what the default order is: the fastest predicted first."""
+    assert main(["plan", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "fastest predicted first" in text and "memory fits, least model parallelism first" not in text

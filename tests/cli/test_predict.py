@@ -108,3 +108,30 @@ def test_plan_reads_the_store_once_however_many_layouts_it_prices(capsys, no_sto
     priced = [l for l in out if l.get("predicted")]
     assert len(priced) > 1
     assert (len(opened), len(passes)) == (1, 1)
+
+
+def _variant(tmp_path, old: str, new: str):
+    from moetune.paths import EXPERIMENTS
+    text = (EXPERIMENTS / "moe_proxy.yaml").read_text()
+    assert old in text
+    path = tmp_path / "variant.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return str(path)
+
+
+def test_an_unknown_dispatcher_is_refused_not_priced_as_alltoall(capsys, tmp_path, no_store):
+    """`dispatcher: nccl` in the baseline: predict refuses it in one line listing the valid ones,
+    exit 2, instead of pricing an all-to-all."""
+    assert main(["predict", _variant(tmp_path, "dispatcher: alltoall", "dispatcher: nccl")]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and len(out.err.splitlines()) == 1, out.err
+    assert out.err.startswith("moetune predict: ") and "variant.yaml: baseline: " in out.err
+    assert "dispatcher must be one of alltoall, allgather, flex" in out.err
+
+
+def test_gpus_on_a_cluster_without_gpus_is_one_line(capsys, tmp_path, no_store):
+    """--gpus on an experiment whose cluster.gpus_per_node is 0: one line naming the key, exit 2."""
+    exp = _variant(tmp_path, "gpus_per_node: 2", "gpus_per_node: 0")
+    assert main(["predict", exp, "--gpus", "2"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "cluster.gpus_per_node is 0" in err and "Traceback" not in err

@@ -139,7 +139,7 @@ def test_moetune_preflight_cli_exit_codes_and_lines(slurm, tmp_path):
     data = json.loads(r.stdout)
     assert data["blocking"] == [] and data["record"]["runs_folder"]["seen"] == data["record"]["runs_folder"]["expected"]
     r = moetune("preflight", "no_such_model")
-    assert r.returncode == 2 and r.stderr.startswith("moetune: ") and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and r.stderr.startswith("moetune preflight: ") and len(r.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.slurm

@@ -119,3 +119,44 @@ def test_a_stored_experiment_with_a_bad_key_is_one_line():
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="stored experiment moe_proxy: tuning.patience"):
         Experiment.from_stored({**record, "tuning": {"patience": 0}})
+
+
+@pytest.mark.parametrize("key, text", [
+    ("name", BASE.replace("name: x\n", "name: ../../etc/evil\n", 1)),
+    ("name", BASE.replace("name: x\n", "name: a/b\n", 1)),
+    ("name", BASE.replace("name: x\n", "name: ..\n", 1)),
+    ("cluster.name", BASE.replace("gpu_type: H100", "gpu_type: H100, name: ../up")),
+])
+def test_a_name_that_is_a_path_is_refused(tmp_path, key, text):
+    """An experiment or cluster name becomes a folder name: a separator or '..' is refused in one
+    line naming the file, the key and what a name takes."""
+    with pytest.raises(ConfigError) as err:
+        load_experiment(_write(tmp_path, text))
+    msg = str(err.value)
+    assert f"bad.yaml: {key} " in msg and "letters, digits, '.', '_' and '-' only" in msg and "\n" not in msg
+
+
+def test_a_name_with_dots_and_dashes_loads(tmp_path):
+    """Letters, digits, '.', '_' and '-' make a name."""
+    assert load_experiment(_write(tmp_path, BASE.replace("name: x\n", "name: My_exp-2.1\n", 1))).name == "My_exp-2.1"
+
+
+def test_a_study_that_named_its_experiment_by_a_path_reads_back():
+    """A stored record whose experiment is the YAML's path (as `moetune fit` stores it) still reads
+    back: names are checked where they enter, not in the stored model."""
+    from moetune.experiment.schema import Experiment
+    record = {**load_experiment("moe_proxy").to_stored(), "experiment": "/some/where/moe_proxy.yaml"}
+    assert Experiment.from_stored(record).name == "/some/where/moe_proxy.yaml"
+
+
+def test_an_experiment_path_that_is_a_folder_or_binary(tmp_path):
+    """A folder or a binary file given as the experiment is one line, not a traceback."""
+    folder = tmp_path / "dir.yaml"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match="dir.yaml: not a file"):
+        load_experiment(folder)
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ConfigError, match="bin.yaml: not text") as err:
+        load_experiment(binary)
+    assert "\n" not in str(err.value)

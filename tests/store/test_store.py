@@ -184,3 +184,22 @@ def test_calibrations_are_kept_per_cluster_and_a_v2_store_reads_without_them(tmp
     again = Store(str(path))
     assert again.schema_version() == SCHEMA_VERSION == 3
     assert again.add_calibration("c1", "H100", {"rows": [4]}).id == again.latest_calibration("c1").id
+
+
+@pytest.mark.parametrize("url", ["sqlite:///relative.db", "sqlite:///sub/dir/x.db", "sqlite+pysqlite:///r.db"])
+def test_a_read_only_open_of_a_missing_sqlite_url_creates_nothing(tmp_path, monkeypatch, url):
+    """A SQLite URL whose file is not there: a read-only open is NoStore, one line naming the URL,
+    and no file or folder is made (a connection would create an empty database)."""
+    from moetune.store import NoStore
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(NoStore, match="no moetune store here") as err:
+        Store(url, read_only=True)
+    assert url in str(err.value) and "\n" not in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_read_only_open_of_an_existing_sqlite_url_reads(tmp_path, monkeypatch):
+    """The same URL, once a store is there, opens read-only and reads its studies."""
+    monkeypatch.chdir(tmp_path)
+    Store("sqlite:///relative.db").create_study("s", "m")
+    assert [s.name for s in Store("sqlite:///relative.db", read_only=True).studies()] == ["s"]
