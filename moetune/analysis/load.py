@@ -25,8 +25,8 @@ import pandas as pd
 from moetune.analysis import settings
 from moetune.analysis.columnar import int_frames
 from moetune.analysis.errors import TraceError
-from moetune.analysis.nsys import nsys_binary
 from moetune.analysis.gpu_metrics import read_sm_active
+from moetune.analysis.nsys import nsys_binary
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 PID_MASK = ~0xFFFFFF  # globalTid = globalPid | tid (low 24 bits)

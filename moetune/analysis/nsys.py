@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from moetune.analysis import settings
@@ -30,7 +30,7 @@ def qdstrm_importer() -> str | None:
     return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
 
 
-@lru_cache(maxsize=None)
+@cache
 def has_recipes(nsys: str) -> bool:
     """Whether this nsys runs `nsys recipe` (Nsight Systems 2023.x and later; Debian's 2022.4 does not)."""
     try:
@@ -41,7 +41,7 @@ def has_recipes(nsys: str) -> bool:
     return r.returncode == 0 and "unknown command" not in text and "recipe" in text
 
 
-@lru_cache(maxsize=None)  # asked once per report otherwise
+@cache  # asked once per report otherwise
 def version(nsys: str) -> str:
     try:
         r = subprocess.run([nsys, "--version"], capture_output=True, text=True, timeout=60)

@@ -23,11 +23,11 @@ import gc
 import multiprocessing as mp
 import os
 import re
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -37,8 +37,18 @@ from moetune.analysis.columnar import used_here
 from moetune.analysis.files import trace_files
 from moetune.analysis.gpu_metrics import for_device, read_sm_active, sm_active_share
 from moetune.analysis.kernels import A2A_CLASSES, classify
-from moetune.analysis.load import (KERNEL_TABLE, PID_MASK, both, connect, kernels_and_runtime, read_copies,
-                                   read_gpus, read_memory, read_nvtx, tables_of)
+from moetune.analysis.load import (
+    KERNEL_TABLE,
+    PID_MASK,
+    both,
+    connect,
+    kernels_and_runtime,
+    read_copies,
+    read_gpus,
+    read_memory,
+    read_nvtx,
+    tables_of,
+)
 from moetune.analysis.metrics import class_mask, rank_metrics, rows_where
 from moetune.analysis.skew import a2a_starts
 from moetune.analysis.window import Window, find_window, step_ranges

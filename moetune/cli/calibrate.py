@@ -13,9 +13,9 @@ from pathlib import Path
 from moetune.cli.common import exit_code
 from moetune.errors import MoetuneError
 from moetune.experiment.schema import load_experiment
-from moetune.workloads import link_probe
 from moetune.store import Store
 from moetune.trial import calibrate
+from moetune.workloads import link_probe
 
 
 def render(exp, out) -> str:

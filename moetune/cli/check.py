@@ -8,9 +8,8 @@ from moetune.cli.common import add_gpu_args, exit_code
 from moetune.experiment import megatron_validate as megatron
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.constraints import check
-from moetune.experiment.schema import Cluster, ConfigError, load_experiment
 from moetune.experiment.model import ModelArch
-
+from moetune.experiment.schema import Cluster, ConfigError, load_experiment
 
 # what Megatron assumes where a flag is absent, and moetune's baseline differs (experiment/config.py)
 MEGATRON_DEFAULTS = {"--moe-token-dispatcher-type": "allgather"}

@@ -3,12 +3,12 @@ preflight`, which main.py's parser defines without loading those commands."""
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
 from moetune.experiment import constraints
 from moetune.experiment.config import TrainingConfig
-from moetune.experiment.schema import ConfigError, Experiment, load_experiment
 from moetune.experiment.gpus import GPU_TYPES
+from moetune.experiment.schema import ConfigError, Experiment, load_experiment
 
 
 def exit_code(fn: Callable[[list[str]], int], argv: list[str]) -> int:

@@ -7,8 +7,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from moetune.analysis import cli as analysis_cli
 from moetune import __version__, settings
+from moetune.analysis import cli as analysis_cli
 from moetune.cli.common import LAYOUT_OPTIONS, add_fit_arguments, add_preflight_arguments
 from moetune.errors import MoetuneError
 from moetune.job import executors  # its registry only: submitit loads when a job is submitted
@@ -73,7 +73,8 @@ def writable_folder(path, what: str) -> None:
 def refused_layout(model, **changes):
     """The constraint table on the layout a tune or fit would submit first: one line, no job.
     `model`: the experiment's name or path, or the experiment loaded; the experiment back."""
-    from moetune.experiment import constraints, schema as experiment  # pydantic: not for `moetune --help`
+    from moetune.experiment import constraints  # pydantic: not for `moetune --help`
+    from moetune.experiment import schema as experiment
     exp = model if isinstance(model, experiment.Experiment) else experiment.load_experiment(model)
     config = exp.baseline.replace(**changes) if changes else exp.baseline
     refused = constraints.check(config, exp.model, exp.cluster)

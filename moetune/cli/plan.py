@@ -8,11 +8,11 @@ import argparse
 import json
 import sys
 
-from moetune.cli.common import add_gpu_args, experiment_for_gpus, exit_code, positive_int, refuse_unknown_values
-from moetune.experiment.schema import ConfigError
+from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, positive_int, refuse_unknown_values
 from moetune.estimate import StoreReadings
 from moetune.estimate.memory import FIXED_GB, TooFewGPUs
 from moetune.estimate.search import search
+from moetune.experiment.schema import ConfigError
 
 
 def main(argv: list[str], db: str | None = None) -> int:

@@ -9,10 +9,10 @@ import argparse
 import json
 import sys
 
-from moetune.cli.common import add_gpu_args, experiment_for_gpus, exit_code, refuse_unknown_values
+from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, refuse_unknown_values
+from moetune.estimate import Prediction, StoreReadings, price
 from moetune.experiment.config import RECOMPUTE_MODULES, TrainingConfig
 from moetune.experiment.schema import ConfigError
-from moetune.estimate import Prediction, StoreReadings, price
 
 DISPATCHERS = {"alltoall": {"dispatcher": "alltoall", "flex_backend": None},
                "deepep": {"dispatcher": "flex", "flex_backend": "deepep"},

@@ -11,14 +11,14 @@ import os
 import sys
 from pathlib import Path
 
-from moetune.cli.common import add_gpu_args, experiment_for_gpus, exit_code
+from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus
 from moetune.decide import one_gpu as one_gpu_step
 from moetune.decide.rules import load_rules
-from moetune.job import postprocess, render, slurm
+from moetune.estimate.memory import plan_cluster
 from moetune.experiment import constraints, fit
 from moetune.experiment.placement import Placement
 from moetune.experiment.schema import ConfigError
-from moetune.estimate.memory import plan_cluster
+from moetune.job import postprocess, render, slurm
 from moetune.trial import stages
 
 JOB_ID = "@JOB@"  # the trial job's id in export.sh: its first argument

@@ -13,16 +13,17 @@ makes the new config; the constraint checker then judges it, and a refused chang
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
+from moetune import settings
 from moetune.analysis.metrics import less_waiting
 from moetune.analysis.walls import WALL_ORDER, memory_used_share
 from moetune.errors import MoetuneError
-from moetune import settings
 from moetune.experiment import gpus as gpu_table
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.constraints import check as constraint_check

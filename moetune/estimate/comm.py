@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import math
 
+from moetune.estimate.flops import BF16, tokens
+from moetune.estimate.rates import Rates
 from moetune.experiment import gpus
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.model import ModelArch
-from moetune.estimate.flops import BF16, tokens
-from moetune.estimate.rates import Rates
 
 GRAD_BYTES = 4  # fp32 main gradients, reduced as they are kept (estimate/memory.py counts the same)
 PARAM_BYTES = 2  # bf16 weights, gathered after the distributed optimizer's step

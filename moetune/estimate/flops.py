@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from moetune.estimate.memory import attention_params, padded_vocab
+from moetune.estimate.rates import Rates
 from moetune.experiment import gpus
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.fit import pipeline_stages
-from moetune.estimate.memory import attention_params, padded_vocab
 from moetune.experiment.model import ModelArch
-from moetune.estimate.rates import Rates
 
 BF16 = 2  # bytes an activation element takes
 CAUSAL = 0.5  # a causal mask computes half the score matrix

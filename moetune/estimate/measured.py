@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from moetune.estimate.flops import BF16, tokens
+from moetune.estimate.rates import PUBLISHED, Rates
 from moetune.experiment import gpus
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.model import ModelArch
-from moetune.estimate.flops import BF16, tokens
-from moetune.estimate.rates import PUBLISHED, Rates
 
 LATENCY_BYTES = 4096  # a small message: its time is the link's latency
 BANDWIDTH_BYTES = 64 << 20  # a gradient bucket's order: the link's bandwidth
@@ -158,8 +158,9 @@ def measured_rates(record: dict, gpu_type: str, nic_published: float, want_a2a: 
         value = sum(r[src.field] for r in found) / len(found)
         hw = {"nvlink": g.nvlink_gb_s, "nic": nic, None: 1.0}[src.of]
         r = found[0]
+        size = f", {int(r['bytes']):d} bytes" if "bytes" in r else ""
         what = (f"{'/'.join(src.ops)} {r.get('ranks', 1)} rank(s) on {r.get('nodes', 1)} node(s)"
-                f"{', %d bytes' % r['bytes'] if 'bytes' in r else ''}: {value:.4g} {src.field}")
+                f"{size}: {value:.4g} {src.field}")
         of = f" of {hw:.4g} ({src.of})" if src.of else ""
         out[name] = (value / hw, f"measured: {label}: {what}{of}")
         if name == "nic_gb_s":

@@ -11,8 +11,8 @@ megatron-core-moe-readme.md (parallel folding, recompute modules).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from moetune.errors import MoetuneError
 from moetune.experiment import fit

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from moetune.estimate import comm, flops
+from moetune.estimate.memory import attention_params, min_gpus, padded_vocab
+from moetune.estimate.rates import Rates
 from moetune.experiment import gpus
 from moetune.experiment.config import TrainingConfig
-from moetune.estimate.memory import attention_params, min_gpus, padded_vocab
 from moetune.experiment.model import ModelArch
-from moetune.estimate import comm, flops
-from moetune.estimate.rates import Rates
 
 # Adam's step on each sharded parameter: read fp32 gradient, master, two moments; write master,
 # moments and the bf16 weight
@@ -43,7 +43,7 @@ class Node:
     cpus_per_rank: float
 
     @classmethod
-    def of(cls, cluster, cpus_per_rank: float | None = None) -> "Node":
+    def of(cls, cluster, cpus_per_rank: float | None = None) -> Node:
         cpus = cpus_per_rank or cluster.cpus_per_task or gpus.cpus_per_gpu(cluster.gpu_type) or 1
         return cls(cluster.gpu_type, cluster.gpus_per_node, cluster.nvlink_domain, float(cpus))
 

@@ -132,7 +132,7 @@ class TrainingConfig:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainingConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TrainingConfig:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(data) - set(known))
         if unknown:
@@ -140,7 +140,7 @@ class TrainingConfig:
         data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
         return cls(**data)
 
-    def replace(self, **changes: Any) -> "TrainingConfig":
+    def replace(self, **changes: Any) -> TrainingConfig:
         changes = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
         return replace(self, **changes)
 
@@ -148,7 +148,7 @@ class TrainingConfig:
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def diff(self, other: "TrainingConfig") -> dict[str, tuple[Any, Any]]:
+    def diff(self, other: TrainingConfig) -> dict[str, tuple[Any, Any]]:
         """Fields that differ: {name: (self's, other's)}."""
         a, b = self.to_dict(), other.to_dict()
         return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
@@ -194,7 +194,7 @@ class TrainingConfig:
         return argv
 
     @classmethod
-    def from_args(cls, argv: list[str], model: ModelArch | None = None) -> "TrainingConfig":
+    def from_args(cls, argv: list[str], model: ModelArch | None = None) -> TrainingConfig:
         """Parse a Megatron argv back into a config (architecture flags are ignored; a
         `--seq-length` equal to the model's own reads as None)."""
         by_flag = {s.flag: s for s in FLAGS}

@@ -5,11 +5,17 @@ names the document it comes from and its message says what to change.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from moetune.experiment.config import (CUDA_GRAPH_MODULES, DISPATCHERS, FLEX_BACKENDS, OFFLOAD_MODULES,
-                                       RECOMPUTE_MODULES, TrainingConfig)
+from moetune.experiment.config import (
+    CUDA_GRAPH_MODULES,
+    DISPATCHERS,
+    FLEX_BACKENDS,
+    OFFLOAD_MODULES,
+    RECOMPUTE_MODULES,
+    TrainingConfig,
+)
 from moetune.experiment.model import ModelArch
 from moetune.experiment.schema import Cluster
 

@@ -7,7 +7,8 @@ unless the name is in --container-env); Megatron's validation on the CPU runs wi
 A value is a string, or a function of (config, cluster) where it depends on them."""
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from moetune.experiment.schema import Cluster
 

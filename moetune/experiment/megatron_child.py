@@ -30,8 +30,8 @@ def main() -> None:
     import megatron.core.models.common.embeddings.rope_utils as rope_utils
     import megatron.core.transformer.moe.moe_utils as moe_utils
     import megatron.core.utils as mcore_utils
+    from megatron.training.arguments import core_transformer_config_from_args, parse_args, validate_args
     from packaging.version import Version
-    from megatron.training.arguments import parse_args, validate_args, core_transformer_config_from_args
     # TE's fused permutation ops (--moe-permute-fusion): None here, present in an image with TE
     fused_permutation = {n: getattr(moe_utils, n) for n in (
         "fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",

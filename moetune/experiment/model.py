@@ -52,12 +52,12 @@ class ModelArch:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelArch":
+    def from_dict(cls, data: dict) -> ModelArch:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @classmethod
-    def from_args(cls, argv: list[str], name: str = "from-args") -> "ModelArch":
+    def from_args(cls, argv: list[str], name: str = "from-args") -> ModelArch:
         """The architecture named by a Megatron argv (the flags `to_args` writes); inverse of it."""
         def val(flag, cast=int, default=None):
             if flag in argv:

@@ -14,10 +14,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from moetune.errors import MoetuneError
-from moetune.paths import EXPERIMENTS
 from moetune.experiment import gpus
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.model import ModelArch
+from moetune.paths import EXPERIMENTS
 
 GpuType = Literal[gpus.GPU_TYPES]  # type: ignore[valid-type]
 

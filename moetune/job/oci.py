@@ -20,7 +20,6 @@ from pathlib import Path
 from moetune.errors import MoetuneError
 
 
-
 class OciError(MoetuneError):
     """The trial's OCI bundle cannot be made from these values (one line)."""
 

@@ -10,11 +10,11 @@ summary `trace_<R>.metrics.json` (analysis.summary.summary_path).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from moetune.analysis.ranks import REPORT_PREFIX, RANK_IN_NAME
+from moetune.analysis.ranks import RANK_IN_NAME, REPORT_PREFIX
 from moetune.analysis.summary import summary_path
 
 RANK_HOLE = "\0"  # no path holds a NUL: where a job script's shell puts the rank

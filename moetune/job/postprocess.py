@@ -20,11 +20,11 @@ import sys
 import time
 from pathlib import Path
 
+from moetune.experiment.schema import Cluster
 from moetune.job import slurm
 from moetune.job.paths import TrialPaths
 from moetune.job.render import shell_word, time_minutes
 from moetune.job.slurm import ACTIVE
-from moetune.experiment.schema import Cluster
 from moetune.paths import WORKLOADS
 from moetune.workloads.postprocess import PostprocessError  # the login side raises it too
 

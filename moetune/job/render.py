@@ -14,19 +14,21 @@ from __future__ import annotations
 import re
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import jinja2
 
 from moetune.errors import MoetuneError
+from moetune.experiment import gpus
+from moetune.experiment.environment import config_env
+from moetune.experiment.schema import Cluster, cluster_section
 from moetune.job import oci
 from moetune.job.paths import TrialPaths
-from moetune.paths import TEMPLATES, WORKLOADS as WORKLOAD_DIR
-from moetune.experiment.environment import config_env
-from moetune.experiment import gpus
-from moetune.experiment.schema import Cluster, cluster_section
+from moetune.paths import TEMPLATES
+from moetune.paths import WORKLOADS as WORKLOAD_DIR
 
 TEMPLATE_FILES = {"venv": "venv.sh.j2", "container": "container.sh.j2", "oci": "oci.sh.j2"}
 # Each workload is one self-contained script (stdlib, torch, megatron-core): the job runs it by

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from moetune import settings
 from moetune.errors import MoetuneError
-from moetune.job.paths import TrialPaths
 from moetune.experiment.config import TrainingConfig
+from moetune.job.paths import TrialPaths
 
 
 class ReplayError(MoetuneError):

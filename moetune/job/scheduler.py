@@ -81,7 +81,7 @@ NEVER_STARTS = {
 NEVER_STARTS_AFTER_S = 20.0  # seen this long: a reason the scheduler sets while it decides is not one
 
 
-def never_starts(state: "JobState") -> str | None:
+def never_starts(state: JobState) -> str | None:
     """Why a pending job will never start, and what to change; None where it may yet start."""
     if state.state != "PENDING" or not state.reason:
         return None

@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 
 from moetune.errors import MoetuneError
+from moetune.estimate.measured import probe_sizes
+from moetune.estimate.memory import TooFewGPUs, plan
 from moetune.job import render
 from moetune.job import scheduler as jobs
-from moetune.workloads.link_probe import MARKER
 from moetune.paths import WORKLOADS
-from moetune.estimate.memory import TooFewGPUs, plan
 from moetune.trial import preflight
-from moetune.estimate.measured import probe_sizes
+from moetune.workloads.link_probe import MARKER
 
 PROBE = WORKLOADS / "link_probe.py"
 FOLDER = "_calibrate"  # under the runs folder, beside the studies and _preflight

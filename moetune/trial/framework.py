@@ -14,16 +14,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from moetune.errors import MoetuneError
-from moetune.job.paths import TrialPaths
 from moetune import settings
-from moetune.paths import trial_folder
+from moetune.errors import MoetuneError
 from moetune.experiment.placement import Placement
 from moetune.experiment.schema import Experiment, Tuning, load_experiment
+from moetune.job.paths import TrialPaths
+from moetune.paths import trial_folder
 from moetune.store import Study, now
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from moetune.job import render
+from moetune.job import render, slurm
 from moetune.job import scheduler as jobs
-from moetune.job import slurm
 from moetune.trial.framework import TrialContext
 
 

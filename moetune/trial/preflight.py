@@ -12,15 +12,15 @@ import dataclasses
 import json
 import secrets
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-from moetune.job import render
-from moetune.job import scheduler as jobs
-from moetune.workloads.preflight_probe import MARKER
-from moetune.paths import WORKLOADS
 from moetune.experiment import preflight as spec
 from moetune.experiment.schema import Cluster
+from moetune.job import render
+from moetune.job import scheduler as jobs
+from moetune.paths import WORKLOADS
+from moetune.workloads.preflight_probe import MARKER
 
 PROBE = WORKLOADS / "preflight_probe.py"
 FOLDER = "_preflight"  # under the runs folder, beside the studies
@@ -145,7 +145,7 @@ def run(cluster: Cluster, *, executor: str = "auto", runs_root="runs", store=Non
 
 def _age_s(stamp: str) -> float:
     try:
-        return (datetime.now(timezone.utc) - datetime.fromisoformat(stamp)).total_seconds()
+        return (datetime.now(UTC) - datetime.fromisoformat(stamp)).total_seconds()
     except ValueError:
         return float("inf")
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from moetune.errors import MoetuneError
+from moetune.experiment.config import TrainingConfig
 from moetune.job import executors
 from moetune.job import scheduler as jobs
 from moetune.job.paths import TrialPaths
-from moetune.experiment.config import TrainingConfig
 from moetune.trial import framework, stages, traces
 
 ITERATION_LINE = re.compile(r"iteration\s+\d+\s*/\s*\d+\s*\|")

@@ -29,19 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from moetune.analysis.logs import parse_log
-from moetune.job import executors, render, slurm
-from moetune.job import postprocess
-from moetune.job.paths import TrialPaths
-from moetune.job import scheduler as jobs
 from moetune.experiment import fit
 from moetune.experiment import preflight as preflight_spec
 from moetune.experiment.config import TrainingConfig, args_for_megatron, run_args
 from moetune.experiment.placement import Placement
 from moetune.experiment.schema import Cluster
+from moetune.job import executors, postprocess, render, slurm
+from moetune.job import scheduler as jobs
+from moetune.job.paths import TrialPaths
 from moetune.store import now
 from moetune.trial import framework
 from moetune.trial.framework import NotReady, Stage, StageError, TrialContext
-from moetune.trial.jobfiles import launcher as _launcher, load_ref, load_spec
+from moetune.trial.jobfiles import launcher as _launcher
+from moetune.trial.jobfiles import load_ref, load_spec
 from moetune.trial.traces import _analyze_inputs, _export_inputs, do_analyze, do_export
 
 STAGE_ORDER = ("render", "submit", "collect", "export", "analyze", "decide")  # one run of a trial

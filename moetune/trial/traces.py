@@ -22,9 +22,9 @@ from moetune.analysis.nsys import nsys_binary
 from moetune.job import postprocess, render
 from moetune.job import scheduler as jobs
 from moetune.job.paths import TrialPaths
-from moetune.workloads import postprocess as in_job
 from moetune.trial.framework import StageError, TrialContext
 from moetune.trial.jobfiles import launcher, load_ref, load_spec
+from moetune.workloads import postprocess as in_job
 
 
 def as_job(t: TrialContext, local: bool = False) -> bool:

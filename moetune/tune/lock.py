@@ -5,7 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from moetune.errors import MoetuneError
@@ -21,7 +21,7 @@ class StudyLock:
         self.study = study or self.path.parent.name
         self._fd: int | None = None
 
-    def acquire(self) -> "StudyLock":
+    def acquire(self) -> StudyLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -31,7 +31,7 @@ class StudyLock:
             os.close(fd)
             raise LockError(f"study {self.study!r} is already being tuned by {holder} (lock "
                             f"{self.path}); wait for it or stop that tuner") from None
-        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode(), 0)
         self._fd = fd
@@ -44,7 +44,7 @@ class StudyLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "StudyLock":
+    def __enter__(self) -> StudyLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

@@ -16,22 +16,23 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from moetune import settings
 from moetune.decide import one_gpu as one_gpu_step
 from moetune.decide import outcomes
 from moetune.decide import rules as rules_mod
 from moetune.decide.judge import judged_step
-from moetune import settings
 from moetune.errors import MoetuneError
-from moetune.job import executors, slurm
-from moetune.job.render import time_minutes
-from moetune.job.replay import find as find_entry, load_bank
-from moetune.job.paths import TrialPaths
-from moetune.paths import trial_folder
 from moetune.experiment import fit
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.constraints import check
 from moetune.experiment.placement import Placement
 from moetune.experiment.schema import Experiment, load_experiment
+from moetune.job import executors, slurm
+from moetune.job.paths import TrialPaths
+from moetune.job.render import time_minutes
+from moetune.job.replay import find as find_entry
+from moetune.job.replay import load_bank
+from moetune.paths import trial_folder
 from moetune.store import now
 from moetune.trial import run as runner
 from moetune.trial import stages

@@ -28,9 +28,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from moetune.experiment.config import TrainingConfig
 from moetune.estimate import StoreReadings, price
 from moetune.estimate.memory import plan_cluster
+from moetune.experiment.config import TrainingConfig
 
 # config fields a layout or dispatcher move changes: the moves the model can rank
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dispatcher", "flex_backend")

@@ -1,8 +1,8 @@
 """A study in one dict: budget used, baseline and best, how it stopped (what `moetune status`,
 the reports and `moetune tune` print)."""
 from __future__ import annotations
-import json
 
+import json
 from pathlib import Path
 
 from moetune.job.paths import TrialPaths

@@ -27,8 +27,8 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
-import os
 import json
+import os
 import resource
 import shutil
 import socket

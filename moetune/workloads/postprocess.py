@@ -24,8 +24,9 @@ from pathlib import Path
 
 from moetune.analysis import recipes
 from moetune.analysis.errors import MoetuneError
-from moetune.analysis.nsys import nsys_binary, qdstrm_importer, version as nsys_version
-from moetune.analysis.ranks import REPORT_PREFIX, RANK_IN_NAME
+from moetune.analysis.nsys import nsys_binary, qdstrm_importer
+from moetune.analysis.nsys import version as nsys_version
+from moetune.analysis.ranks import RANK_IN_NAME, REPORT_PREFIX
 from moetune.analysis.summary import rank_summary, summary_path
 
 
