@@ -1,5 +1,6 @@
 """data/trial_bank_build.py --add: one recorded run folded into a copy of the bank; the other
 entries stay, and stored traces are analysed again by the current analysis."""
+import pytest
 import importlib
 import json
 import lzma
@@ -11,6 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "gpu"
 
 
+@pytest.mark.e2e
 def test_add_keeps_the_bank_and_adds_the_run(tmp_path, monkeypatch):
     """Adding a run keeps the bank's entries, adds the new one with its trace and log, re-analyses
     entries with traces and keeps recorded analyses where traces were dropped."""

@@ -81,6 +81,7 @@ def one_gpu_experiment(tmp_path, **cluster) -> str:
                                global_batch=64)
 
 
+@pytest.mark.e2e
 def test_a_one_gpu_study_runs_the_slowest_moe_stage_alone_for_every_trial(tmp_path):
     """PP 2 on 8 GPUs' worth of the stand-in, its last stage's rank (4) told to run 3x slower: the
     fit measures ranks 0 and 4, and every trial runs rank 4 alone, profiled; the report and
@@ -128,6 +129,7 @@ def test_a_one_gpu_study_runs_the_slowest_moe_stage_alone_for_every_trial(tmp_pa
     assert f"one GPU, {said}: rank 4 stood for the layout (stage 1 of 2: " in status.render(store, s["study"])
 
 
+@pytest.mark.e2e
 def test_a_one_gpu_study_never_proposes_what_one_rank_cannot_show(tmp_path):
     """An analysis whose wall is exposed all-to-all: the cluster's study proposes the dispatcher and
     overlap rules; the one-GPU study of the same experiment proposes none of them."""
@@ -150,6 +152,7 @@ def test_a_one_gpu_study_never_proposes_what_one_rank_cannot_show(tmp_path):
     assert not kept & {"dispatcher_deepep", "ep_a2a_overlap", "dispatcher_hybridep_nvl", "delay_wgrad"}
 
 
+@pytest.mark.e2e
 def test_one_gpu_trial_under_nsys_is_profiled_as_the_rank_it_runs(tmp_path, nsys_bin):
     """The trial's rank profiled, though the cluster profiles rank 0 only: rank 4 (the slower
     stage) runs, nsys names the report by RANK (srun's SLURM_PROCID is 0 for every rank of a fit),
@@ -214,6 +217,7 @@ def host_bound(peak_gb=20.0) -> dict:
                                      "peak_memory_gb": peak_gb}}}
 
 
+@pytest.mark.e2e
 def test_a_change_the_one_gpu_step_cannot_hold_is_skipped_not_proposed(tmp_path):
     """deepseek_v3's one-GPU study: from micro batch 1, larger_micro_batch (to 2) is proposed;
     from micro batch 2 the next doubling would need 64 samples, so it is skipped with the step's
@@ -255,6 +259,7 @@ def test_an_explicit_step_that_cannot_run_the_baseline_is_refused_before_any_job
     assert not store.studies()
 
 
+@pytest.mark.e2e
 def test_a_changed_step_or_layout_starts_a_study_of_its_own_and_says_so(tmp_path, capsys):
     """The step is stored once per study: an experiment whose step or baseline changed gets its own
     study (its trials would not compare), and the tuner says which; the same plan resumes it."""
@@ -280,6 +285,7 @@ def test_a_changed_step_or_layout_starts_a_study_of_its_own_and_says_so(tmp_path
     assert tuner_of(one_gpu_samples=8).study_name == other.study_name  # and resumes it
 
 
+@pytest.mark.e2e
 def test_trials_of_one_layout_run_the_rank_their_first_trial_ran(tmp_path):
     """A fit of three iterations can rank two close stages either way from one trial to the next
     (mixtral_8x22b on the H100: stage 7 first, stage 0 after CUDA graphs): a child of the same

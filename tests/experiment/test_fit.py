@@ -134,6 +134,7 @@ def fit_experiment(tmp_path, **cluster) -> str:
                                {"budget_trials": 2, "patience": 1, "fit_first": True}, pp=2, ep=2)
 
 
+@pytest.mark.e2e
 def test_a_layout_that_fits_is_measured_then_submitted(tmp_path):
     """A study's baseline is fitted first (each bounding rank run alone), kept with the fit as evidence,
     then rendered and run."""
@@ -154,6 +155,7 @@ def test_a_layout_that_fits_is_measured_then_submitted(tmp_path):
     assert store.metrics(base.id)["fit_compute_ms"] == pytest.approx(20, rel=0.5)
 
 
+@pytest.mark.e2e
 def test_a_layout_that_does_not_fit_never_reaches_the_cluster(tmp_path):
     """2 GB of GPU: the headroom alone (NCCL buffers, uneven routing) is more, so neither the
     baseline nor any memory fix fits; each is measured on one GPU, none is rendered for the cluster,
@@ -192,6 +194,7 @@ def test_moetune_fit_by_hand(tmp_path, capsys):
     assert len(store.trials(store.study("fit_stand_in-fit").id)) == 1
 
 
+@pytest.mark.e2e
 def test_the_report_shows_the_fit_and_the_compute_floor(tmp_path):
     """The study report shows the fit verdict and the rank's compute measured alone."""
     from moetune.report.study import study_markdown
@@ -216,6 +219,7 @@ def tune_ep2_on_10gb(tmp_path, **stand_in):
     return store, tuner.tune(str(path), store, executor="local", runs_root=tmp_path / "runs", progress=False)
 
 
+@pytest.mark.e2e
 def test_memory_fixes_are_fitted_in_the_guidance_order_until_one_fits(tmp_path):
     """The baseline (EP 2) does not fit a 10 GB GPU: the distributed optimizer (first in the table's
     fit_order) leaves the stand-in's memory as it was, so it does not fit either, and, having freed
@@ -236,6 +240,7 @@ def test_memory_fixes_are_fitted_in_the_guidance_order_until_one_fits(tmp_path):
     assert s["best_trial"] == 3 and "trial budget spent (1 of 1)" in s["stop_reason"]
 
 
+@pytest.mark.e2e
 def test_a_memory_fix_that_lowers_the_peak_is_built_on(tmp_path):
     """40 GB of model on a 10 GB GPU: EP 4 halves the baseline's peak and still does not fit, so
     the next fixes go on top of it (the distributed optimizer again, freeing nothing there either,
@@ -250,6 +255,7 @@ def test_a_memory_fix_that_lowers_the_peak_is_built_on(tmp_path):
     assert TrainingConfig.from_dict(trials[-1].config).ep == 8 and trials[-1].state == "completed"
 
 
+@pytest.mark.e2e
 def test_a_memory_fix_refused_at_start_up_is_passed_over(tmp_path):
     """As on the device (a graphed layout's fit with core_attn recompute stopped at Megatron's
     TransformerConfig check): the stand-in refuses the distributed optimizer at start-up, so that
@@ -268,6 +274,7 @@ def test_a_memory_fix_refused_at_start_up_is_passed_over(tmp_path):
     assert (cfg.ep, cfg.distributed_optimizer) == (4, False)
 
 
+@pytest.mark.e2e
 def test_a_baseline_megatron_refuses_stops_the_study_saying_why(tmp_path):
     """A baseline refused at start-up ends as no_fit and stops the study with the refusal in the reason."""
     exp = yaml.safe_load(Path(fit_experiment(tmp_path, stand_in={

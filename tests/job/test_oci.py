@@ -21,6 +21,8 @@ from moetune.job import scheduler as jobs
 from moetune.trial import stages
 from tests.conftest import REPO, stand_in_cluster
 
+pytestmark = pytest.mark.e2e  # trials in real OCI containers: make test runs them, make unit leaves them out
+
 BUNDLE = os.environ.get("MOETUNE_OCI_BUNDLE", "/var/lib/moetune-oci/standin")
 NVTX_LIB = "/usr/local/lib/libnvToolsExt.so"  # inside the image (scripts/oci-bundle)
 

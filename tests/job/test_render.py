@@ -214,6 +214,7 @@ def read_all(pipe, into: list, delay_s: float) -> None:
         into.append(chunk)
 
 
+@pytest.mark.e2e
 def test_nsys_retry_sees_the_daemon_message_every_time(tmp_path):
     """The retry's check greps the profiled rank's stderr only once all of it is in the copy, every
     time, even when whoever reads the job's output is slow (the copy to the log is then stalled

@@ -1,6 +1,7 @@
 """trial/run.py: a trial's job watched and ended. A job whose log stops showing iteration lines is
 cancelled as hung; the one error line of a traceback is found; a failed submitit job's error is read
 from its own result pickle, else from its stderr."""
+import pytest
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ def _silent_job(log_path):
     time.sleep(120)
 
 
+@pytest.mark.e2e
 def test_watch_cancels_a_job_without_iteration_lines(tmp_path):
     """A real local job that prints one iteration line and then nothing is cancelled as hung after
     the hang timeout, and it is gone soon after."""

@@ -18,6 +18,8 @@ from moetune.store import Store
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import standin_bank  # noqa: E402
 
+pytestmark = pytest.mark.e2e  # whole tuning studies: make test runs them, make unit leaves them out
+
 EXPERIMENT = str(Path(__file__).resolve().parents[2] / "experiments" / "moe_proxy.yaml")
 
 

@@ -22,6 +22,8 @@ from moetune.tune import predicted
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import standin_bank  # noqa: E402
 
+pytestmark = pytest.mark.e2e  # whole tuning studies: make test runs them, make unit leaves them out
+
 PROXY = Path(__file__).resolve().parents[2] / "experiments" / "moe_proxy.yaml"
 STANDIN_SCALE = 1.6  # the stand-in "cluster" runs this much slower than the model says
 NOISE = 0.02  # the studies' noise_threshold: layouts closer than this to the sweep's best are its best

@@ -10,6 +10,8 @@ from moetune.tune.state import JUDGED
 from moetune.store import Store
 from tests.conftest import stand_in_experiment
 
+pytestmark = pytest.mark.e2e  # whole tuning studies: make test runs them, make unit leaves them out
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -17,6 +17,8 @@ from moetune.store import Store
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import standin_bank  # noqa: E402
 
+pytestmark = pytest.mark.e2e  # whole tuning studies: make test runs them, make unit leaves them out
+
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENT = str(REPO / "experiments" / "moe_proxy.yaml")
 SCRIPT = ("import sys; from moetune.store import Store; from moetune.tune import loop as tuner; "
