@@ -80,6 +80,16 @@ def proxy_model() -> dict:
     return yaml.safe_load((REPO / "experiments/moe_proxy.yaml").read_text())["model"]
 
 
+def proxy_variant(tmp_path, old: str, new: str) -> str:
+    """experiments/moe_proxy.yaml with one text replaced, written under tmp_path: its path."""
+    from moetune.paths import EXPERIMENTS
+    text = (EXPERIMENTS / "moe_proxy.yaml").read_text()
+    assert old in text
+    path = tmp_path / "variant.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return str(path)
+
+
 def stand_in_cluster(**overrides) -> dict:
     """A cluster section that runs the CPU stand-in for training (no GPU here)."""
     c = {"name": "test-1node", "template": "venv", "workload": "cpu_stand_in", "nodes": 1,

@@ -8,6 +8,7 @@ from moetune.cli.main import main
 from moetune.experiment.schema import load_experiment
 from moetune.estimate.memory import FIXED_GB
 from moetune.store import Store
+from tests.conftest import proxy_variant
 
 QWEN_BASELINE_MEASURED_GB = 85919.27 / 1024  # benchmarks/fit_lease: rank 0 on one H200, max allocated
 
@@ -122,15 +123,6 @@ def test_baseline_on_too_few_gpus_is_one_line(capsys, no_store):
         assert len(err) == 1 and "baseline needs" in err[0] and "GPUs" in err[0], err
 
 
-def _variant(tmp_path, old: str, new: str):
-    from moetune.paths import EXPERIMENTS
-    text = (EXPERIMENTS / "moe_proxy.yaml").read_text()
-    assert old in text
-    path = tmp_path / "variant.yaml"
-    path.write_text(text.replace(old, new, 1))
-    return str(path)
-
-
 @pytest.mark.parametrize("limit", ["0", "-1"])
 def test_a_limit_below_one_is_a_usage_error(capsys, no_store, limit):
     """--limit 0 or -1 is refused by argparse (exit 2, saying give 1 or more), not "no layout fits"."""
@@ -141,7 +133,7 @@ def test_a_limit_below_one_is_a_usage_error(capsys, no_store, limit):
 
 def test_an_unknown_dispatcher_names_itself(capsys, tmp_path, no_store):
     """`dispatcher: nccl` in the baseline: one line naming the dispatchers allowed, exit 2."""
-    assert main(["plan", _variant(tmp_path, "dispatcher: alltoall", "dispatcher: nccl")]) == 2
+    assert main(["plan", proxy_variant(tmp_path, "dispatcher: alltoall", "dispatcher: nccl")]) == 2
     out = capsys.readouterr()
     assert out.out == "" and len(out.err.splitlines()) == 1, out.err
     assert out.err.startswith("moetune plan: ") and "dispatcher must be one of alltoall, allgather, flex" in out.err
@@ -150,7 +142,7 @@ def test_an_unknown_dispatcher_names_itself(capsys, tmp_path, no_store):
 def test_a_global_batch_no_layout_divides_names_it(capsys, tmp_path, no_store):
     """A global batch of 15 with micro batch 2: every layout is refused by the batch, and plan says
     so (with a batch that would divide) instead of "no layout fits; add GPUs"."""
-    assert main(["plan", _variant(tmp_path, "global_batch: 16", "global_batch: 15")]) == 2
+    assert main(["plan", proxy_variant(tmp_path, "global_batch: 16", "global_batch: 15")]) == 2
     out = capsys.readouterr()
     assert out.out == "" and len(out.err.splitlines()) == 1, out.err
     assert "global_batch_not_divisible" in out.err and "global batch 15" in out.err and "add GPUs" not in out.err

@@ -9,6 +9,7 @@ import pytest
 from moetune.cli.main import main
 from moetune.paths import ROOT
 from moetune.experiment.schema import list_experiments
+from tests.conftest import proxy_variant
 ONE_GPU_DB = str(ROOT / "benchmarks" / "one_gpu_tuning" / "moetune.db")
 
 
@@ -110,19 +111,10 @@ def test_plan_reads_the_store_once_however_many_layouts_it_prices(capsys, no_sto
     assert (len(opened), len(passes)) == (1, 1)
 
 
-def _variant(tmp_path, old: str, new: str):
-    from moetune.paths import EXPERIMENTS
-    text = (EXPERIMENTS / "moe_proxy.yaml").read_text()
-    assert old in text
-    path = tmp_path / "variant.yaml"
-    path.write_text(text.replace(old, new, 1))
-    return str(path)
-
-
 def test_an_unknown_dispatcher_is_refused_not_priced_as_alltoall(capsys, tmp_path, no_store):
     """`dispatcher: nccl` in the baseline: predict refuses it in one line listing the valid ones,
     exit 2, instead of pricing an all-to-all."""
-    assert main(["predict", _variant(tmp_path, "dispatcher: alltoall", "dispatcher: nccl")]) == 2
+    assert main(["predict", proxy_variant(tmp_path, "dispatcher: alltoall", "dispatcher: nccl")]) == 2
     out = capsys.readouterr()
     assert out.out == "" and len(out.err.splitlines()) == 1, out.err
     assert out.err.startswith("moetune predict: ") and "variant.yaml: baseline: " in out.err
@@ -131,7 +123,7 @@ def test_an_unknown_dispatcher_is_refused_not_priced_as_alltoall(capsys, tmp_pat
 
 def test_gpus_on_a_cluster_without_gpus_is_one_line(capsys, tmp_path, no_store):
     """--gpus on an experiment whose cluster.gpus_per_node is 0: one line naming the key, exit 2."""
-    exp = _variant(tmp_path, "gpus_per_node: 2", "gpus_per_node: 0")
+    exp = proxy_variant(tmp_path, "gpus_per_node: 2", "gpus_per_node: 0")
     assert main(["predict", exp, "--gpus", "2"]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "cluster.gpus_per_node is 0" in err and "Traceback" not in err
