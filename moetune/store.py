@@ -421,11 +421,14 @@ class Store:
         return runs[-1] if runs else None
 
     # -- metrics and decisions -----------------------------------------------------------
-    def set_metrics(self, trial_id: int, values: dict[str, float], rank: int | None = None) -> None:
-        """Replace the trial's scalar metrics (of one rank, or combined when rank is None)."""
+    def set_metrics(self, trial_id: int, values: dict[str, float], rank: int | None = None,
+                    replace=None) -> None:
+        """Replace the trial's scalar metrics (of one rank, or combined when rank is None): all of
+        them, or where `replace` names some, only those (the others stay)."""
         with self.session() as s:
             q = Metric.__table__.delete().where(Metric.trial_id == trial_id)
             q = q.where(Metric.rank.is_(None) if rank is None else Metric.rank == rank)
+            q = q if replace is None else q.where(Metric.name.in_(list(replace)))
             s.execute(q)
             for name, value in values.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):

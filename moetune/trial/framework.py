@@ -57,6 +57,10 @@ def current(store, trial_id: int, stage: str, key: str):
     return None
 
 
+# the decisions that name a trial before the tuner judged it (tune/state.py JUDGED: the others)
+OPEN_KINDS = ("apply", "retry")
+
+
 # -- the trial's context -----------------------------------------------------------------------
 class TrialContext:
     """One trial with what its stages read: store rows, experiment parts, folder and its files."""
@@ -82,6 +86,23 @@ class TrialContext:
             raise StageError(f"trial {self.id}: {path} is missing; run `moetune stage {stage} "
                              f"--trial {self.id}` first")
         return path
+
+    @functools.cached_property
+    def bank(self) -> Path | None:
+        """The trial bank a replayed (demo) study plays back, None outside one: the bank its last
+        submit named (job.json), else the study record's, else the default bank."""
+        if not self.experiment.get("replay"):
+            return None
+        job = self.paths.job
+        named = json.loads(job.read_text()).get("bank") if job.exists() else None
+        return Path(named or self.experiment.get("bank") or settings.bank())
+
+    @property
+    def judged(self) -> bool:
+        """The tuner has judged the trial: its row is the study's record, which a stage run by
+        hand keeps (a decision other than OPEN_KINDS names it)."""
+        return any(d.trial_id == self.id and d.kind not in OPEN_KINDS
+                   for d in self.store.decisions(self.study.id))
 
     @functools.cached_property
     def exp(self) -> Experiment:

@@ -195,7 +195,8 @@ def do_fit(t: TrialContext) -> list[Path]:
               "ranks": {str(r): m for r, m in measured.items()}}
     out = t.paths.fit.fit_result
     out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    t.store.set_metrics(t.id, fit.fit_metrics(result))  # plan reads fit_peak_gb
+    figures = fit.fit_metrics(result)  # plan reads fit_peak_gb
+    t.store.set_metrics(t.id, figures, replace=figures)  # the tuner's figures stay beside them
     return [out]
 
 
@@ -215,6 +216,7 @@ def load_fit(t: TrialContext) -> dict:
 
 def submit_inputs(t: TrialContext, bank_dir: Path | None = None) -> tuple[list[Path], Any]:
     # a replay's bank is what its job reads in place of the script
+    bank_dir = bank_dir or t.bank
     return [t.need(t.paths.job_script, "render"), t.need(t.paths.spec, "render")], \
         ({"replay": str(bank_dir)} if bank_dir else None)
 
@@ -228,8 +230,10 @@ def _set_aside(t: TrialContext, job_id: str) -> None:
 
 
 def do_submit(t: TrialContext, force: bool = False, bank_dir: Path | None = None) -> list[Path]:
-    """Submit the rendered job through the trial's executor (job/executors.py); job.json."""
+    """Submit the rendered job through the trial's executor (job/executors.py); job.json. A
+    replayed study's job replays its bank (TrialContext.bank), also when submitted by hand."""
     spec = load_spec(t)
+    bank_dir = bank_dir or t.bank  # read before job.json is set aside
     out = t.paths.job
     earlier = {p.name for p in t.paths.previous("*").parent.glob("*")}
     if out.exists():
@@ -239,14 +243,17 @@ def do_submit(t: TrialContext, force: bool = False, bank_dir: Path | None = None
         if pp.exists() and old.get("kind") == "slurm":  # it would write into the next attempt's folder
             postprocess.cancel(json.loads(pp.read_text())["job_id"])
         _set_aside(t, old["job_id"])
-    executor = executors.get(t.executor, bank_dir=bank_dir)
+    executor = executors.get("replay" if t.experiment.get("replay") else t.executor, bank_dir=bank_dir)
     # a submit whose job id never reached the store (the tuner was killed right after it): that
     # job is this trial's, so take it instead of submitting a second one
     ref = None if force else executor.find(spec, earlier)
     if ref is None:
         ref = executor.submit(spec)
-    out.write_text(json.dumps({**ref.to_dict(), "submitted_at": now()}, indent=1, sort_keys=True) + "\n")
-    t.store.update_trial(t.id, job_id=ref.job_id, state="submitted", submitted_at=now())
+    out.write_text(json.dumps({**ref.to_dict(), "submitted_at": now(),
+                               **({"bank": str(bank_dir)} if bank_dir else {})}, indent=1, sort_keys=True) + "\n")
+    # a judged trial's state and times are the study's record: a submit by hand leaves them
+    t.store.update_trial(t.id, job_id=ref.job_id,
+                         **({} if t.judged else {"state": "submitted", "submitted_at": now()}))
     return [out]
 
 
@@ -265,7 +272,8 @@ def do_collect(t: TrialContext, wait: bool = True, poll_s: float = 2.0,
             raise NotReady(f"trial {t.id}: job {ref.job_id} is {st.state}; collect again later")
     state = t.paths.state
     state.write_text(json.dumps({"job_id": ref.job_id, **st.to_dict()}, indent=1, sort_keys=True) + "\n")
-    t.store.update_trial(t.id, state=st.outcome.trial_state, started_at=st.start, ended_at=st.end)
+    if not t.judged:  # a judged trial's state is the tuner's verdict, not the job's alone
+        t.store.update_trial(t.id, state=st.outcome.trial_state, started_at=st.start, ended_at=st.end)
     return [state] + [p for p in (t.paths.log,) if p.exists()] + t.paths.reports
 
 

@@ -170,16 +170,44 @@ def do_analyze(t: TrialContext, local: bool = False) -> list[Path]:
     if beside:
         result["recipes"] = beside
     out = t.paths.analysis
-    out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
+    text = json.dumps(result, indent=1, sort_keys=True, default=str) + "\n"
+    earlier = out.read_text() if out.exists() else None
+    kept = _keep_earlier(t, earlier) if earlier not in (None, text) else []
+    out.write_text(text)
     drawn = write_views(t.paths, views)
+    if not t.judged:  # a judged trial's figures are what the tuner decided by: they stay
+        record_analysis(t.store, t.id, result, json.loads(earlier) if earlier else None)
+    return [out] + drawn + kept
+
+
+def _keep_earlier(t: TrialContext, earlier: str) -> list[Path]:
+    """An analysis that a new one of other content replaces, kept under previous/analyses/."""
+    folder = t.paths.previous("analyses")
+    folder.mkdir(parents=True, exist_ok=True)
+    kept = folder / f"analysis.{len(list(folder.glob('analysis.*.json'))) + 1}.json"
+    kept.write_text(earlier)
+    return [kept]
+
+
+def row_figures(result: dict) -> dict:
+    """The trial row's figures of an analysis, as the tuner records them (tune/loop.py
+    record_figures): TFLOP/s/GPU from the log where the trace has none."""
     combined = (result.get("metrics") or {}).get("combined") or {}
-    t.store.set_metrics(t.id, combined)
+    figures = {k: combined.get(k) for k in ("step_time_ms", "step_time_std_ms", "peak_memory_gb")}
+    figures["tflops_per_gpu"] = combined.get("tflops_per_gpu") or (result.get("log") or {}).get("tflops_per_gpu")
+    return {"wall": result.get("wall"), **figures}
+
+
+def record_analysis(store, trial_id: int, result: dict, earlier: dict | None = None) -> None:
+    """An analysis's figures into the store: the trial's row and its metrics, each rank's whole,
+    the combined ones only by the names this analysis or the `earlier` one wrote, so that what
+    the tuner recorded beside them (judged step, GPU-hours, prediction, fit) stays."""
+    def combined(r: dict | None) -> dict:
+        return ((r or {}).get("metrics") or {}).get("combined") or {}
+    store.set_metrics(trial_id, combined(result), replace=set(combined(result)) | set(combined(earlier)))
     for rank, values in ((result.get("metrics") or {}).get("per_rank") or {}).items():
-        t.store.set_metrics(t.id, values, rank=int(rank))
-    t.store.update_trial(t.id, wall=result.get("wall"),
-                         **{k: combined.get(k) for k in ("step_time_ms", "step_time_std_ms",
-                                                         "tflops_per_gpu", "peak_memory_gb")})
-    return [out] + drawn
+        store.set_metrics(trial_id, values, rank=int(rank))
+    store.update_trial(trial_id, **row_figures(result))
 
 
 def _trace_views(traces: list[str]) -> list[dict] | None:
