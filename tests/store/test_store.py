@@ -66,6 +66,10 @@ def _exercise(store: Store) -> None:
     store.set_metrics(t1.id, {"gpu_idle_share": 0.4, "wall": "x", "steps": 3})
     store.set_metrics(t1.id, {"gpu_idle_share": 0.5})
     assert store.metrics(t1.id) == {"gpu_idle_share": 0.5}
+    # `replace` names the metrics a writer owns: the others (another writer's) stay
+    store.set_metrics(t1.id, {"gpu_hours": 0.25, "gpu_idle_share": 0.6})
+    store.set_metrics(t1.id, {"gpu_idle_share": 0.7}, replace={"gpu_idle_share", "steps"})
+    assert store.metrics(t1.id) == {"gpu_hours": 0.25, "gpu_idle_share": 0.7}
     store.add_decision(study.id, "keep", "faster by 12%", t2.id, "raise_ep", {"delta": 0.12})
     d = store.decisions(study.id)
     assert d[0].evidence == {"delta": 0.12} and d[0].rule == "raise_ep"
