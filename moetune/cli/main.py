@@ -9,7 +9,7 @@ from pathlib import Path
 
 from moetune import __version__, settings
 from moetune.analysis import cli as analysis_cli
-from moetune.cli.common import LAYOUT_OPTIONS, add_fit_arguments, add_preflight_arguments
+from moetune.cli.common import LAYOUT_OPTIONS, add_fit_arguments, add_preflight_arguments, positive_int
 from moetune.errors import MoetuneError
 from moetune.job import executors  # its registry only: submitit loads when a job is submitted
 
@@ -192,25 +192,14 @@ def cmd_stage(args, _rest):
     return 0
 
 
-def _at_least_one(text: str) -> int:
-    """A trial budget: a whole number of at least one (argparse: a usage error, exit 2)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n}: a study runs at least one trial (the baseline)")
-    return n
-
-
 def _positive(text: str) -> float:
     """A GPU-hour budget: a number above 0 (argparse: a usage error, exit 2)."""
     try:
         x = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"{text}: give more than 0 GPU-hours")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give more than 0") from None
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: give more than 0")
     return x
 
 
@@ -253,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="auto: Slurm when sbatch is on PATH, else submitit's local executor")
         sp.add_argument("--runs", default="runs", help="folder for trial files (default runs/)")
         sp.add_argument("--out", default="reports", help="folder for reports (default reports/)")
-        sp.add_argument("--max-trials", type=_at_least_one, default=None, metavar="N",
+        sp.add_argument("--max-trials", type=positive_int, default=None, metavar="N",
                         help="override the experiment's trial budget (raised: a study its budget "
                              "stopped goes on)")
         sp.add_argument("--max-gpu-hours", type=_positive, default=None, metavar="H",

@@ -7,8 +7,8 @@ from pathlib import Path
 from moetune.job import cost
 from moetune.job.paths import TrialPaths
 
-REPLAYED = "replayed: the bank's recorded job wall time x its GPUs"
-REPLAYED_ITERATIONS = "replayed: the log's iteration times x GPUs (the bank records no job time)"
+REPLAYED = "the replayed bank entry's recorded job time x GPUs"
+REPLAYED_ITERATIONS = "the replayed log's iteration times x GPUs (the bank records no job time)"
 # a stop's reason as the loop words it (Tuner.stop_reason) -> the budget it spent
 SPENT = {"trial budget spent": "trials", "GPU-hour budget spent": "gpu_hours"}
 RAISE = {"trials": "--max-trials or tuning.budget_trials",
