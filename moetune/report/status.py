@@ -6,9 +6,9 @@
 from __future__ import annotations
 
 from moetune.experiment.placement import Placement
+from moetune.report.overview import spent_sentence
 from moetune.store import NoStore, Store
 from moetune.tune.summary import one_gpu_ranks, summary
-from moetune.report.overview import spent_sentence
 
 
 def _ms(v) -> str:
