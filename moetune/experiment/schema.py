@@ -246,10 +246,15 @@ class Experiment(ExperimentFile):
                    tuning=tuning, baseline=baseline)
 
 
+# keys a stored study may hold that the schema dropped (they never changed a job): read past
+REMOVED = {"profiled_steps"}
+
+
 def _known(section: Any, schema: type[BaseModel], drop_none: bool = False) -> dict:
-    """A stored section's keys the schema knows, and any unknown one that is set (to be refused)."""
-    return {k: v for k, v in dict(section or {}).items()
-            if (k in schema.model_fields or v is not None) and not (drop_none and v is None)}
+    """A stored section's keys the schema knows, and any unknown one that is set (to be refused)
+    but those the schema removed."""
+    return {k: v for k, v in dict(section or {}).items() if k not in REMOVED
+            and (k in schema.model_fields or v is not None) and not (drop_none and v is None)}
 
 
 def experiment_path(name_or_path: str | Path) -> Path:

@@ -175,3 +175,9 @@ def test_profiled_steps_is_refused_naming_the_keys_that_profile(tmp_path):
     line = str(err.value)
     assert "\n" not in line and line.startswith(f"{path}: tuning.profiled_steps")
     assert "baseline.profile_step_start" in line and "profile_step_end" in line
+
+
+def test_a_stored_study_that_set_profiled_steps_reads_back():
+    """A study stored while the schema had tuning.profiled_steps reads back without it."""
+    from moetune.experiment.schema import Tuning
+    assert Tuning.from_stored({"budget_trials": 4, "profiled_steps": 3}).budget_trials == 4
