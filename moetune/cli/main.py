@@ -9,7 +9,7 @@ from pathlib import Path
 
 from moetune import __version__, settings
 from moetune.analysis import cli as analysis_cli
-from moetune.cli.common import LAYOUT_OPTIONS, add_fit_arguments, add_preflight_arguments
+from moetune.cli.common import LAYOUT_OPTIONS, add_fit_arguments, add_preflight_arguments, positive_int
 from moetune.errors import MoetuneError
 from moetune.job import executors  # its registry only: submitit loads when a job is submitted
 
@@ -101,12 +101,16 @@ def cmd_tune(args, _rest):
     writable_folder(args.out, "reports")
     summary = tuner.tune(exp, _store(args), executor=args.executor,
                          runs_root=Path(args.runs), max_trials=args.max_trials,
+                         max_gpu_hours=args.max_gpu_hours,
                          progress=not args.no_progress, one_gpu=args.one_gpu,
                          bank_dir=getattr(args, "bank", None))
     md, html = _write_reports(args, summary.get("study", args.model))
 
     def judged(key: str) -> str:
         return "?" if summary.get(key) is None else f"{summary[key]:.1f}"
+
+    if summary.get("note"):  # a study stopped before this run, not resumed: why
+        print(summary["note"])
 
     print(f"study {summary.get('study')}: {summary.get('trials', '?')} trials, best "
           f"{judged('best_judged_step_time_ms')} ms/step (baseline "
@@ -188,6 +192,17 @@ def cmd_stage(args, _rest):
     return 0
 
 
+def _positive(text: str) -> float:
+    """A GPU-hour budget: a number above 0 (argparse: a usage error, exit 2)."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give more than 0") from None
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: give more than 0")
+    return x
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="moetune",
@@ -227,8 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="auto: Slurm when sbatch is on PATH, else submitit's local executor")
         sp.add_argument("--runs", default="runs", help="folder for trial files (default runs/)")
         sp.add_argument("--out", default="reports", help="folder for reports (default reports/)")
-        sp.add_argument("--max-trials", type=int, default=None,
-                        help="override the experiment's trial budget")
+        sp.add_argument("--max-trials", type=positive_int, default=None, metavar="N",
+                        help="override the experiment's trial budget (raised: a study its budget "
+                             "stopped goes on)")
+        sp.add_argument("--max-gpu-hours", type=_positive, default=None, metavar="H",
+                        help="override the experiment's GPU-hour budget (whole jobs: fits and "
+                             "preflight included)")
         sp.add_argument("--no-progress", action="store_true", help="no progress bar")
         sp.add_argument("--one-gpu", action="store_true",
                         help="every trial on one GPU: one rank of the layout alone under Megatron's fake "

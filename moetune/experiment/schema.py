@@ -162,9 +162,8 @@ class Tuning(_Strict):
     budget_trials: int = Field(default=12, gt=0)
     """Trials the study runs at most (the baseline counts); `moetune tune --max-trials` overrides it."""
     budget_gpu_hours: float = Field(default=100.0, gt=0)
-    """GPU-hours the study's trials may spend (GPUs x measured step time), before it stops."""
-    profiled_steps: int = Field(default=3, gt=0)
-    """Training steps traced by nsys in each trial."""
+    """GPU-hours the study may spend, whole jobs (each trial's job and fit, the preflight), before
+    it stops; `moetune tune --max-gpu-hours` overrides it."""
     noise_threshold: float = Field(default=0.02, ge=0, lt=1)
     """The least relative gain in step time that counts (0.02: 2 %)."""
     significance: float = Field(default=0.05, gt=0, lt=0.5)
@@ -247,10 +246,15 @@ class Experiment(ExperimentFile):
                    tuning=tuning, baseline=baseline)
 
 
+# keys a stored study may hold that the schema dropped (they never changed a job): read past
+REMOVED = {"profiled_steps"}
+
+
 def _known(section: Any, schema: type[BaseModel], drop_none: bool = False) -> dict:
-    """A stored section's keys the schema knows, and any unknown one that is set (to be refused)."""
-    return {k: v for k, v in dict(section or {}).items()
-            if (k in schema.model_fields or v is not None) and not (drop_none and v is None)}
+    """A stored section's keys the schema knows, and any unknown one that is set (to be refused)
+    but those the schema removed."""
+    return {k: v for k, v in dict(section or {}).items() if k not in REMOVED
+            and (k in schema.model_fields or v is not None) and not (drop_none and v is None)}
 
 
 def experiment_path(name_or_path: str | Path) -> Path:
@@ -333,6 +337,10 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         raise ConfigError(f"{path}:{at} not valid YAML ({getattr(e, 'problem', e)})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping with name, model, cluster, tuning, baseline")
+    if isinstance(raw.get("tuning"), dict) and "profiled_steps" in raw["tuning"]:
+        raise ConfigError(f"{path}: tuning.profiled_steps is not a key (it never reached a job): the "
+                          "profiled steps are baseline.profile_step_start to profile_step_end - 1; "
+                          "remove it and set those")
     try:
         data = ExperimentFile.model_validate(raw)
     except ValidationError as e:

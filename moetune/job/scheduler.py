@@ -115,6 +115,7 @@ class JobState:
     start: str | None = None
     end: str | None = None
     elapsed: str | None = None
+    elapsed_s: float | None = None  # Slurm's ElapsedRaw: the seconds it held the allocation
     node: str | None = None
     reason: str | None = None
 
@@ -231,6 +232,10 @@ def _clean(value: str) -> str | None:
     return None if value in ("", "Unknown", "None", "N/A") else value
 
 
+def _seconds(value: str | None) -> float | None:
+    return float(value) if value and value.strip().isdigit() else None
+
+
 def slurm_state(job_id: str) -> JobState:
     """The job's state from accounting (`sacct`); from `squeue` while sacct has no record yet.
     A job whose batch script failed because a step was killed for memory reads OUT_OF_MEMORY
@@ -249,7 +254,8 @@ def slurm_state(job_id: str) -> JobState:
             reason = queued.reason if queued else reason
         return JobState(state=state, exit_code=r["ExitCode"],
                         submit=_clean(r["Submit"]), start=_clean(r["Start"]), end=_clean(r["End"]),
-                        elapsed=_clean(r["Elapsed"]), node=_clean(r["NodeList"]), reason=reason)
+                        elapsed=_clean(r["Elapsed"]), elapsed_s=_seconds(r.get("ElapsedRaw")),
+                        node=_clean(r["NodeList"]), reason=reason)
     return _queued(job_id) or JobState(state="UNKNOWN", reason="neither sacct nor squeue knows this job yet")
 
 

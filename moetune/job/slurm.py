@@ -27,7 +27,7 @@ ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDE
                     "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT",
                     "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT", "UNKNOWN"})
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Submit", "Start", "End", "Elapsed",
-                "NodeList", "Reason")
+                "NodeList", "Reason", "ElapsedRaw")
 
 
 class JobError(MoetuneError):

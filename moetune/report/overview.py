@@ -114,6 +114,14 @@ def trials_table(views: list[TrialView]) -> Table:
                   "TFLOP/s/GPU", "wall", "proposed by"], rows, depths)
 
 
+def spent_sentence(s: dict) -> str:
+    """The GPU-hours the study spent (what its budget counts: whole jobs), part by part, and how
+    its trials' jobs were counted."""
+    text = (f"GPU-hours spent: {s['gpu_hours']:.3f} (trials' jobs {s['gpu_hours_trials']:.3f}, "
+            f"fits {s['gpu_hours_fits']:.3f}, preflight {s['gpu_hours_preflight']:.3f})")
+    return text + (f"; trials' jobs counted by {s['gpu_hours_basis']}" if s.get("gpu_hours_basis") else "")
+
+
 def prediction_sentence(s: dict) -> str:
     """The step-time model's part in the study: its correction and what its skips saved."""
     text = (f"Step-time model: measured / model {s['prediction_scale']:.2f} (median of "
@@ -174,7 +182,7 @@ def build(store: Store, study_name: str) -> StudyReport:
     study, views, decisions = gather(store, study_name)
     s = summary(store, study_name)
     intro = [f"Model {study.model}; {s['trials']} trials run ({s['skipped']} skipped); "
-             f"stopped: {s.get('stop_reason')}."]
+             f"stopped: {s.get('stop_reason')}.", spent_sentence(s) + "."]
     one_gpu = one_gpu_sentence(study, views)
     if one_gpu:
         intro.append(one_gpu)

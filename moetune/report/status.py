@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from moetune.experiment.placement import Placement
+from moetune.report.overview import spent_sentence
 from moetune.store import NoStore, Store
 from moetune.tune.summary import one_gpu_ranks, summary
 
@@ -42,6 +43,7 @@ def render_study(store, name: str) -> str:
              f"(trial {s['best_trial'] or '-'})"]
     if s.get("stop_reason"):
         lines.append(f"  stopped: {s['stop_reason']}")
+    lines.append(f"  {spent_sentence(s)}")
     lines.append(f"  {'#':>3} {'id':>4} {'fix':<28} {'state':<10} {'judged ms':>9} {'profiled':>9} {'TFLOP/s':>8} "
                  f"{'wall':<14} hash")
     for t in store.trials(study.id):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from moetune.experiment import preflight as spec
 from moetune.experiment.schema import Cluster
-from moetune.job import render
+from moetune.job import cost, render
 from moetune.job import scheduler as jobs
 from moetune.paths import WORKLOADS
 from moetune.workloads.preflight_probe import MARKER
@@ -105,10 +105,14 @@ def finish(cluster: Cluster, s: render.JobSpec, token: str, kind: str, poll_s: f
     job_info: dict = {"kind": kind}
     error = None
     try:
+        submitted = time.time()
         ref = jobs.submit(s, kind)
         job_info["job_id"] = ref.job_id
         st = jobs.wait(ref, poll_s=poll_s, timeout_s=timeout_s)
-        job_info.update(state=st.state, node=st.node, exit_code=st.exit_code)
+        seconds, _ = cost.job_seconds(st.to_dict(), submitted, time.time())
+        # what the budget charges: the job holds the GPUs of the node it probes
+        job_info.update(state=st.state, node=st.node, exit_code=st.exit_code, seconds=seconds,
+                        gpus=s.nodes * s.gpus_per_node)
     except jobs.JobError as e:
         error = str(e)
     record = read_record(s) if error is None else None

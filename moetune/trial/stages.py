@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from moetune.experiment import preflight as preflight_spec
 from moetune.experiment.config import TrainingConfig, args_for_megatron, run_args
 from moetune.experiment.placement import Placement
 from moetune.experiment.schema import Cluster
-from moetune.job import executors, postprocess, render, slurm
+from moetune.job import cost, executors, postprocess, render, slurm
 from moetune.job import scheduler as jobs
 from moetune.job.paths import TrialPaths
 from moetune.store import now
@@ -182,8 +183,10 @@ def do_fit(t: TrialContext) -> list[Path]:
                            argv=argv, cluster=cluster, launcher=_launcher(t), fit=(ranks, world),
                            node_cpus=facts["node_cpus"])
     render.write_job(spec)
+    submitted = time.time()
     ref = jobs.submit(spec, jobs.resolve_kind(t.executor))
     state = jobs.wait(ref, poll_s=1.0)
+    seconds, basis = cost.job_seconds(state.to_dict(), submitted, time.time())
     stages_of = {fit.stage_rank(s.index, config, world): s for s in fit.pipeline_stages(model, config)
                  if world >= config.pp}
     measured = {r: {**_fit_rank(t.paths.fit.rank_log(r)),
@@ -191,7 +194,8 @@ def do_fit(t: TrialContext) -> list[Path]:
                        if r in stages_of else {})} for r in ranks}
     capacity = cluster.memory_gb
     result = {**fit.verdict(measured, capacity).to_dict(), "world": world,
-              "job": {"job_id": ref.job_id, "state": state.state},
+              "job": {"job_id": ref.job_id, "state": state.state, "gpus": 1,  # one GPU, rank after rank
+                      "seconds": None if seconds is None else round(seconds, 1), "basis": basis},
               "ranks": {str(r): m for r, m in measured.items()}}
     out = t.paths.fit.fit_result
     out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")

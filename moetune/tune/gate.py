@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from moetune.experiment import preflight as preflight_spec
-from moetune.job import executors
+from moetune.job import cost, executors
 from moetune.trial import preflight
 
 
@@ -23,7 +23,11 @@ def preflight_gate(exp, store, executor: str, runs_root: Path) -> tuple[str, str
     out = preflight.current(cluster, store, runs_root) or \
         preflight.run(cluster, executor=executor, runs_root=runs_root, store=store)
     exp.cluster = preflight_spec.resolve(exp.cluster, out.capabilities)
+    job = out.record.get("job") or {}
+    # the budget charges a probe run now; a stored record reused costs nothing
+    charged = 0.0 if out.stored_at else cost.gpu_hours(job.get("seconds"), job.get("gpus") or 0)
     ev = {"preflight": out.folder, "job_id": out.job_id, "stored_at": out.stored_at,
+          "charged_gpu_hours": round(charged, 6),
           "capabilities": out.capabilities, "notes": [p.line for p in out.problems if not p.blocking]}
     where = f"preflight of cluster {exp.cluster.name} (job {out.job_id}, {out.folder})"
     if out.blocking:

@@ -36,7 +36,7 @@ from moetune.paths import trial_folder
 from moetune.store import now
 from moetune.trial import run as runner
 from moetune.trial import stages
-from moetune.tune import gate, predicted
+from moetune.tune import budget, gate, predicted
 from moetune.tune.lock import study_lock
 from moetune.tune.state import DECISION_KINDS, StudyState, image_of, study_state
 from moetune.tune.summary import summary
@@ -71,14 +71,9 @@ def fit_analysis(fitted: dict) -> dict:
             "log": {"failure": "oom" if oom else None}}
 
 
-def _gpu_hours(analysis: dict | None, gpus: int) -> float:
-    its = ((analysis or {}).get("log") or {}).get("iteration_ms") or []
-    return sum(its) / 3.6e6 * gpus
-
-
 class Tuner:
     def __init__(self, experiment, store, *, executor: str, runs_root: Path, study_name: str,
-                 max_trials=None, bank_dir=None, progress=True, rules=None):
+                 max_trials=None, bank_dir=None, progress=True, rules=None, max_gpu_hours=None):
         self.exp, self.store, self.executor = experiment, store, executor
         self.runs_root, self.study_name = Path(runs_root), study_name
         self.bank_dir = Path(bank_dir) if bank_dir else None
@@ -88,7 +83,12 @@ class Tuner:
         self.rule_by_id = {r.id: r for r in self.rules}
         self.fit_order = rules_mod.load_fit_order(rules=self.rules)
         self.max_trials = int(experiment.tuning.budget_trials if max_trials is None else max_trials)
-        self.budget_gpu_hours = experiment.tuning.budget_gpu_hours
+        self.budget_gpu_hours = float(experiment.tuning.budget_gpu_hours if max_gpu_hours is None else max_gpu_hours)
+        if self.max_trials < 1 or self.budget_gpu_hours <= 0:
+            raise TunerError(f"a budget of {self.max_trials} trials and {self.budget_gpu_hours} GPU-hours: "
+                             "give at least one trial and more than 0 GPU-hours")
+        self.note: str | None = None  # why a study stopped before this run stays stopped
+        self._charged: dict = {}  # the judged trial's GPU-hours and their basis (_charge)
         self.rel_noise = experiment.tuning.noise_threshold
         self.alpha = experiment.tuning.significance
         self.patience = experiment.tuning.patience
@@ -170,12 +170,17 @@ class Tuner:
             bar.close()
 
     def _run(self, bar) -> dict:
+        earlier = True  # a stop seen first is one of an earlier run: a raised budget resumes it
         while True:
             st = study_state(self.store, self.study, self.exp.cluster)
             bar.n = min(st.runs, bar.total or st.runs)
             bar.refresh()
             if st.stopped:
+                if earlier and self.resume(st):
+                    earlier = False
+                    continue
                 break
+            earlier = False
             if st.pending is not None:
                 self.run_and_judge(st.pending)
                 continue
@@ -198,18 +203,42 @@ class Tuner:
                 continue
             reason = self.stop_reason(st)
             if reason:
-                self.stop(reason)
+                spent = self.budget_spent(st)
+                self.stop(reason, **({"budget": spent[0]} if spent else {}))
                 continue
             if not self.propose(st):
                 inc = st.incumbent
                 self.stop(f"no untried rule applies to trial {inc.number} (wall {inc.wall})")
-        return summary(self.store, self.study_name, self.runs_root)
+        out = summary(self.store, self.study_name, self.runs_root)
+        return {**out, "note": self.note} if self.note else out
+
+    def budget_spent(self, st: StudyState) -> tuple[str, str] | None:
+        """(the budget spent: trials or gpu_hours, the stop's reason); None while both last."""
+        return budget.spent_line(st.runs, st.gpu_hours, self.max_trials, self.budget_gpu_hours)
+
+    def resume(self, st: StudyState) -> bool:
+        """A study stopped before this run goes on where its budget stopped it and the budget was
+        raised since (a `resume` decision says why); otherwise it stays stopped, and `note` says so."""
+        if (st.stopped.evidence or {}).get("blocking"):  # the preflight's, this run's (tune/gate.py)
+            return False
+        which = budget.stopped_on(st.stopped)
+        now = self.stop_reason(st) if which else None
+        if which is None or now is not None:
+            self.note = budget.stays_stopped(self.study_name, now or st.stopped.reason, which if now else None)
+            return False
+        reason = (f"the budget was raised to {self.max_trials} trials and {self.budget_gpu_hours} GPU-hours "
+                  f"({st.runs} trials and {st.gpu_hours:.3f} GPU-hours spent); it had stopped: "
+                  f"{st.stopped.reason}")
+        self.decide("resume", reason, budget=which, max_trials=self.max_trials,
+                    budget_gpu_hours=self.budget_gpu_hours, runs=st.runs, gpu_hours=st.gpu_hours)
+        self.store.set_study_state(self.study.id, "running")
+        self.say(f"resume: {reason}")
+        return True
 
     def stop_reason(self, st: StudyState) -> str | None:
-        if st.runs >= self.max_trials:
-            return f"trial budget spent ({st.runs} of {self.max_trials})"
-        if st.gpu_hours >= self.budget_gpu_hours:
-            return f"GPU-hour budget spent ({st.gpu_hours:.2f} of {self.budget_gpu_hours})"
+        spent = self.budget_spent(st)
+        if spent:
+            return spent[1]
         if st.since_keep >= self.patience:
             return f"no gain in the last {st.since_keep} trials (patience {self.patience})"
         return None
@@ -337,7 +366,8 @@ class Tuner:
         self.record_figures(trial, out)
         parent = self.store.trial(trial.parent_id) if trial.parent_id else None
         ruling = outcomes.rule_outcome(self._outcome_context(trial, out, parent))
-        self.decide(ruling.kind, ruling.reason, trial, trial.fix, **ruling.evidence)
+        self.decide(ruling.kind, ruling.reason, trial, trial.fix, **ruling.evidence,
+                    cost=self._charged)
         if ruling.line:
             self.say(f"trial {trial.number}: {ruling.line}")
         runner.write_decision_file(self.store, trial, self.runs_root, self.executor)
@@ -383,7 +413,7 @@ class Tuner:
             tflops_per_gpu=m.get("tflops_per_gpu") or ((out.analysis or {}).get("log") or {}).get("tflops_per_gpu"),
             peak_memory_gb=m.get("peak_memory_gb"), ended_at=now())
         scalars = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        scalars["gpu_hours"] = _gpu_hours(out.analysis, self.gpus)
+        scalars.update(self._charge(trial, out))
         judged_ms = judged_step(out.analysis).get("step_time_ms")
         if judged_ms is not None:
             scalars["judged_step_time_ms"] = judged_ms
@@ -391,6 +421,19 @@ class Tuner:
             scalars.update(fit.fit_metrics(out.fit))
         scalars.update(self._predicted(trial))
         self.store.set_metrics(trial.id, scalars)
+
+    def _charge(self, trial, out) -> dict:
+        """The trial's GPU-hours, whole jobs (tune/budget.py); how they were counted is kept for
+        its decision's evidence."""
+        row = self.store.trial(trial.id)
+        folder = trial_folder(self.runs_root, self.study_name, row) if row.folder else None
+        entry = find_entry(TrainingConfig.from_dict(trial.config), self.bank_dir) \
+            if self.executor == "replay" and out.state != "skipped" else None
+        its = ((out.analysis or {}).get("log") or {}).get("iteration_ms")
+        charged, basis = budget.trial_charge(folder, out, self.gpus, entry, its)
+        self._charged = {"gpu_hours": round(charged["gpu_hours"], 6), "basis": basis,
+                         "fit_gpu_hours": round(charged["fit_gpu_hours"], 6)}
+        return charged
 
     def _predicted(self, trial) -> dict:
         """The model's step time of the trial's config, part by part, and corrected by the trials
@@ -407,10 +450,15 @@ class Tuner:
 
 def tune(experiment: str | Experiment, store, *, executor: str = "auto", runs_root="runs",
          max_trials=None, progress: bool = True, bank_dir=None, study_name: str | None = None,
-         one_gpu: bool = False) -> dict:
+         one_gpu: bool = False, max_gpu_hours=None) -> dict:
     """Run (or resume) the study of an experiment; returns `summary`. `one_gpu`: as if the
     experiment said tuning.one_gpu (its study is named NAME-1gpu, apart from the cluster's).
+    `max_trials`, `max_gpu_hours`: the budget, over the experiment's (raised: a study its budget
+    stopped goes on).
     `experiment`: loaded already (`moetune tune` loads its YAML once), else its name or path."""
+    if (max_trials is not None and max_trials < 1) or (max_gpu_hours is not None and max_gpu_hours <= 0):
+        raise TunerError(f"budget: max_trials {max_trials}, max_gpu_hours {max_gpu_hours}: give at least "
+                         "one trial and more than 0 GPU-hours")
     exp = experiment if isinstance(experiment, Experiment) else load_experiment(experiment)
     if one_gpu:
         exp.tuning = exp.tuning.model_copy(update={"one_gpu": True})
@@ -434,7 +482,8 @@ def tune(experiment: str | Experiment, store, *, executor: str = "auto", runs_ro
     with study_lock(runs_root, name):  # one tuner per study; a killed one's lock goes with it
         verdict = gate.preflight_gate(exp, store, executor, Path(runs_root))  # sets exp.cluster's probed keys
         t = Tuner(exp, store, executor=executor, runs_root=Path(runs_root), study_name=name,
-                  max_trials=max_trials, bank_dir=bank_dir, progress=progress)
+                  max_trials=max_trials, bank_dir=bank_dir, progress=progress,
+                  max_gpu_hours=max_gpu_hours)
         gate.record_preflight(t, *verdict)
         return t.run()
 

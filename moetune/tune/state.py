@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 # Every kind of decision a study records (store.decisions, each with its evidence), the one list.
 DECISION_KINDS: dict[str, str] = {
     "preflight": "what the preflight found (its notes)",
-    "resume": "a study a preflight stopped goes on: the preflight passes now",
+    "resume": "a stopped study goes on: the preflight that stopped it passes now, or the budget it "
+              "spent was raised",
     "apply": "a rule was chosen for a new trial",
     "retry": "the trial's job ended by a node failure or preemption, not the config: submitted again",
     "keep": "the trial becomes the incumbent (the baseline, the first layout that fits, or a change "
@@ -103,6 +104,38 @@ def lowered(peak: float | None, parent_peak: float | None) -> bool:
     return peak is not None and peak < parent_peak * (1 - MIN_DROP_SHARE)
 
 
+@dataclass
+class Spent:
+    """The GPU-hours a study spent, whole jobs: its trials' (their jobs, every attempt), their
+    fits' and its preflights', and how the trials' were counted (basis -> trials)."""
+    trials: float = 0.0
+    fits: float = 0.0
+    preflight: float = 0.0
+    basis: dict = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return self.trials + self.fits + self.preflight
+
+
+def spent(store, trials: list, decisions: list) -> Spent:
+    """What the budget counts (the loop's `gpu_hours_*` metrics and the preflight decisions'
+    charged_gpu_hours); a trial judged before jobs were charged whole counts its `gpu_hours`."""
+    out = Spent()
+    for t in trials:
+        m = store.metrics(t.id)
+        out.trials += m.get("job_gpu_hours", m.get("gpu_hours", 0.0))
+        out.fits += m.get("fit_gpu_hours", 0.0)
+    for d in decisions:
+        ev = d.evidence or {}
+        if d.kind in ("preflight", "stop"):
+            out.preflight += ev.get("charged_gpu_hours") or 0.0
+        basis = (ev.get("cost") or {}).get("basis") if d.trial_id else None
+        if basis:
+            out.basis[basis] = out.basis.get(basis, 0) + 1
+    return out
+
+
 def study_state(store, study, cluster) -> StudyState:
     st = StudyState(trials=store.trials(study.id))
     by_id = {t.id: t for t in st.trials}
@@ -132,7 +165,7 @@ def study_state(store, study, cluster) -> StudyState:
             st.pending = t
         if ran(t):
             st.runs += 1
-            st.gpu_hours += store.metrics(t.id).get("gpu_hours", 0.0)
+    st.gpu_hours = spent(store, st.trials, decisions).total
     name, image = cluster.name, image_of(cluster)
     for s in store.studies():
         for d in store.decisions(s.id):

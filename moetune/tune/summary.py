@@ -8,7 +8,7 @@ from pathlib import Path
 from moetune.job.paths import TrialPaths
 from moetune.paths import trial_folder
 from moetune.tune.predicted import study_correction
-from moetune.tune.state import ran
+from moetune.tune.state import ran, spent
 
 
 def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
@@ -33,6 +33,12 @@ def summary(store, study_name: str, runs_root: Path | None = None) -> dict:
            "best_config": best.config if best else None,
            "kept_fixes": [by_id[i].fix for i in kept if i in by_id and by_id[i].fix],
            "stop_reason": stop}
+    # what the budget counts: whole jobs, the trials' fits and the preflight included
+    cost = spent(store, trials, decisions)
+    out.update(gpu_hours=round(cost.total, 6), gpu_hours_trials=round(cost.trials, 6),
+               gpu_hours_fits=round(cost.fits, 6), gpu_hours_preflight=round(cost.preflight, 6),
+               gpu_hours_basis="; ".join(f"{basis} ({n} trial{'' if n == 1 else 's'})"
+                                         for basis, n in cost.basis.items()) or None)
 
     def judged(t):
         return store.metrics(t.id).get("judged_step_time_ms") if t else None

@@ -338,3 +338,38 @@ def test_reading_commands_make_no_store(tmp_path, db):
     one_line(run("report"), "no moetune store here")
     assert run("plan", "moe_proxy").returncode == 0
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("cmd", ["demo", "tune"])
+@pytest.mark.parametrize("flag, value", [("--max-trials", "0"), ("--max-trials", "-3"),
+                                         ("--max-gpu-hours", "0"), ("--max-gpu-hours", "nan")])
+def test_a_budget_below_one_is_a_usage_error(tmp_path, cmd, flag, value):
+    """`--max-trials 0` or `-3`, `--max-gpu-hours 0`: a usage error, exit 2, before any store,
+    trial or folder."""
+    r = moetune(cmd, *(["moe_proxy"] if cmd == "tune" else []), flag, value, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"argument {flag}: {value}: give " in r.stderr.strip().splitlines()[-1]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.e2e
+def test_the_demo_goes_on_when_its_budget_is_raised(tmp_path):
+    """`demo --max-trials 1` then `--max-trials 1` says why it runs nothing; `--max-trials 5` resumes
+    it to the demo's end (3 trials, best 253.5 ms). The baseline is charged its whole recorded job,
+    74 s on 2 GPUs."""
+    def demo(*flags):
+        return moetune("--db", str(tmp_path / "db.sqlite"), "demo", "--no-progress", *flags, cwd=tmp_path)
+    first = demo("--max-trials", "1")
+    assert first.returncode == 0, first.stderr
+    status = moetune("--db", str(tmp_path / "db.sqlite"), "status", cwd=tmp_path).stdout
+    assert f"GPU-hours spent: {74 * 2 / 3600:.3f} (trials' jobs {74 * 2 / 3600:.3f}, fits 0.000, " \
+           "preflight 0.000); trials' jobs counted by the replayed bank entry's recorded job time" in status
+    same = demo("--max-trials", "1")
+    assert same.stdout.splitlines()[0] == ("study moe_proxy-replay stopped earlier: trial budget spent "
+                                           "(1 of 1); raise --max-trials or tuning.budget_trials to go on")
+    more = demo("--max-trials", "5")
+    assert more.returncode == 0, more.stderr
+    assert "study moe_proxy-replay: 3 trials, best 253.5 ms/step" in more.stdout
+    assert "stopped earlier" not in more.stdout
+    status = moetune("--db", str(tmp_path / "db.sqlite"), "status", cwd=tmp_path).stdout
+    assert " resume " in status and "the budget was raised to 5 trials" in status

@@ -117,7 +117,12 @@ def test_a_one_gpu_study_runs_the_slowest_moe_stage_alone_for_every_trial(tmp_pa
     # the GPU hours of a one-GPU study are one GPU's
     its = json.loads((Path(trials[0].folder) / "analysis.json").read_text())["log"]["iteration_ms"]
     assert min(its) > 50  # rank 4's iterations, 3 x 20 ms
-    assert store.metrics(trials[0].id)["gpu_hours"] == pytest.approx(sum(its) / 3.6e6, rel=1e-6)
+    # its whole job on one GPU (start-up included: more than its iterations), and its fit's
+    m = store.metrics(trials[0].id)
+    assert m["job_gpu_hours"] == pytest.approx(m["job_seconds"] / 3600, rel=1e-6)
+    assert m["job_seconds"] > sum(its) / 1e3
+    assert m["gpu_hours"] == pytest.approx(m["job_gpu_hours"] + m["fit_gpu_hours"], rel=1e-6)
+    assert m["fit_gpu_hours"] > 0
     applied = [d.rule for d in store.decisions(study.id) if d.kind == "apply"]
     by_id = {r.id: r for r in rules.load_rules()}
     assert all(by_id[r].one_gpu for r in applied)

@@ -160,3 +160,24 @@ def test_an_experiment_path_that_is_a_folder_or_binary(tmp_path):
     with pytest.raises(ConfigError, match="bin.yaml: not text") as err:
         load_experiment(binary)
     assert "\n" not in str(err.value)
+
+
+def test_profiled_steps_is_refused_naming_the_keys_that_profile(tmp_path):
+    """tuning.profiled_steps never reached a job; a YAML that sets it is one line naming the
+    baseline keys that set the profiled steps."""
+    path = tmp_path / "x.yaml"
+    text = (load_experiment("moe_proxy").path.read_text()
+            .replace("  patience: 3\n", "  patience: 3\n  profiled_steps: 10\n"))
+    assert "profiled_steps: 10" in text
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_experiment(path)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"{path}: tuning.profiled_steps")
+    assert "baseline.profile_step_start" in line and "profile_step_end" in line
+
+
+def test_a_stored_study_that_set_profiled_steps_reads_back():
+    """A study stored while the schema had tuning.profiled_steps reads back without it."""
+    from moetune.experiment.schema import Tuning
+    assert Tuning.from_stored({"budget_trials": 4, "profiled_steps": 3}).budget_trials == 4

@@ -124,11 +124,15 @@ def test_config_not_in_bank_is_not_proposed(finished):
 
 
 def test_rerun_of_finished_study_runs_nothing(standin, finished):
-    """Tuning a finished study again returns the same summary and runs nothing."""
+    """Tuning a finished study again returns the same summary and runs nothing, saying in one line
+    why it stays stopped (it did not stop on its budget)."""
     store, s, tmp = finished
     again = tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp / "runs",
                        bank_dir=standin[0], progress=False)
+    note = again.pop("note")
     assert again == s
+    assert note == (f"study {s['study']} stopped earlier: {s['stop_reason']}; a larger budget resumes "
+                    "only a study its budget stopped (a new study needs another experiment name)")
 
 
 def test_slower_change_is_reverted_as_a_result(tmp_path):
@@ -208,3 +212,44 @@ def test_second_tuner_on_the_same_study_is_refused(standin, tmp_path):
             tuner.tune(EXPERIMENT, Store(str(tmp_path / "db.sqlite")), executor="replay",
                        runs_root=tmp_path / "runs", bank_dir=standin[0], progress=False)
 
+
+
+def test_a_raised_budget_resumes_the_study_its_budget_stopped(standin, tmp_path):
+    """A study stopped by a one-trial budget stays stopped, saying why, at the same budget; with
+    three it goes on from trial 2, a `resume` decision saying which budget was raised; its baseline
+    is not run again."""
+    store = Store(str(tmp_path / "db.sqlite"))
+    run = dict(executor="replay", runs_root=tmp_path / "runs", bank_dir=standin[0], progress=False)
+    s1 = tuner.tune(EXPERIMENT, store, max_trials=1, **run)
+    assert s1["trials"] == 1 and s1["stop_reason"] == "trial budget spent (1 of 1)"
+    again = tuner.tune(EXPERIMENT, store, max_trials=1, **run)
+    assert again["note"] == (f"study {s1['study']} stopped earlier: trial budget spent (1 of 1); raise "
+                             "--max-trials or tuning.budget_trials to go on")
+    s3 = tuner.tune(EXPERIMENT, store, max_trials=3, **run)
+    study = store.study(s3["study"])
+    resumed = [d for d in store.decisions(study.id) if d.kind == "resume"]
+    assert len(resumed) == 1 and resumed[0].evidence["budget"] == "trials"
+    assert resumed[0].reason.startswith("the budget was raised to 3 trials")
+    assert "it had stopped: trial budget spent (1 of 1)" in resumed[0].reason
+    assert s3["trials"] == 3 and "note" not in s3 and study.state == "done"
+    assert [t.number for t in store.trials(study.id) if t.fix is None] == [1]
+
+
+def test_a_raised_gpu_hour_budget_resumes_the_study(standin, tmp_path):
+    """A GPU-hour budget spent by the baseline's job stops the study; a larger one resumes it."""
+    store = Store(str(tmp_path / "db.sqlite"))
+    run = dict(executor="replay", runs_root=tmp_path / "runs", bank_dir=standin[0], progress=False)
+    s1 = tuner.tune(EXPERIMENT, store, max_gpu_hours=1e-6, **run)
+    assert s1["trials"] == 1 and s1["stop_reason"].startswith("GPU-hour budget spent")
+    assert s1["gpu_hours"] > 1e-6
+    s2 = tuner.tune(EXPERIMENT, store, max_gpu_hours=100.0, max_trials=2, **run)
+    kinds = [d.kind for d in store.decisions(store.study(s2["study"]).id)]
+    assert kinds.count("resume") == 1 and s2["trials"] == 2
+
+
+@pytest.mark.parametrize("budget", [{"max_trials": 0}, {"max_trials": -3}, {"max_gpu_hours": 0}])
+def test_a_budget_below_one_trial_is_refused_before_anything(budget, tmp_path):
+    store = Store(str(tmp_path / "db.sqlite"))
+    with pytest.raises(tuner.TunerError, match="give at least one trial"):
+        tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp_path / "runs", progress=False, **budget)
+    assert store.studies() == []
