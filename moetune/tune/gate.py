@@ -26,14 +26,14 @@ def preflight_gate(exp, store, executor: str, runs_root: Path) -> tuple[str, str
     job = out.record.get("job") or {}
     # the budget charges a probe run now; a stored record reused costs nothing
     charged = 0.0 if out.stored_at else cost.gpu_hours(job.get("seconds"), job.get("gpus") or 0)
+    notes = [p.line for p in out.problems if not p.blocking]
     ev = {"preflight": out.folder, "job_id": out.job_id, "stored_at": out.stored_at,
-          "charged_gpu_hours": round(charged, 6),
-          "capabilities": out.capabilities, "notes": [p.line for p in out.problems if not p.blocking]}
+          "charged_gpu_hours": round(charged, 6), "capabilities": out.capabilities, "notes": notes}
     where = f"preflight of cluster {exp.cluster.name} (job {out.job_id}, {out.folder})"
     if out.blocking:
         return "stop", f"{where}: " + " | ".join(p.line for p in out.blocking), \
             {**ev, "blocking": [p.to_dict() for p in out.blocking]}
-    return "preflight", f"{where}: nothing blocks" + (f"; {len(ev['notes'])} notes" if ev["notes"] else ""), ev
+    return "preflight", f"{where}: nothing blocks" + (f"; {len(notes)} notes" if notes else ""), ev
 
 
 def record_preflight(tuner, kind: str, reason: str, evidence: dict) -> None:
