@@ -10,7 +10,7 @@ import pytest
 from moetune.experiment import megatron_validate as mv
 from moetune.experiment.config import run_args
 from moetune.experiment.constraints import check
-from moetune.experiment.schema import load_experiment
+from moetune.experiment.schema import Cluster, load_experiment
 from tests.experiment.test_constraints import CASES, H100, MODEL, MODEL_CASES, OK
 
 pytestmark = [pytest.mark.megatron,
@@ -50,7 +50,7 @@ def test_what_megatron_refuses_moetune_refuses():
     refused_by_megatron = [(code, r) for (code, _, _), r in zip(cases, results) if r]
     assert len(refused_by_megatron) >= 10, refused_by_megatron
     disagreements = [(code, r) for (code, cfg, cl), r in zip(cases, results)
-                     if r and not check(cfg, MODEL, cl)]
+                     if r and not check(cfg, MODEL, Cluster(**cl))]
     assert disagreements == []
     assert mv.validate([OK.to_args(MODEL) + run_args()], gpus) == [None]
 
@@ -89,7 +89,7 @@ def test_what_moetune_accepts_megatron_accepts_on_configs_not_built_from_its_rul
     configs = drawn_configs(60)
     gpus = H100["nodes"] * H100["gpus_per_node"]
     results = mv.validate([c.to_args(MODEL) + run_args() for c in configs], gpus)
-    ours = [check(c, MODEL, H100) for c in configs]
+    ours = [check(c, MODEL, Cluster(**H100)) for c in configs]
     accepted_by_both = sum(not r and not o for r, o in zip(results, ours))
     refused_by_megatron = sum(bool(r) for r in results)
     assert accepted_by_both >= 20 and refused_by_megatron >= 10, (accepted_by_both, refused_by_megatron)
@@ -105,7 +105,7 @@ def test_selective_recompute_with_megatrons_default_modules_under_graphed_attent
                      capacity_factor=1.0)
     (refusal,) = mv.validate([cfg.to_args(MODEL) + run_args()], H100["nodes"] * H100["gpus_per_node"])
     assert refusal and "graphed attention recomputation" in refusal
-    assert [v.code for v in check(cfg, MODEL, H100)] == ["recompute_core_attn_in_graphed_attention"]
+    assert [v.code for v in check(cfg, MODEL, Cluster(**H100))] == ["recompute_core_attn_in_graphed_attention"]
 
 
 def test_every_rendered_flag_is_megatrons():
