@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -124,11 +125,35 @@ def _export_as_job(t: TrialContext, force: bool) -> list[Path]:
 def summaries(t: TrialContext) -> list[Path] | None:
     """The per-rank summaries, in the reports' order, where every exported report has one made
     for the trial's current job; else None (analyze the SQLite here)."""
-    found = [t.paths.metrics(t.paths.rank_of(p)) for p in t.paths.each(t.paths.sqlite)]
-    if not found or not all(p.exists() for p in found):
-        return None
+    return None if summary_gap(t) else _summary_paths(t)
+
+
+def _summary_paths(t: TrialContext) -> list[Path]:
+    return [t.paths.metrics(t.paths.rank_of(p)) for p in t.paths.each(t.paths.sqlite)]
+
+
+def summary_gap(t: TrialContext) -> str | None:
+    """Why the per-rank summaries cannot stand for the traces (None: they can)."""
+    found = _summary_paths(t)
+    if not found:
+        return "no exported report"
+    missing = [p.name for p in found if not p.exists()]
+    if missing:
+        return f"no {', '.join(missing)}"
     job = load_ref(t).job_id if t.paths.job.exists() else None
-    return found if all(_for_job(p) == job for p in found) else None
+    other = [f"{p.name} (job {_for_job(p)})" for p in found if _for_job(p) != job]
+    return f"made for another job than {job}: {', '.join(other)}" if other else None
+
+
+def _settled_summaries(t: TrialContext, settle_s: float = 30.0,
+                       poll_s: float = 0.5) -> tuple[list[Path] | None, str | None]:
+    """The summaries where the export ran as a job: accounting can call the array done a moment
+    before the last element's files are seen here, so a gap is given a short while to close; what
+    still stands is said, not passed over (the SQLite is then read here)."""
+    deadline = time.monotonic() + settle_s
+    while (gap := summary_gap(t)) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return (None, gap) if gap else (_summary_paths(t), None)
 
 
 def _for_job(path: Path) -> str | None:
@@ -152,7 +177,9 @@ def do_analyze(t: TrialContext, local: bool = False) -> list[Path]:
     log = t.paths.log
     if not traces and not log.exists():
         raise StageError(f"trial {t.id}: no trace and no log in {t.folder}; nothing to analyze")
-    small = None if local else summaries(t)
+    small, gap = None, None
+    if not local:
+        small, gap = _settled_summaries(t) if t.paths.postprocess.exists() and as_job(t) else (summaries(t), None)
     try:
         if small is not None:  # combine only: the SQLite stays unread on this node
             loaded = [summary.load_summary(p) for p in small]
@@ -164,6 +191,8 @@ def do_analyze(t: TrialContext, local: bool = False) -> list[Path]:
             views = _trace_views(traces)
     except analysis.TraceError as e:
         raise StageError(f"trial {t.id}: {e}") from None
+    if gap:  # the export ran as a job, yet its summaries do not cover the traces
+        result.setdefault("warnings", []).append(f"per-rank summaries not used ({gap}): the traces were read here")
     # moetune's figures beside NVIDIA's recipes, as the export (here or in its job) compared them
     beside = {t.paths.trace(t.paths.rank_of(p)).name: json.loads(p.read_text())
               for p in t.paths.each(t.paths.recipes)}

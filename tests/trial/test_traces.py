@@ -52,3 +52,25 @@ def test_an_analysis_recorded_again_keeps_the_tuners_figures(tmp_path):
     assert store.metrics(trial.id, rank=0) == {"step_time_ms": 102.0}
     row = store.trial(trial.id)
     assert (row.wall, row.step_time_ms, row.tflops_per_gpu) == ("compute", 101.0, 58.9)
+
+
+def test_the_summaries_stand_for_the_traces_only_when_each_rank_has_one_for_the_current_job(tmp_path, monkeypatch):
+    """summary_gap names what keeps the per-rank summaries from standing for the exported traces:
+    one missing, or one made for an earlier job; a gap that closes within the settling time is
+    waited for, one that stays is said."""
+    import types
+    paths = TrialPaths(tmp_path)
+    for r in (0, 1):
+        paths.sqlite(r).write_text("")
+    (tmp_path / "job.json").write_text(json.dumps({"job_id": "42", "kind": "slurm", "folder": "x", "name": "n"}))
+    t = types.SimpleNamespace(paths=paths, folder=tmp_path)
+    monkeypatch.setattr(traces, "load_ref", lambda t: types.SimpleNamespace(job_id="42"))
+    assert traces.summary_gap(t) == "no trace_0.metrics.json, trace_1.metrics.json"
+    paths.metrics(0).write_text(json.dumps({"for_job": "42", "ranks": []}, sort_keys=True))
+    paths.metrics(1).write_text(json.dumps({"for_job": "41", "ranks": []}, sort_keys=True))
+    assert traces.summary_gap(t) == "made for another job than 42: trace_1.metrics.json (job 41)"
+    assert traces._settled_summaries(t, settle_s=0.2, poll_s=0.05) == (None, traces.summary_gap(t))
+    paths.metrics(1).write_text(json.dumps({"for_job": "42", "ranks": []}, sort_keys=True))
+    assert traces.summary_gap(t) is None
+    assert traces._settled_summaries(t, settle_s=0.2) == ([paths.metrics(0), paths.metrics(1)], None)
+    assert traces.summaries(t) == [paths.metrics(0), paths.metrics(1)]
