@@ -57,7 +57,8 @@ def job_seconds(state: dict, submitted=None, ended=None) -> tuple[float | None, 
 
 
 def _attempt_seconds(folder: Path) -> tuple[float | None, str]:
-    job_file, state_file = folder / "job.json", folder / "state.json"
+    attempt = TrialPaths(folder)  # the trial's folder, or an earlier attempt's set aside
+    job_file, state_file = attempt.job, attempt.state
     if not job_file.exists() or not state_file.exists():
         return None, WALL
     job, state = json.loads(job_file.read_text()), json.loads(state_file.read_text())
