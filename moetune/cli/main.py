@@ -112,10 +112,16 @@ def cmd_tune(args, _rest):
     if summary.get("note"):  # a study stopped before this run, not resumed: why
         print(summary["note"])
 
-    print(f"study {summary.get('study')}: {summary.get('trials', '?')} trials, best "
-          f"{judged('best_judged_step_time_ms')} ms/step (baseline "
-          f"{judged('baseline_judged_step_time_ms')} ms, judged)")
+    ran = bool(summary.get("trials_total"))  # none: stopped before its first trial (the preflight)
+    if ran:
+        print(f"study {summary.get('study')}: {summary.get('trials', '?')} trials, best "
+              f"{judged('best_judged_step_time_ms')} ms/step (baseline "
+              f"{judged('baseline_judged_step_time_ms')} ms, judged)")
     print(f"report: {md}\nreport: {html}")
+    if not ran:
+        print(f"moetune {args.command}: study {summary.get('study')}: no trial ran; stopped: "
+              f"{summary.get('stop_reason')}", file=sys.stderr)
+        return 1
     if summary.get("best_judged_step_time_ms") is None:  # stopped before any trial measured
         print(f"moetune {args.command}: no trial measured a step time; stopped: {summary.get('stop_reason')}",
               file=sys.stderr)
