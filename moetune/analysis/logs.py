@@ -82,8 +82,11 @@ FAILURES: tuple[tuple[str, re.Pattern], ...] = (
     # a Python exception that ended the run: Megatron refusing its arguments at start-up
     # (TransformerConfig's AssertionError on the device: "attention dropout is not supported with
     # graphed attention recomputation"), a missing module; the traceback's last line names it,
-    # bare or tagged by torchrun with its rank ("[rank0]: AssertionError: ...")
-    ("python_error", re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[\w.]+\.)?\w+(?:Error|Exception): \S.*$", re.M)),
+    # bare or tagged by torchrun with its rank ("[rank0]: AssertionError: ..."), or inside the
+    # workload's own refusal to start ("moetune: this Megatron cannot run the entry: ...
+    # ModuleNotFoundError: No module named 'megatron'; ...", moetune/workloads/train_moe.py)
+    ("python_error", re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[\w.]+\.)?\w+(?:Error|Exception): \S.*$|"
+                                r"^moetune: .*\b\w+(?:Error|Exception): \S.*$", re.M)),
 )
 
 

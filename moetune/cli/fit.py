@@ -25,6 +25,15 @@ def run(store, args) -> tuple[dict, int]:
     return stages.load_fit(stages.TrialContext(store, trial.id, Path(args.runs), args.executor)), trial.id
 
 
+def exit_code(fitted: dict) -> int:
+    """0 when the layout fits; 1 when it does not (a peak measured, or out of memory); 2 when a rank
+    could not measure at all (its log names why: a missing module, a refusal at start-up), which
+    says nothing of the layout's memory."""
+    if fitted.get("fits"):
+        return 0
+    return 1 if fitted.get("failure") in (None, "oom") else 2
+
+
 def render(fitted: dict, layout: str) -> str:
     lines = [f"{layout} on {fitted['world']} GPUs: {fitted['reason']}",
              f"  {'rank':>6} {'max allocated GB':>17} {'max reserved GB':>16} {'step ms':>9}  failure"]

@@ -91,7 +91,7 @@ def cmd_fit(args, _rest):
     fitted, tid = fit.run(_store(args), args)
     layout = ", ".join(f"{k}={getattr(args, k)}" for k in LAYOUT_OPTIONS if getattr(args, k) is not None)
     print(fit.render(fitted, f"{args.model} ({layout or 'baseline layout'}), trial {tid}"))
-    return 0 if fitted["fits"] else 1
+    return fit.exit_code(fitted)
 
 
 def cmd_tune(args, _rest):
@@ -112,10 +112,16 @@ def cmd_tune(args, _rest):
     if summary.get("note"):  # a study stopped before this run, not resumed: why
         print(summary["note"])
 
-    print(f"study {summary.get('study')}: {summary.get('trials', '?')} trials, best "
-          f"{judged('best_judged_step_time_ms')} ms/step (baseline "
-          f"{judged('baseline_judged_step_time_ms')} ms, judged)")
+    ran = bool(summary.get("trials_total"))  # none: stopped before its first trial (the preflight)
+    if ran:
+        print(f"study {summary.get('study')}: {summary.get('trials', '?')} trials, best "
+              f"{judged('best_judged_step_time_ms')} ms/step (baseline "
+              f"{judged('baseline_judged_step_time_ms')} ms, judged)")
     print(f"report: {md}\nreport: {html}")
+    if not ran:
+        print(f"moetune {args.command}: study {summary.get('study')}: no trial ran; stopped: "
+              f"{summary.get('stop_reason')}", file=sys.stderr)
+        return 1
     if summary.get("best_judged_step_time_ms") is None:  # stopped before any trial measured
         print(f"moetune {args.command}: no trial measured a step time; stopped: {summary.get('stop_reason')}",
               file=sys.stderr)
@@ -186,9 +192,10 @@ def cmd_stage(args, _rest):
     for path in out or []:
         print(f"  {path}")
     if args.stage == stages.FIT:
+        from moetune.cli.fit import exit_code
         fitted = stages.load_fit(stages.TrialContext(store, args.trial))
         print(f"fit: {fitted.get('reason')}")
-        return 0 if fitted.get("fits") else 1
+        return exit_code(fitted)
     return 0
 
 
@@ -257,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
                                            "data/trial_bank, env MOETUNE_BANK; a wheel ships none)")
 
     sp = add("fit", cmd_fit, "measure a layout's memory-bounding ranks on one GPU each (Megatron's "
-             "fake process group) and say whether it fits; exit 1 when it does not")
+             "fake process group) and say whether it fits; exit 1 when it does not, 2 when a rank "
+             "could not measure (its log's error named)")
     add_fit_arguments(sp)
 
     sp = add("preflight", cmd_preflight, "probe what the trials will meet on the cluster (Megatron, "

@@ -11,7 +11,7 @@ import sys
 from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, positive_int, refuse_unknown_values
 from moetune.estimate import StoreReadings
 from moetune.estimate.memory import FIXED_GB, TooFewGPUs
-from moetune.estimate.search import search
+from moetune.estimate.search import batch_bound, search
 from moetune.experiment.schema import ConfigError
 
 
@@ -64,6 +64,10 @@ def _main(argv: list[str], db: str | None = None) -> int:
               f"{lay.estimate_gb:.1f} GB allocated + {FIXED_GB:.0f} GB fixed = {lay.memory_gb:.1f} of "
               f"{capacity:.0f} GB ({source}): {verdict}")
         return code
+    bound = None if layouts else batch_bound(exp, world)
+    if bound and any(v.code == "global_batch_not_divisible" for v in found.common_refusal()):
+        print(f"moetune plan: no layout of {exp.name} on {world} GPUs can run: {bound}", file=sys.stderr)
+        return 2
     if not layouts and found.common_refusal():  # the experiment's own values, not the GPUs, stop every layout
         print(f"moetune plan: no layout of {exp.name} on {world} GPUs can run: " +
               "; ".join(f"{v.code}: {v.message}" for v in found.common_refusal()), file=sys.stderr)

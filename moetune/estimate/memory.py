@@ -391,6 +391,10 @@ def vpp_choices(m: ModelArch, pp: int, most: int = 8) -> list[int]:
     return [v for v in range(2, most + 1) if pp > 1 and m.num_layers % (pp * v) == 0]
 
 
+PLAN_TP = (1, 2, 4, 8)  # the TPs plan() tries: within a node's NVLink
+PLAN_MAX_PP = 32  # the most pipeline stages plan() tries
+
+
 def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int = 20,
          headroom_share: float = PLAN_HEADROOM_SHARE, measured: Measured | None = None,
          virtual: bool = False, refused: list | None = None) -> list[Layout]:
@@ -406,8 +410,8 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
     cluster, world, capacity = plan_cluster(exp, gpus, gpu_type)
     m, base = exp.model, exp.baseline
     out: list[Layout] = []
-    for tp in [t for t in (1, 2, 4, 8) if world % t == 0]:
-        for pp in [p for p in _divisors(world) if p <= 32 and world % (tp * p) == 0]:
+    for tp in [t for t in PLAN_TP if world % t == 0]:
+        for pp in [p for p in _divisors(world) if p <= PLAN_MAX_PP and world % (tp * p) == 0]:
             for ep, vpp in [(e, v) for e in _divisors(m.num_experts) if e <= 128 and world % (e * pp) == 0
                             for v in [None] + (vpp_choices(m, pp) if virtual else [])]:
                 for recompute in ((), ("moe_act", "layernorm") if base.grouped_gemm else ("layernorm",)):

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 
 from moetune.estimate.memory import (
+    PLAN_MAX_PP,
+    PLAN_TP,
     Layout,
     TooFewGPUs,
     baseline_layout,
@@ -67,6 +69,22 @@ class Search:
     def headline(self, layout: Layout) -> dict | None:
         """The layout's predicted tokens/s/GPU, step and compute source; None where not priced."""
         return self.predicted.get(id(layout))
+
+
+def batch_bound(exp, world: int) -> str | None:
+    """Why no layout on `world` GPUs can run where the global batch is what bounds them (one line):
+    it feeds at most global batch / micro batch data-parallel ranks, so at most that many times
+    the search's largest TP×PP×CP GPUs; None where it can feed `world`."""
+    base = exp.baseline
+    ranks = base.global_batch // max(base.micro_batch, 1)
+    parallel = max(PLAN_TP) * PLAN_MAX_PP * max(base.cp, 1)
+    most = ranks * parallel
+    if world <= most:
+        return None
+    return (f"baseline.global_batch {base.global_batch} with micro batch {base.micro_batch} feeds at most "
+            f"{ranks} data-parallel ranks, {most} GPUs at the search's largest TP×PP×CP "
+            f"({max(PLAN_TP)}×{PLAN_MAX_PP}×{max(base.cp, 1)}); {world} GPUs need a global batch of "
+            f"{-(-world // parallel) * max(base.micro_batch, 1)} or more")
 
 
 def ranked(exp, layouts: list[Layout], gpus: int | None, gpu_type: str | None,

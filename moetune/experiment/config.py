@@ -358,3 +358,15 @@ def args_for_megatron(argv: list[str], version: str | None) -> list[str]:
         return list(argv)
     renames = {row.flag: row.before for row in FLAG_VERSIONS if have < row.since}
     return [renames.get(token, token) for token in argv]
+
+
+def _value_text(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return ",".join(map(str, v)) or "none"
+    return "none" if v is None else str(v)
+
+
+def diff_text(diff: dict) -> str:
+    """A config change ({field: (old, new)}, as TrainingConfig.diff gives it) as console text:
+    `micro_batch 2 -> 4, recompute_modules none -> moe_act`, no Python literals."""
+    return ", ".join(f"{k} {_value_text(a)} -> {_value_text(b)}" for k, (a, b) in diff.items())

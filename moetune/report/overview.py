@@ -64,10 +64,12 @@ def kept_path(views: list[TrialView], best: TrialView) -> list[TrialView]:
     return out[::-1]
 
 
-def headline(views: list[TrialView]) -> tuple[list[str], list[str], TrialView | None]:
-    """(sentences, warnings, best): the judged baseline → best with its rank test and walls."""
+def headline(views: list[TrialView], stop_reason: str | None = None) -> tuple[list[str], list[str], TrialView | None]:
+    """(sentences, warnings, best): the judged baseline → best with its rank test and walls; where
+    no trial ran, why the study stopped (`stop_reason`, its stop decision's: the preflight's)."""
     if not views:
-        return ["No trials ran."], [], None
+        return [f"No trial ran: the study stopped before its first: {stop_reason}." if stop_reason
+                else "No trials ran."], [], None
     base, best = views[0], best_view(views)
     warnings = [w for w in map(unstable, views) if w]
     if base.judged_ms is None:
@@ -187,7 +189,7 @@ def build(store: Store, study_name: str) -> StudyReport:
     if one_gpu:
         intro.append(one_gpu)
     intro.append(prediction_sentence(s))
-    head, warnings, best = headline(views)
+    head, warnings, best = headline(views, s.get("stop_reason"))
     changes = None
     if best:
         changes = ", ".join(f"`{k}` {a} → {b}" for k, (a, b) in _from_baseline(views, best).items()) or "none"

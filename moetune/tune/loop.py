@@ -23,7 +23,7 @@ from moetune.decide import rules as rules_mod
 from moetune.decide.judge import judged_step
 from moetune.errors import MoetuneError
 from moetune.experiment import fit
-from moetune.experiment.config import TrainingConfig
+from moetune.experiment.config import TrainingConfig, diff_text
 from moetune.experiment.constraints import check
 from moetune.experiment.placement import Placement
 from moetune.experiment.schema import Experiment, load_experiment
@@ -332,7 +332,7 @@ class Tuner:
                         change=change, source=p.rule.source,
                         deciding=analysis.get("evidence") or [],
                         **({"prediction": forecast} if forecast else {}), **ev)
-            self.say(f"trial {trial.number}: {rid} {change}")
+            self.say(f"trial {trial.number}: {rid} {diff_text(change)}")
             return True
         return False
 

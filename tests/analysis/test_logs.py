@@ -89,6 +89,10 @@ def test_a_python_exception_tagged_by_rank_is_a_python_error():
 @pytest.mark.parametrize("line, failure", [
     ("[rank3]: ModuleNotFoundError: No module named 'megatron'\n", "python_error"),
     ("[rank0]:[W1123 00:06:30] ProcessGroupNCCL.cpp:5188] Guessing device ID based on global rank.\n", None),
+    # the workload's own refusal to start names the exception inside its line
+    ("moetune: this Megatron cannot run the entry: megatron cannot be looked up: ModuleNotFoundError: "
+     "No module named 'megatron'; make the image's Megatron importable\n", "python_error"),
+    ("moetune: Transformer Engine absent or not asked for: local layer spec\n", None),
 ])
 def test_rank_tagged_lines(tmp_path, line, failure):
     """A tagged exception line is a python_error; a tagged warning is no failure."""

@@ -250,13 +250,14 @@ def test_tune_and_fit_refuse_a_layout_before_any_job(tmp_path):
 
 
 def test_stage_says_what_it_did_and_fit_exits_by_its_verdict(tmp_path):
-    """`stage fit` exits 1 when its fit.json says the layout does not fit (or failed), 0 when it
-    fits; run again without --force it says the stage is current instead of only printing a path."""
+    """`stage fit` exits 1 when its fit.json says the layout does not fit, 2 when a rank could not
+    measure (no Megatron here), 0 when it fits; run again without --force it says the stage is
+    current instead of only printing a path."""
     import json
     db = ["--db", str(tmp_path / "db.sqlite")]
     r = moetune(*db, "fit", "moe_proxy", "--executor", "local", "--runs", str(tmp_path / "runs"), cwd=tmp_path)
     fitted = json.loads(next((tmp_path / "runs").rglob("fit.json")).read_text())
-    expect = 0 if fitted["fits"] else 1
+    expect = 0 if fitted["fits"] else 1 if fitted["failure"] in (None, "oom") else 2
     assert r.returncode == expect, r.stderr
     r = moetune(*db, "stage", "fit", "--trial", "1", cwd=tmp_path)
     assert r.returncode == expect and "is current" in r.stdout and f"fit: {fitted['reason']}" in r.stdout
@@ -373,3 +374,20 @@ def test_the_demo_goes_on_when_its_budget_is_raised(tmp_path):
     assert "stopped earlier" not in more.stdout
     status = moetune("--db", str(tmp_path / "db.sqlite"), "status", cwd=tmp_path).stdout
     assert " resume " in status and "the budget was raised to 5 trials" in status
+
+
+def test_a_tune_its_preflight_stopped_says_no_trial_ran_and_why(tmp_path, monkeypatch, capsys):
+    """A tune stopped before its first trial (the preflight): one stderr line saying no trial ran
+    and the stop's reason, exit 1; no `best ? ms/step` line."""
+    from moetune.cli import main as cli
+    from moetune.tune import loop
+    why = "preflight of cluster device-h200x2 (job 7): no GPU visible to the job"
+    monkeypatch.setattr(loop, "tune", lambda *a, **k: {"study": "moe_proxy", "trials": 0, "trials_total": 0,
+                                                        "best_judged_step_time_ms": None, "stop_reason": why})
+    monkeypatch.setattr(cli, "_write_reports", lambda args, study: ("r.md", "r.html"))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["--db", str(tmp_path / "db.sqlite"), "tune", "moe_proxy", "--executor", "local",
+                     "--runs", str(tmp_path / "runs"), "--no-progress"]) == 1
+    out = capsys.readouterr()
+    assert "?" not in out.out and "report: r.md" in out.out
+    assert out.err == f"moetune tune: study moe_proxy: no trial ran; stopped: {why}\n"

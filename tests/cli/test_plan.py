@@ -148,6 +148,17 @@ def test_a_global_batch_no_layout_divides_names_it(capsys, tmp_path, no_store):
     assert "global_batch_not_divisible" in out.err and "global batch 15" in out.err and "add GPUs" not in out.err
 
 
+def test_more_gpus_than_the_global_batch_can_feed_names_the_batch(capsys, no_store):
+    """10 million GPUs: the global batch bounds every layout, and plan names it and the most GPUs it
+    can feed (one line, exit 2) instead of "no layout fits; add GPUs"."""
+    assert main(["plan", "qwen3_30b_a3b", "--gpus", "10000000"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and len(out.err.splitlines()) == 1, out.err
+    assert out.err.startswith("moetune plan: no layout of qwen3_30b_a3b on 10000000 GPUs can run: ")
+    assert "global_batch 1024 with micro batch 1 feeds at most 1024 data-parallel ranks, 262144 GPUs" in out.err
+    assert "add GPUs" not in out.err
+
+
 def test_plan_describes_its_default_order(capsys):
     """`plan --help` says what the default order is: the fastest predicted first."""
     assert main(["plan", "--help"]) == 0

@@ -1,7 +1,7 @@
 """TrainingConfig ↔ Megatron argv, both ways, for every field of the flag table."""
 import pytest
 
-from moetune.experiment.config import FLAGS, TrainingConfig
+from moetune.experiment.config import FLAGS, TrainingConfig, diff_text
 from moetune.experiment.model import ModelArch
 
 MODEL = ModelArch("t", 4, 1024, 16, 4, 4096, 1024, 8, 2, 32000, 2048, first_dense_layers=1)
@@ -47,3 +47,12 @@ def test_where_apex_is_absent_gradient_accumulation_fusion_is_off_once():
         argv = local.to_args(has_apex=has_apex)
         assert argv.count("--no-gradient-accumulation-fusion") == 1
         assert set(TE_LESS_FLAGS) <= set(argv)
+
+
+def test_a_change_reads_as_text():
+    """diff_text: each changed field as `field old -> new`, lists joined, none for empty or unset."""
+    a = TrainingConfig(micro_batch=2)
+    b = a.replace(micro_batch=4, recompute_granularity="selective", recompute_modules=("moe_act", "layernorm"))
+    assert diff_text(a.diff(b)) == ("micro_batch 2 -> 4, recompute_granularity none -> selective, "
+                                    "recompute_modules none -> moe_act,layernorm")
+

@@ -196,6 +196,21 @@ def test_budget_stops_the_study(standin, tmp_path):
     assert s["trials"] == 2 and "trial budget" in s["stop_reason"]
 
 
+def test_progress_names_each_change_as_text(standin, tmp_path, capsys):
+    """The progress line of each applied fix names its change as `field old -> new`, not as a
+    Python dict."""
+    store = Store(str(tmp_path / "db.sqlite"))
+    tuner.tune(EXPERIMENT, store, executor="replay", runs_root=tmp_path / "runs",
+               bank_dir=standin[0], progress=True, max_trials=2)
+    err = capsys.readouterr().err
+    study = store.studies()[0]
+    second = store.trials(study.id)[1]
+    apply = next(d for d in store.decisions(study.id) if d.kind == "apply" and d.trial_id == second.id)
+    (field, (old, new)), *_ = apply.evidence["change"].items()
+    line = next(ln for ln in err.splitlines() if ln.startswith(f"[moetune] trial 2: {second.fix} "))
+    assert f"{field} " in line and " -> " in line and "{" not in line and "[" not in line.split(":", 1)[1], line
+
+
 def test_missing_bank_is_one_clear_error(tmp_path):
     """A replay study with no trial bank fails at once with the bank's one-line error."""
     from moetune.job.replay import ReplayError

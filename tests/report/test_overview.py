@@ -1,0 +1,25 @@
+"""report/overview.py: the study report's headline where no trial ran names why the study stopped."""
+from __future__ import annotations
+
+from moetune.report import study as report
+from moetune.report.overview import headline
+from moetune.store import Store
+
+PREFLIGHT_STOP = ("preflight of cluster c (job 7): the training entry cannot run on this image's Megatron "
+                  "(no megatron-core): ModuleNotFoundError: No module named 'megatron'")
+
+
+def test_a_study_stopped_before_its_first_trial_says_why_in_its_headline(tmp_path):
+    """A study its preflight stopped: the headline says no trial ran and the stop's reason, with no
+    `best ? ms` anywhere."""
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    study = store.create_study("s", "moe_proxy", {})
+    store.add_decision(study.id, "stop", PREFLIGHT_STOP, rule="preflight", evidence={"blocking": True})
+    md = report.study_markdown(store, "s")
+    head = md.split("## Headline", 1)[1].split("##", 1)[0]
+    assert f"No trial ran: the study stopped before its first: {PREFLIGHT_STOP}." in head
+    assert "?" not in head
+
+
+def test_no_trial_and_no_stop_reason_reads_as_before():
+    assert headline([]) == (["No trials ran."], [], None)
