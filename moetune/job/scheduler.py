@@ -265,6 +265,8 @@ def _queued(job_id: str) -> JobState | None:
     if not found:
         return None
     state, reason = found[0]
+    if state in ("RUNNING", "COMPLETING"):  # squeue's %R is the job's nodes once it runs
+        return JobState(state=state, node=_clean(reason))
     return JobState(state=state, reason=_clean(reason.strip("()")))
 
 

@@ -99,3 +99,16 @@ def test_a_job_slurm_never_starts_reads_pending_with_its_live_reason(slurm):
         assert never_starts(st).startswith("Slurm keeps it pending (PartitionConfig)")
     finally:
         subprocess.run(["scancel", job], check=False)
+
+
+def test_a_running_job_accounting_has_not_seen_yet_reads_its_node_from_the_queue(monkeypatch):
+    """Before slurmdbd records a job, its state comes from squeue, whose %R is the node list once
+    the job runs (a reason only while it waits)."""
+    from moetune.job import scheduler, slurm
+    monkeypatch.setattr(slurm.WATCHER, "rows", lambda job_id: [])
+    monkeypatch.setattr(slurm, "queue", lambda job_id, array=False: [("RUNNING", "n2")])
+    st = scheduler.slurm_state("77")
+    assert (st.state, st.node, st.reason) == ("RUNNING", "n2", None)
+    monkeypatch.setattr(slurm, "queue", lambda job_id, array=False: [("PENDING", "(Resources)")])
+    st = scheduler.slurm_state("77")
+    assert (st.state, st.node, st.reason) == ("PENDING", None, "Resources")
