@@ -6,6 +6,7 @@ import pytest
 from moetune.experiment import megatron_validate as mv
 
 
+@pytest.mark.e2e
 def test_check_cli(capsys):
     """`moetune check` says ok to a valid command line and names the broken rule with its guidance
     document (exit 1) for EP overlap without EP."""
@@ -22,6 +23,7 @@ def test_check_cli(capsys):
     assert out == ["ep_overlap_needs_ep: EP all-to-all overlap needs EP > 1 [moe-comm-overlap.txt]"]
 
 
+@pytest.mark.e2e
 def test_check_cli_usage_errors_and_no_separator(capsys):
     """A bad --gpus and an empty Megatron command line are usage errors (exit 2); without `--`,
     moetune's own options are still read as its own."""

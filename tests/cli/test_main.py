@@ -113,6 +113,7 @@ def no_password(r: subprocess.CompletedProcess, url: str, says: str) -> None:
     assert not url.startswith("mysql") or "postgres" not in line, line
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("url, says", SECRET_URLS)
 def test_no_store_error_shows_the_database_password(tmp_path, url, says):
     """However the store fails (a server that does not answer, a missing driver, a bad URL), from
@@ -121,6 +122,7 @@ def test_no_store_error_shows_the_database_password(tmp_path, url, says):
     no_password(moetune("--db", url, "status", cwd=tmp_path), url, says)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("url, says", SECRET_URLS[:2] + SECRET_URLS[-1:])
 def test_no_command_shows_the_database_password(tmp_path, url, says):
     """Every command that opens the store says the same password-free line."""
@@ -215,6 +217,7 @@ def test_read_only_runs_folder(tmp_path):
     one_line(r, str(runs), "cannot be written")
 
 
+@pytest.mark.e2e
 def test_reading_commands_write_nothing(tmp_path):
     """status and report on a missing path, a non-URL, a folder that does not exist, or an unrelated
     SQLite file: nothing created, the foreign file unchanged."""

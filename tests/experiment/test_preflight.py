@@ -168,6 +168,7 @@ def test_tuner_stops_before_trial_1_when_the_preflight_blocks_and_resumes_once_i
     assert store.trials(study.id)[0].state == "completed"
 
 
+@pytest.mark.e2e
 def test_tuner_with_the_local_executor_records_the_preflight_and_the_replay_skips_it(tmp_path):
     """submitit's local executor runs the same probe on this machine before the baseline (a
     `preflight` decision with what it found); the replay, which submits no job, records that it

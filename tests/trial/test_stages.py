@@ -91,6 +91,7 @@ def test_changed_config_rerenders(make_trial):
     assert "--micro-batch-size" in job_sh.read_text() and job_sh.read_text() != text
 
 
+@pytest.mark.e2e
 def test_local_job_outlives_a_killed_tuner_and_is_collected(make_trial):
     """A local job survives the tuner's SIGKILL after submit; resume finds the unfinished trial and
     collects the job's full log."""
