@@ -8,7 +8,8 @@ the 4-GPU H200 host, about half a 400 Gb/s NIC: shared/device-notes.md), a cross
 NCCL's paths only; DeepEP and HybridEP keep NVLink under it, so no dispatcher is compared there.
 
 `python benchmarks/device/comm_sweep.py EXPERIMENT [NAME ...]` prints one line per config: NAME,
-GPUS, ENV (KEY=VALUE,... or -), then the shell-quoted Megatron argv."""
+GPUS, ENV (KEY=VALUE,... or -), then the shell-quoted Megatron argv; the runs named, in the order
+named, else all."""
 import shlex
 import sys
 from pathlib import Path
@@ -65,9 +66,10 @@ def main(args: list[str]) -> int:
         print(f"comm_sweep: no run named {', '.join(sorted(unknown))}; runs: "
               f"{', '.join(n for n, _, _ in runs)}", file=sys.stderr)
         return 2
-    for name, changes, env in runs:
-        if args[1:] and name not in args[1:]:
-            continue
+    by_name = {name: (changes, env) for name, changes, env in runs}
+    # in the order named (the runs that matter most first, while device time lasts), else all
+    for name in args[1:] or list(by_name):
+        changes, env = by_name[name]
         env_word = ",".join(f"{k}={v}" for k, v in env.items()) or "-"
         print(name, exp.cluster.gpus, env_word, shlex.join(argv(exp, config(exp, changes))))
     return 0

@@ -1,5 +1,5 @@
-"""The single-host communication experiments (qwen3_30b_a3b_ep4 on 4 GPUs, qwen3_30b_a3b_ep8 on 8)
-and their sweeps are ready for the GPU machine: each config passes moetune's constraint table and
+"""The single-host communication experiments (qwen3_30b_a3b_ep2 on 2 GPUs, qwen3_30b_a3b_ep4 on 4,
+qwen3_30b_a3b_ep8 on 8) and their sweeps are ready for the GPU machine: each config passes moetune's constraint table and
 Megatron 0.19.2's own validation for the experiment's GPUs on the TE image, and each baseline fits
 by the calibrated estimate."""
 import importlib.util
@@ -16,13 +16,15 @@ SPEC = importlib.util.spec_from_file_location(
     "comm_sweep", Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "comm_sweep.py")
 sweep = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(sweep)
-EXPERIMENTS = {name: load_experiment(name) for name in ("qwen3_30b_a3b_ep4", "qwen3_30b_a3b_ep8")}
+EXPERIMENTS = {name: load_experiment(name) for name in ("qwen3_30b_a3b_ep2", "qwen3_30b_a3b_ep4", "qwen3_30b_a3b_ep8")}
 RUNS = [(exp, name, changes) for exp in EXPERIMENTS for name, changes, _ in sweep.sweep(EXPERIMENTS[exp])]
 
 
-@pytest.mark.parametrize("name, gpus, ep, layers", [("qwen3_30b_a3b_ep4", 4, 4, 16), ("qwen3_30b_a3b_ep8", 8, 8, 48)])
+@pytest.mark.parametrize("name, gpus, ep, layers", [
+    ("qwen3_30b_a3b_ep2", 2, 2, 8), ("qwen3_30b_a3b_ep4", 4, 4, 16), ("qwen3_30b_a3b_ep8", 8, 8, 48)])
 def test_each_baseline_fits_its_host(name, gpus, ep, layers):
-    """The EP 4 baseline (16 layers) fits four 80 GB GPUs, the EP 8 one (48 layers) eight H200."""
+    """The EP 2 baseline (8 layers) fits two 80 GB GPUs, the EP 4 one (16 layers) four, the EP 8 one
+    (48 layers) eight H200."""
     exp = EXPERIMENTS[name]
     layout = baseline_layout(exp)
     assert layout.fits and exp.cluster.gpus == gpus and layout.config.ep == ep and exp.model.num_layers == layers
