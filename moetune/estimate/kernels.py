@@ -1,0 +1,179 @@
+"""A layout's matrix kernels by shape, and what one GPU was measured to reach at each shape (the
+kernel table): the step-time model prices a layer's GEMMs and attention from it, not from a curve
+through trial medians.
+
+A table is the kernel probe's record (workloads/kernel_probe.py, run on a GPU by
+benchmarks/device/kernels.sh): rows of GEMMs ([m, k] @ [k, n], BF16 and tensorwise FP8) and causal
+attention, timed on random data back to back on a warm GPU. The reference machine's tables ship in
+kernel_tables/ (one file a GPU type). A shape the table lacks takes the rate of its nearest measured
+shape (log-distance over m, k, n; over sequence, heads, dim for attention): never a rate above what
+that GPU was measured to reach.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from moetune.experiment.config import TrainingConfig
+from moetune.experiment.model import ModelArch
+
+TABLES = Path(__file__).resolve().parent / "kernel_tables"
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM of a layer's forward on one rank: [m, k] @ [k, n], run `calls` times a layer (an
+    MoE layer's experts: once for each expert the rank holds)."""
+    kind: str  # the FLOP kind it belongs to (flops.layer_flops): attention_proj, experts, ...
+    m: int
+    k: int
+    n: int
+    calls: int = 1
+
+    def passes(self) -> tuple[tuple[int, int, int], ...]:
+        """The forward, the data gradient ([m, n] @ [n, k]) and the weight gradient ([k, m] @ [m, n])."""
+        return (self.m, self.k, self.n), (self.m, self.n, self.k), (self.k, self.m, self.n)
+
+
+def _tokens(m: ModelArch, c: TrainingConfig) -> int:
+    return int((c.seq_length or m.seq_length) * c.micro_batch // c.cp)
+
+
+def _mlp(kind: str, t: int, h: int, ffn: int, split: int, calls: int = 1) -> list[Gemm]:
+    """A SwiGLU MLP: the fused gate-and-up GEMM, then the down one."""
+    if t < 1 or ffn < 1:
+        return []
+    return [Gemm(kind, t, h, 2 * ffn // split, calls), Gemm(kind, t, ffn // split, h, calls)]
+
+
+def layer_gemms(m: ModelArch, c: TrainingConfig, moe: bool) -> list[Gemm]:
+    """The GEMMs of one decoder layer's forward on one rank. Tensor parallelism splits the output
+    width of the column-parallel GEMMs and the input width of the row-parallel ones (sequence
+    parallel gathers the tokens first, so m is the micro-batch's tokens). A rank's experts each get
+    top-k x its EP group's tokens / experts, balanced; expert tensor parallelism splits the
+    experts' widths (folding)."""
+    t, h, tp = _tokens(m, c), m.hidden_size, max(c.tp, 1)
+    heads = m.num_attention_heads
+    if m.multi_latent_attention:
+        qk = (m.qk_head_dim or 0) + (m.qk_pos_emb_head_dim or 0)
+        out = [Gemm("attention_proj", t, h, m.kv_lora_rank + (m.qk_pos_emb_head_dim or 0)),
+               Gemm("attention_proj", t, m.kv_lora_rank, heads * ((m.qk_head_dim or 0) + (m.v_head_dim or 0)) // tp),
+               Gemm("attention_proj", t, heads * (m.v_head_dim or 0) // tp, h)]
+        if m.q_lora_rank:
+            out += [Gemm("attention_proj", t, h, m.q_lora_rank), Gemm("attention_proj", t, m.q_lora_rank, heads * qk // tp)]
+        else:
+            out.append(Gemm("attention_proj", t, h, heads * qk // tp))
+    else:
+        d = m.kv_channels or h // heads
+        out = [Gemm("attention_proj", t, h, (heads + 2 * m.num_query_groups) * d // tp),
+               Gemm("attention_proj", t, heads * d // tp, h)]
+    if not moe:
+        return out + _mlp("dense_mlp", t, h, m.ffn_hidden_size, tp)
+    etp = max(c.etp or c.tp, 1)
+    local = max(1, m.num_experts // max(c.ep, 1))
+    per_expert = round(t * m.moe_router_topk * max(c.ep, 1) * etp / (m.num_experts * tp))
+    out += _mlp("experts", per_expert, h, m.moe_ffn_hidden_size, etp, local)
+    out += _mlp("shared_experts", t, h, m.moe_shared_expert_intermediate_size or 0, tp)
+    out.append(Gemm("router", t, h, m.num_experts))
+    return out
+
+
+def output_gemm(m: ModelArch, c: TrainingConfig, vocab: int) -> Gemm:
+    """The output layer's GEMM (vocabulary split by TP)."""
+    return Gemm("output", _tokens(m, c), m.hidden_size, vocab // max(c.tp, 1))
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Causal attention of one micro-batch on one rank."""
+    batch: int
+    seq: int
+    heads: int
+    groups: int
+    dim: int
+
+
+def attention_shape(m: ModelArch, c: TrainingConfig) -> Attention:
+    """TP splits the heads; CP the queries (taken as its share of the sequence); MLA as one head dim,
+    its query/key one."""
+    tp = max(c.tp, 1)
+    if m.multi_latent_attention:
+        dim, groups = (m.qk_head_dim or 0) + (m.qk_pos_emb_head_dim or 0), m.num_attention_heads
+    else:
+        dim, groups = m.kv_channels or m.hidden_size // m.num_attention_heads, m.num_query_groups
+    return Attention(c.micro_batch, (c.seq_length or m.seq_length) // max(c.cp, 1),
+                     max(1, m.num_attention_heads // tp), max(1, groups // tp), dim)
+
+
+def _log_distance(a, b) -> float:
+    return sum((math.log(x) - math.log(y)) ** 2 for x, y in zip(a, b, strict=True))
+
+
+class KernelTable:
+    """One GPU type's measured kernels (a kernel probe's record)."""
+
+    def __init__(self, record: dict, source: str):
+        self.gpu = record.get("gpu", "?")
+        self.source = source
+        self.gemms: dict[str, dict[tuple[int, int, int], float]] = {}
+        self.attention: dict[tuple[int, int, int, int, int], tuple[float, float]] = {}
+        for r in record.get("rows", []):
+            if r.get("kind") == "gemm" and r.get("tflop_s", 0) > 0:
+                self.gemms.setdefault(r["dtype"], {})[(r["m"], r["k"], r["n"])] = float(r["tflop_s"])
+            elif r.get("kind") == "attention" and r.get("fwd_us", 0) > 0:
+                key = (r["batch"], r["seq"], r["heads"], r["groups"], r["dim"])
+                self.attention[key] = (float(r["fwd_us"]), float(r["bwd_us"]))
+        if not self.gemms.get("bf16"):
+            raise ValueError(f"{source}: a kernel table needs BF16 GEMM rows")
+
+    def gemm_tflops(self, m: int, k: int, n: int, dtype: str = "bf16") -> float:
+        """TFLOP/s of [m, k] @ [k, n]: as measured, else at the nearest measured shape."""
+        rows = self.gemms.get(dtype) or self.gemms["bf16"]
+        if (m, k, n) in rows:
+            return rows[(m, k, n)]
+        return rows[min(rows, key=lambda s: _log_distance(s, (max(m, 1), max(k, 1), max(n, 1))))]
+
+    def gemm_us(self, m: int, k: int, n: int, dtype: str = "bf16") -> float:
+        return 2 * m * k * n / self.gemm_tflops(m, k, n, dtype) / 1e6
+
+    def attention_us(self, a: Attention) -> tuple[float, float]:
+        """(forward, backward) µs: as measured, else the nearest measured shape's rate at this shape's
+        FLOPs. None of it where the table has no attention row."""
+        key = (a.batch, a.seq, a.heads, a.groups, a.dim)
+        if key in self.attention:
+            return self.attention[key]
+        if not self.attention:
+            raise KeyError("no attention rows")
+        near = min(self.attention, key=lambda s: _log_distance(s[1:], key[1:]) + _log_distance(s[:1], key[:1]))
+        scale = (a.batch * a.heads * a.seq ** 2 * a.dim) / (near[0] * near[2] * near[1] ** 2 * near[4])
+        f, b = self.attention[near]
+        return f * scale, b * scale
+
+    def max_tflops(self, dtype: str = "bf16") -> float:
+        return max((self.gemms.get(dtype) or self.gemms["bf16"]).values())
+
+
+@lru_cache(maxsize=None)
+def shipped(gpu_type: str) -> KernelTable | None:
+    """The reference machine's table for this GPU type, where one ships."""
+    path = TABLES / f"{gpu_type}.json"
+    if not path.is_file():
+        return None
+    return KernelTable(json.loads(path.read_text()), f"measured by moetune: kernel probe, {path.name}")
+
+
+def probe_shapes(layouts) -> dict:
+    """The probe's input for (model, config, vocab) layouts: every distinct GEMM pass (forward, data
+    and weight gradients) and attention shape, BF16 and FP8."""
+    gemm, attn = set(), set()
+    for m, c, vocab in layouts:
+        gs = layer_gemms(m, c, moe=False) + layer_gemms(m, c, moe=True) + [output_gemm(m, c, vocab)]
+        for g in gs:
+            gemm.update(p for p in g.passes() if min(p) >= 1)
+        a = attention_shape(m, c)
+        attn.add((a.batch, a.seq, a.heads, a.groups, a.dim))
+    return {"gemm": [list(s) for s in sorted(gemm)], "attention": [list(s) for s in sorted(attn)],
+            "dtypes": ["bf16", "fp8"]}

@@ -1,0 +1,157 @@
+"""The kernel probe: one GPU's speed at the exact GEMM and attention shapes of the layouts moetune
+prices, measured, as one JSON record of rows (torch only, no moetune there).
+
+    python kernel_probe.py --shapes SHAPES.json --out FILE [--min-ms 30]
+
+SHAPES.json (made by `moetune.estimate.kernels.probe_shapes`): {"gemm": [[m, k, n], ...],
+"attention": [[batch, seq, heads, groups, dim], ...], "dtypes": ["bf16", "fp8"]}. Each GEMM is
+timed as written ([m, k] @ [k, n]); the caller lists a layer's forward, data-gradient and
+weight-gradient shapes as separate entries. Attention is causal scaled-dot-product attention
+(torch's flash kernel), forward and forward plus backward.
+
+How: random data of a training step's scale (normal, weights at std 0.02), never zeros or
+uninitialised memory (a GPU's speed depends on the bits it multiplies: zeros run faster); every
+shape back to back on a GPU already warm, repeated until `--min-ms` of kernels, the whole run
+timed by CUDA events (sustained, as in a step, not one cold call). FP8 is tensorwise-scaled E4M3
+through torch._scaled_mm with BF16 output, its shapes rounded up to multiples of 16 (its rule);
+the casts are not in its time. Rows: {"kind": "gemm", "dtype", "m", "k", "n", "us", "tflop_s"},
+{"kind": "attention", "batch", "seq", "heads", "groups", "dim", "fwd_us", "bwd_us", "tflop_s"}
+(causal FLOPs: half the score matrix), and {"kind": "data", ...}: one large GEMM on random data
+against zeros, the size of the effect the rows avoid.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+WARMUP_MS = 2000  # a cold GPU clocks differently: the first rows would read fast or slow
+
+
+def _round16(x: int) -> int:
+    return (x + 15) // 16 * 16
+
+
+class Timer:
+    def __init__(self, torch, min_ms: float):
+        self.torch, self.min_ms = torch, min_ms
+
+    def per_call_us(self, fn) -> float:
+        """Mean µs a call, back to back, over at least min_ms of calls (after two warm-up calls)."""
+        cuda = self.torch.cuda
+        fn(), fn()
+        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        start.record(); fn(); end.record(); cuda.synchronize()  # noqa: E702
+        one = max(start.elapsed_time(end), 1e-3)
+        n = max(5, min(2000, int(self.min_ms / one)))
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        cuda.synchronize()
+        return start.elapsed_time(end) * 1e3 / n
+
+
+def gemm_fn(torch, m: int, k: int, n: int, dtype: str, fill: str = "random"):
+    dev = "cuda"
+    if dtype == "bf16":
+        make = torch.zeros if fill == "zeros" else torch.randn
+        a = make(m, k, device=dev, dtype=torch.bfloat16)
+        b = make(k, n, device=dev, dtype=torch.bfloat16) * (0.0 if fill == "zeros" else 0.02)
+        return lambda: torch.mm(a, b), (m, k, n)
+    m, k, n = _round16(m), _round16(k), _round16(n)
+    f8 = torch.float8_e4m3fn
+    a = (torch.randn(m, k, device=dev) * 8).to(f8)
+    bt = (torch.randn(n, k, device=dev) * 8).to(f8)  # _scaled_mm wants its second operand column-major
+    one = torch.ones((), device=dev)
+    return lambda: torch._scaled_mm(a, bt.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), (m, k, n)
+
+
+def gemm_rows(torch, timer: Timer, shapes, dtypes) -> list[dict]:
+    rows = []
+    for dtype in dtypes:
+        for m, k, n in shapes:
+            fn, (m2, k2, n2) = gemm_fn(torch, m, k, n, dtype)
+            us = timer.per_call_us(fn)
+            rows.append({"kind": "gemm", "dtype": dtype, "m": m, "k": k, "n": n, "run_as": [m2, k2, n2],
+                         "us": round(us, 3), "tflop_s": round(2 * m2 * k2 * n2 / us / 1e6, 2)})
+            del fn
+    return rows
+
+
+def attention_rows(torch, timer: Timer, shapes) -> list[dict]:
+    import torch.nn.functional as F
+    rows = []
+    for b, s, heads, groups, d in shapes:
+        q = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        kv = [torch.randn(b, groups, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2)]
+        grad = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16)
+        gqa = {"enable_gqa": True} if groups != heads else {}
+
+        def fwd():
+            with torch.no_grad():
+                return F.scaled_dot_product_attention(q, kv[0], kv[1], is_causal=True, **gqa)
+
+        def both():
+            out = F.scaled_dot_product_attention(q, kv[0], kv[1], is_causal=True, **gqa)
+            torch.autograd.backward(out, grad)
+        f_us, fb_us = timer.per_call_us(fwd), timer.per_call_us(both)
+        flop = 4 * b * heads * s * s * d * 0.5  # QK^T and PV, causal half
+        rows.append({"kind": "attention", "batch": b, "seq": s, "heads": heads, "groups": groups, "dim": d,
+                     "fwd_us": round(f_us, 2), "bwd_us": round(fb_us - f_us, 2),
+                     "tflop_s": round(3 * flop / fb_us / 1e6, 2)})
+        del q, kv, grad
+    return rows
+
+
+def data_rows(torch, timer: Timer) -> list[dict]:
+    """The same large GEMM on random data and on zeros."""
+    m, k, n = 16384, 4096, 3072
+    out = []
+    for fill in ("random", "zeros"):
+        fn, _ = gemm_fn(torch, m, k, n, "bf16", fill)
+        us = timer.per_call_us(fn)
+        out.append({"kind": "data", "fill": fill, "m": m, "k": k, "n": n, "us": round(us, 3),
+                    "tflop_s": round(2 * m * k * n / us / 1e6, 2)})
+    return out
+
+
+def warm(torch) -> None:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t0 = time.monotonic()
+    while (time.monotonic() - t0) * 1e3 < WARMUP_MS:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--min-ms", type=float, default=30.0)
+    a = p.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("kernel_probe: no GPU", file=sys.stderr)
+        return 2
+    spec = json.load(open(a.shapes))
+    timer = Timer(torch, a.min_ms)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    warm(torch)
+    t0 = time.monotonic()
+    rows = data_rows(torch, timer)
+    rows += gemm_rows(torch, timer, spec.get("gemm", []), spec.get("dtypes", ["bf16"]))
+    rows += attention_rows(torch, timer, spec.get("attention", []))
+    props = torch.cuda.get_device_properties(0)
+    record = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
+              "min_ms": a.min_ms, "seconds": round(time.monotonic() - t0, 1), "rows": rows}
+    with open(a.out, "w") as f:
+        json.dump(record, f, indent=0)
+    print(f"kernel_probe: {len(rows)} rows in {record['seconds']} s on {props.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
