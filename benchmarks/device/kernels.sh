@@ -6,8 +6,8 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
-python3 benchmarks/device/kernel_shapes.py /tmp/shapes.json || exit 1
-python3 moetune/workloads/kernel_probe.py --shapes /tmp/shapes.json --out "$OUT/kernels.json" || exit 1
+S=benchmarks/device/kernel_shapes.json  # made here by kernel_shapes.py (the image lacks pydantic)
+python3 moetune/workloads/kernel_probe.py --shapes "$S" --out "$OUT/kernels.json" || exit 1
 python3 - "$OUT/kernels.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
