@@ -13,7 +13,7 @@ from typing import Any
 
 from moetune.experiment.config import FLAGS, TrainingConfig
 from moetune.experiment.environment import config_env
-from moetune.report.megatron_export import MEASURING, PLACEHOLDERS, Chosen, groups
+from moetune.report.megatron_export import MEASURING, PLACEHOLDERS, Chosen, groups, one_line
 
 # TrainingConfig field -> the Bridge keys that take its value
 LAYOUT_KEYS: dict[str, tuple[str, ...]] = {
@@ -113,6 +113,7 @@ PLACEHOLDER_KEYS = {"--data-path": "dataset.blend", "--tokenizer-type": "tokeniz
                     "--lr-decay-style": "scheduler.lr_decay_style", "--lr-warmup-iters": "scheduler.lr_warmup_iters",
                     "--weight-decay": "optimizer.weight_decay", "--clip-grad": "optimizer.clip_grad",
                     "--init-method-std": "model.init_method_std", "--save": "checkpoint.save",
+                    "--save-interval": "checkpoint.save_interval",
                     "--load": "checkpoint.load"}
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_.+\-/:]*$")
@@ -221,4 +222,4 @@ def bridge_text(c: Chosen) -> str:
     if env:
         lines += ["", "# The environment the trials' jobs exported (set it in your launcher):"]
         lines += [f"# {k}={v}" for k, v in sorted(env.items())]
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(one_line, lines)) + "\n"

@@ -83,6 +83,7 @@ PLACEHOLDERS: tuple[tuple[str, str, str], ...] = (
     ("--clip-grad", "CG", "your optimizer's"),
     ("--init-method-std", "STD", "your initialisation"),
     ("--save", "DIR", "where checkpoints go"),
+    ("--save-interval", "N", "steps between checkpoints (Megatron asks for it with --save)"),
     ("--load", "DIR", "where a run resumes from"),
 )
 
@@ -171,11 +172,16 @@ def clean_argv(exp: Experiment, config: TrainingConfig) -> list[str]:
     return [t for flag, values in split_argv(measured_argv(exp, config))[0] for t in (flag, *values)]
 
 
+def one_line(text: str) -> str:
+    """Text for a comment line: a newline in a name or value would end the comment and run the rest."""
+    return " ".join(str(text).splitlines())
+
+
 def _title(c: Chosen) -> str:
     t = c.view.trial
     what = "the best kept configuration" if c.best else ("the baseline" if c.view is c.base else "a trial")
     judged = f", judged {c.view.judged_ms:.1f} ms a step" if c.view.judged_ms else ""
-    return f"study {c.study.name}, trial {t.number} ({what}{judged}; model {c.exp.model.name})"
+    return one_line(f"study {c.study.name}, trial {t.number} ({what}{judged}; model {c.exp.model.name})")
 
 
 def megatron_text(c: Chosen) -> str:
@@ -189,7 +195,7 @@ def megatron_text(c: Chosen) -> str:
              f"# Measured on {world} GPU{'s' if world != 1 else ''} ({c.exp.cluster.gpu_type}); data parallel "
              f"{config.data_parallel(world) or '?'} there.",
              "# Left out (the trials' measuring flags; moetune/report/megatron_export.py MEASURING_FLAGS):"]
-    lines += [f"#   {shlex.join([flag, *values])}: {MEASURING[flag].why}" for flag, values in dropped]
+    lines += ["#   " + one_line(f"{shlex.join([flag, *values])}: {MEASURING[flag].why}") for flag, values in dropped]
     lines += ["# Fill in the placeholder lines at the end, uncommenting them top to bottom (each ends in \\):"]
     lines += [f"#   {flag} {meta}: {what}" for flag, meta, what in PLACEHOLDERS]
     lines += ["# then launch it with your launcher (torchrun, srun ...).", ""]
