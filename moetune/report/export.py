@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from moetune.errors import MoetuneError
 from moetune.report.bridge import bridge_text
 from moetune.report.megatron_export import Chosen, ExportError, choose, diff_text, megatron_text
 from moetune.store import Store
@@ -30,10 +31,11 @@ EXPORT_FILES = (("megatron", "megatron.sh"), ("bridge", "bridge.txt"), ("diff", 
 
 def write_exports(store: Store, study_name: str, folder: Path) -> list[Path]:
     """The best kept configuration in every format, as `folder`/megatron.sh, bridge.txt and diff.md
-    (the study report's export); none where the study has no judged trial yet."""
+    (the study report's export); none where the study has no judged trial yet, or its stored
+    experiment no longer loads (the report itself still stands)."""
     try:
         c = choose(store, study_name)
-    except ExportError:
+    except MoetuneError:
         return []
     folder.mkdir(parents=True, exist_ok=True)
     out = []

@@ -13,10 +13,11 @@ import pytest
 
 from moetune.experiment import megatron_validate as mv
 from moetune.experiment.config import TrainingConfig, run_args
+from moetune.experiment.schema import load_experiment
 from moetune.report import export
 from moetune.report import study as report
 from moetune.report.bridge import hydra_value, layout_lines
-from moetune.report.megatron_export import MEASURING, PLACEHOLDERS, groups
+from moetune.report.megatron_export import MEASURING, PLACEHOLDERS, clean_argv, groups
 from moetune.store import Store, StoreError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -197,3 +198,18 @@ def test_the_report_writes_the_exports_beside_itself_and_links_them(store, tmp_p
     assert f"moetune export {STUDY} --format megatron|bridge|diff" in text
     assert f"[export/{STUDY}/megatron.sh](export/{STUDY}/megatron.sh)" in text
     assert f'<a href="export/{STUDY}/diff.md">' in html.read_text()
+
+
+@pytest.mark.megatron
+@pytest.mark.skipif(not mv.available(), reason="no .venv-megatron (scripts/megatron-venv)")
+def test_the_shipped_production_baselines_exported_pass_megatrons_validation():
+    """Every shipped experiment's baseline, as a real run of it (the clean argv and the placeholders
+    filled), passes Megatron's validation at its cluster's world size: leaving the measuring flags
+    out leaves nothing Megatron needs out."""
+    names = ("qwen3_235b", "qwen3_30b_a3b", "deepseek_v3", "mixtral_8x7b", "mixtral_8x22b")
+    exps = [load_experiment(n) for n in names]
+    filled = [t for k, v in FILLED.items() for t in (k, v)]
+    argvs = [clean_argv(e, e.baseline) + filled for e in exps]
+    assert all(not set(a) & set(MEASURING) - set(FILLED) for a in argvs)
+    results = mv.validate(argvs, [e.cluster.world for e in exps])
+    assert dict(zip(names, results, strict=True)) == {n: None for n in names}
