@@ -198,7 +198,9 @@ def megatron_text(c: Chosen) -> str:
     lines += ["#   " + one_line(f"{shlex.join([flag, *values])}: {MEASURING[flag].why}") for flag, values in dropped]
     lines += ["# Fill in the placeholder lines at the end, uncommenting them top to bottom (each ends in \\):"]
     lines += [f"#   {flag} {meta}: {what}" for flag, meta, what in PLACEHOLDERS]
-    lines += ["# then launch it with your launcher (torchrun, srun ...).", ""]
+    cl = c.exp.cluster
+    lines += [f"# Launch: your launcher before pretrain_gpt.py (e.g. torchrun --nnodes {cl.nodes} --nproc-per-node "
+              f"{cl.gpus_per_node or 1} ... pretrain_gpt.py, from Megatron-LM's folder).", ""]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(config_env(config.to_dict(), c.exp.cluster).items())]
     lines += ["pretrain_gpt.py \\"]
     lines += [f"  {shlex.join([flag, *values])} \\" for flag, values in kept]
