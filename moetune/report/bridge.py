@@ -107,7 +107,7 @@ ARCH_KEYS: dict[str, tuple[tuple[str, Any], ...] | None] = {
 }
 
 # a Megatron placeholder -> the Bridge key a real run fills in instead
-PLACEHOLDER_KEYS = {"--data-path": "dataset.blend", "--tokenizer-type": "tokenizer.tokenizer_type",
+PLACEHOLDER_KEYS = {"--data-path": "dataset.data_path", "--tokenizer-type": "tokenizer.tokenizer_type",
                     "--tokenizer-model": "tokenizer.tokenizer_model", "--train-iters": "train.train_iters",
                     "--lr": "optimizer.lr", "--min-lr": "optimizer.min_lr",
                     "--lr-decay-style": "scheduler.lr_decay_style", "--lr-warmup-iters": "scheduler.lr_warmup_iters",
@@ -207,8 +207,8 @@ def bridge_text(c: Chosen) -> str:
     model = c.exp.model
     env = config_env(config.to_dict(), c.exp.cluster)
     lines = [f"# moetune export (Megatron-Bridge overrides): study {c.study.name}, trial {c.view.trial.number}",
-             "# One override a line; pass them after your recipe, e.g. "
-             "scripts/training/run_recipe.py --recipe RECIPE $(grep -v '^#' bridge.txt).",
+             "# One override a line, shell-quoted; pass them after your recipe, e.g. grep -v '^#' bridge.txt "
+             "| xargs python scripts/training/run_recipe.py --recipe RECIPE",
              "# Layout and every fix the study kept:"]
     lines += layout_lines(config, model.seq_length)
     lines += ["", f"# The model ({model.name}): your model's recipe sets these; uncomment where it has none:"]
