@@ -55,6 +55,11 @@ def cmd_check(args, rest):
     return check_cli.main(rest)
 
 
+def cmd_export(args, rest):
+    from moetune.cli import export as export_cli  # not for `moetune --help` (above)
+    return export_cli.main(rest, db=args.db)
+
+
 def cmd_analyze(args, rest):
     return analysis_cli.main(rest)
 
@@ -238,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
         "guidance's constraints (moetune check [--gpus N --gpu-type T] -- ARGS...)", True)
     add("analyze", cmd_analyze, "classify the wall of nsys traces and/or a training log "
         "(moetune analyze PATH... [--log FILE] [--format text|json|markdown])", True)
+    add("export", cmd_export, "a study's tuned configuration to paste: Megatron arguments, Megatron-Bridge "
+        "overrides or the diff against its baseline (moetune export STUDY [--trial N] "
+        "[--format megatron|bridge|diff] [--out FILE])", True)
 
     for name, fn, help_ in (("tune", cmd_tune, "run the tuning loop for an experiment"),
                             ("demo", cmd_demo, "the tuning loop replaying the recorded GPU "
@@ -318,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-PASSTHROUGH = ("plan", "predict", "calibrate", "render", "check", "analyze")
+PASSTHROUGH = ("plan", "predict", "calibrate", "render", "check", "analyze", "export")
 
 
 def _first_command(argv: list[str]) -> int | None:

@@ -3,7 +3,7 @@ link). Every string from a trace, a log, a config or the store goes through `esc
 from __future__ import annotations
 
 from moetune.report.gather import TrialView
-from moetune.report.overview import TRIALS_NOTE, StudyReport
+from moetune.report.overview import EXPORT_NOTE, TRIALS_NOTE, StudyReport
 from moetune.report.plots import svg_breakdown, svg_step_times, svg_timeline
 from moetune.report.sections import TrialSection, trial_section
 from moetune.report.text import esc
@@ -83,6 +83,11 @@ def render_html(r: StudyReport) -> str:
     if r.best_changes is not None:
         parts.append(f"<p>Best config: changes from the baseline: {_code(r.best_changes)} "
                      "(in full in the appendix).</p>")
+    if r.export_command:
+        parts += ["<h2>Export</h2>", f"<p>{esc(EXPORT_NOTE)}</p><pre>{esc(r.export_command)}</pre>"]
+        if r.export_files:
+            parts.append("<ul>" + "".join(f'<li><a href="{esc(p)}">{esc(p)}</a></li>' for p in r.export_files)
+                         + "</ul>")
     if r.skipped_rules:
         parts += ["<h2>Rules skipped</h2>", _table(r.skipped_rules.header, r.skipped_rules.rows)]
     parts.append("<h2>Bottleneck reports</h2>")

@@ -3,7 +3,7 @@ sections; the plots are the HTML page's)."""
 from __future__ import annotations
 
 from moetune.report.gather import TrialView
-from moetune.report.overview import TRIALS_NOTE, StudyReport
+from moetune.report.overview import EXPORT_NOTE, TRIALS_NOTE, StudyReport
 from moetune.report.sections import Table, TrialSection, recipe_notes, trial_section
 from moetune.report.text import md
 
@@ -53,6 +53,9 @@ def render_markdown(r: StudyReport) -> str:
     out += ["## Trials", "", TRIALS_NOTE, "", *_md_table(r.trials)]
     if r.best_changes is not None:
         out += ["Best config: changes from the baseline: " + r.best_changes + " (in full in the appendix).", ""]
+    if r.export_command:
+        out += ["## Export", "", EXPORT_NOTE, "", f"    {r.export_command}", ""]
+        out += [f"- [{path}]({path})" for path in r.export_files] + ([""] if r.export_files else [])
     if r.skipped_rules:
         out += ["## Rules skipped", "", *_md_table(r.skipped_rules)]
     out += ["## Bottleneck reports", ""] + [section_markdown(s) for s in r.sections]

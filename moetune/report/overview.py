@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from moetune.decide.judge import MIN_LOG_STEPS, faster_p, steady_iterations
 from moetune.experiment.placement import Placement
@@ -38,6 +38,8 @@ class StudyReport:
     sections: list[TrialSection]
     appendix: list[tuple[str, str]]  # (caption, preformatted text)
     views: list[TrialView]
+    export_command: str | None = None  # how to export the best configuration (`moetune export`)
+    export_files: list[str] = field(default_factory=list)  # the exports written beside the report, relative to it
 
 
 TRIALS_NOTE = ("Judged ms: the median of the log's steady steps (the trace's steps where the log has too "
@@ -45,6 +47,11 @@ TRIALS_NOTE = ("Judged ms: the median of the log's steady steps (the trace's ste
                "Predicted ms: the step-time model's, corrected by the study's scale when the trial was "
                "proposed; measured/model: judged ms over the model's own, the residual the scale learns "
                "from. Profiled ms: the mean of the traced steps, for reference.")
+
+EXPORT_NOTE = ("The command lines in the appendix are the measurements' (mock data, a few steps, profiling). "
+               "To launch the best configuration, export it: Megatron arguments without the measuring flags "
+               "(placeholders for data, tokenizer and schedule), Megatron-Bridge overrides, or the diff "
+               "against the baseline with each change's decision and evidence.")
 
 
 def best_view(views: list[TrialView]) -> TrialView | None:
@@ -202,7 +209,10 @@ def build(store: Store, study_name: str) -> StudyReport:
         appendix.append((f"Best config (trial {best.trial.number}), in full",
                          json.dumps(best.trial.config, indent=1, sort_keys=True)))
     appendix += [(f"Trial {v.trial.number} command line", v.command) for v in views if v.command]
+    # the measured command lines above are not launchable (mock data, a short run, profiling)
+    export = (f"moetune export {study.name} --format megatron|bridge|diff [--trial N]"
+              if best and best.judged_ms else None)
     return StudyReport(f"moetune study {study.name}", intro, head, warnings, trials_table(views), changes,
                        Table(["rule", "why"], [[d.rule, d.reason] for d in refused]) if refused else None,
                        [trial_section(v, number.get(v.trial.parent_id), cluster, by_id.get(v.trial.parent_id))
-                        for v in views], appendix, views)
+                        for v in views], appendix, views, export)

@@ -11,12 +11,14 @@ timeline strip of the profiled window, time-breakdown bars, step time across tri
 This module is the front; the work is done apart: gather.py (the store and the trial files → one
 view per trial; no trace is opened: the window's timeline and top kernels are the analyze stage's
 files), sections.py (a trial's bottleneck section), overview.py (the study's model, `build`),
-plots.py (SVG), markdown.py, html.py, text.py (escaping and figures).
+plots.py (SVG), markdown.py, html.py, text.py (escaping and figures), export.py (the best
+configuration to paste: Megatron arguments, Megatron-Bridge overrides, the diff against the baseline).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from moetune.report.export import write_exports
 from moetune.report.gather import TrialView, gather, is_baseline
 from moetune.report.html import render_html, section_html, section_page, trial_html
 from moetune.report.markdown import (
@@ -70,12 +72,16 @@ def study_html(store, study_name: str) -> str:
 
 
 def write_reports(store, study_name: str, out_dir) -> tuple[Path, Path]:
-    """<out_dir>/<study>.md and .html, the report built once; their paths."""
+    """<out_dir>/<study>.md and .html, the report built once, and the best configuration's exports
+    in <out_dir>/export/<study>/; the reports' paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in study_name)
     md_path, html_path = out / f"{safe}.md", out / f"{safe}.html"
     r = build(store, study_name)
+    if r.export_command:  # the best configuration to paste, beside the report (report/export.py)
+        written = write_exports(store, study_name, out / "export" / safe)
+        r.export_files = [str(p.relative_to(out)) for p in written]
     md_path.write_text(render_markdown(r))
     html_path.write_text(render_html(r))
     return md_path, html_path
