@@ -45,6 +45,11 @@ def cmd_calibrate(args, rest):
     return calibrate_cli.main(rest, db=args.db)
 
 
+def cmd_new(args, rest):
+    from moetune.cli import new as new_cli  # not for `moetune --help` (above)
+    return new_cli.main(rest, db=args.db)
+
+
 def cmd_render(args, rest):
     from moetune.cli import render as render_cli  # not for `moetune --help` (above)
     return render_cli.main(rest)
@@ -236,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
         "export job), without a store (moetune render MODEL [--gpus N] [--fix RULE ...] --out DIR)", True)
     add("check", cmd_check, "check a Megatron command line against Megatron's and the MoE "
         "guidance's constraints (moetune check [--gpus N --gpu-type T] -- ARGS...)", True)
+    add("new", cmd_new, "write an experiment YAML for a MoE model from its Hugging Face config.json, "
+        "its baseline the fastest fitting layout (moetune new NAME --from-hf PATH [--gpus N --gpu-type T] "
+        "[--out FILE])", True)
     add("analyze", cmd_analyze, "classify the wall of nsys traces and/or a training log "
         "(moetune analyze PATH... [--log FILE] [--format text|json|markdown])", True)
 
@@ -318,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-PASSTHROUGH = ("plan", "predict", "calibrate", "render", "check", "analyze")
+PASSTHROUGH = ("plan", "predict", "calibrate", "render", "check", "analyze", "new")
 
 
 def _first_command(argv: list[str]) -> int | None:

@@ -47,6 +47,10 @@ class ModelArch:
     moe_router_group_topk: Annotated[int, Field(gt=0)] | None = None
     moe_router_topk_scaling_factor: Annotated[float, Field(gt=0)] | None = None
     moe_router_enable_expert_bias: bool = False
+    moe_router_pre_softmax: bool = False  # softmax over all experts before top-k, not renormalised (Qwen2-MoE)
+    moe_shared_expert_gate: bool = False  # a sigmoid gate on the shared expert's output (Qwen2-MoE)
+    add_qkv_bias: bool = False  # biases on the Q, K, V projections only (Qwen2-MoE, GLM-4.5)
+    rotary_percent: Annotated[float, Field(gt=0, le=1)] = 1.0  # share of a head's dims RoPE turns (GLM-4.5: 0.5)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -88,7 +92,10 @@ class ModelArch:
             moe_router_num_groups=val("--moe-router-num-groups"),
             moe_router_group_topk=val("--moe-router-group-topk"),
             moe_router_topk_scaling_factor=val("--moe-router-topk-scaling-factor", float),
-            moe_router_enable_expert_bias="--moe-router-enable-expert-bias" in argv)
+            moe_router_enable_expert_bias="--moe-router-enable-expert-bias" in argv,
+            moe_router_pre_softmax="--moe-router-pre-softmax" in argv,
+            moe_shared_expert_gate="--moe-shared-expert-gate" in argv, add_qkv_bias="--add-qkv-bias" in argv,
+            rotary_percent=val("--rotary-percent", float, 1.0))
 
     @property
     def moe_layers(self) -> int:
@@ -150,4 +157,12 @@ class ModelArch:
             a += ["--moe-router-topk-scaling-factor", str(self.moe_router_topk_scaling_factor)]
         if self.moe_router_enable_expert_bias:
             a += ["--moe-router-enable-expert-bias"]
+        if self.moe_router_pre_softmax:
+            a += ["--moe-router-pre-softmax"]
+        if self.moe_shared_expert_gate:
+            a += ["--moe-shared-expert-gate"]
+        if self.add_qkv_bias:
+            a += ["--add-qkv-bias"]
+        if self.rotary_percent != 1.0:
+            a += ["--rotary-percent", str(self.rotary_percent)]
         return a

@@ -240,3 +240,16 @@ def test_estimate_on_layouts_held_out_of_the_activation_fit():
     assert max(map(abs, errors.values())) <= 0.12, errors
     assert errors["deepseek_v3-baseline-r0"] == pytest.approx(0.111, abs=0.005)
     assert all(abs(e) <= 0.03 for n, e in errors.items() if not n.startswith("deepseek")), errors
+
+
+@pytest.mark.parametrize("layers, pp, split", [(61, 16, (3, 2)), (61, 8, (7, 6)), (61, 32, (None, None)),
+                                               (48, 8, (None, None)), (61, 2, (None, None)), (46, 4, (11, 11))])
+def test_uneven_stages_split_the_rest_over_first_and_last(layers, pp, split):
+    """Layers no pipeline splits evenly: the middle stages take ceil(layers/pp) each, the first and
+    last the rest (DeepSeek-V3's 3 + 14x4 + 2 on PP16); none where the layers split evenly or the
+    rest leaves a stage empty."""
+    from moetune.estimate.memory import uneven_stages
+    got = uneven_stages(layers, pp)
+    assert got == split
+    if got[0]:
+        assert got[0] + got[1] + (pp - 2) * -(-layers // pp) == layers

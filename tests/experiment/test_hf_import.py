@@ -1,0 +1,135 @@
+"""experiment/hf_import.py: a Hugging Face config.json becomes the model section of the same
+architecture (the shipped experiments' where one exists, the public card's otherwise); what moetune
+does not model refuses the whole config in one line naming every unsupported key."""
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from moetune.experiment.hf_import import (
+    IGNORED,
+    ImportRefused,
+    NEUTRAL,
+    ROWS,
+    model_from_hf,
+    read_config,
+)
+from moetune.experiment.model import ModelArch
+from moetune.experiment.schema import ConfigError, load_experiment
+
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "hf_configs"
+FLAGS = Path(__file__).resolve().parents[2] / "moetune" / "experiment" / "megatron_flags.txt"
+
+
+def _import(name: str, **kw) -> ModelArch:
+    return model_from_hf(read_config(CONFIGS / f"{name}.json"), name, **kw)
+
+
+@pytest.mark.parametrize("name", ["qwen3_30b_a3b", "deepseek_v3", "mixtral_8x7b"])
+def test_import_gives_the_shipped_model(name):
+    """The public config of a model moetune ships an experiment of imports into the very model
+    section of that experiment, field for field."""
+    assert _import(name) == load_experiment(name).model
+
+
+def test_kimi_k2_matches_its_card():
+    """Kimi-K2 (DeepSeek-V3's architecture): 61 layers, hidden 7168, 64 MLA heads, 384 experts
+    top-8 with one shared, first layer dense, sigmoid router with expert bias, no MTP."""
+    m = _import("kimi_k2")
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups) == (61, 7168, 64, 64)
+    assert (m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size, m.moe_shared_expert_intermediate_size) == \
+        (384, 8, 2048, 2048)
+    assert (m.first_dense_layers, m.ffn_hidden_size, m.vocab_size, m.rotary_base) == (1, 18432, 163840, 50000)
+    assert m.multi_latent_attention and (m.q_lora_rank, m.kv_lora_rank, m.qk_head_dim, m.qk_pos_emb_head_dim,
+                                         m.v_head_dim) == (1536, 512, 128, 64, 128)
+    assert m.moe_router_score_function == "sigmoid" and m.moe_router_enable_expert_bias
+    assert m.moe_router_topk_scaling_factor == pytest.approx(2.827)
+    assert m.moe_router_num_groups is None and m.mtp_num_layers == 0  # one group is no grouping
+
+
+def test_qwen2_moe_and_glm_carry_what_their_code_fixes():
+    """Qwen1.5-MoE: QKV bias, a gated shared expert and un-renormalised softmax routing (Megatron's
+    pre-softmax); GLM-4.5-Air: QKV bias, half-rotary heads, sigmoid router with expert bias."""
+    q = _import("qwen1_5_moe_a2_7b")
+    assert q.add_qkv_bias and q.moe_shared_expert_gate and q.moe_router_pre_softmax
+    assert (q.num_experts, q.moe_router_topk, q.moe_shared_expert_intermediate_size) == (60, 4, 5632)
+    g = _import("glm_4_5_air")
+    assert g.add_qkv_bias and g.rotary_percent == 0.5 and not g.moe_router_pre_softmax
+    assert (g.moe_router_score_function, g.moe_router_enable_expert_bias, g.first_dense_layers) == ("sigmoid", True, 1)
+    assert (g.kv_channels, g.num_query_groups, g.mtp_num_layers) == (128, 8, 1)
+
+
+@pytest.mark.parametrize("name", ["qwen3_30b_a3b", "deepseek_v3", "kimi_k2", "mixtral_8x7b", "qwen1_5_moe_a2_7b",
+                                  "glm_4_5_air"])
+def test_imported_model_round_trips_its_megatron_flags(name):
+    """Every field of an imported model survives its Megatron argv and back."""
+    m = _import(name)
+    assert ModelArch.from_args(m.to_args(), name=m.name) == m
+
+
+def test_mapping_table_names_real_megatron_flags_and_fields():
+    """Each row's flag is one Megatron's parser takes and its field is a ModelArch field."""
+    flags = {line.strip() for line in FLAGS.read_text().splitlines() if line.startswith("--")}
+    fields = {f.name for f in dataclasses.fields(ModelArch)}
+    for row in ROWS:
+        assert row.flag in flags, row
+        assert row.field in fields, row
+
+
+def test_qwen3_next_refused_in_one_line_naming_every_unsupported_key():
+    """Qwen3-Next's hybrid layers: one line naming the model type, its linear-attention layers and
+    every linear_* key, the partial rotary; no key moetune does model is named."""
+    with pytest.raises(ImportRefused) as e:
+        _import("qwen3_next_80b_a3b")
+    msg = str(e.value)
+    assert "\n" not in msg and "qwen3_next" in msg
+    assert "layer_types=[36 linear_attention of 48 layers]" in msg
+    for key in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_num_key_heads", "linear_num_value_heads",
+                "linear_value_head_dim", "full_attention_interval", "partial_rotary_factor=0.25"):
+        assert key in msg
+    assert "hidden_size" not in msg and "torch_dtype" not in msg
+
+
+def test_a_changed_key_of_a_known_family_is_refused_with_the_others():
+    """A known family with an architecture-changing value or a key moetune does not know: every one
+    named at once; an ignored key (token ids, dtype) is not."""
+    cfg = json.loads((CONFIGS / "mixtral_8x7b.json").read_text())
+    cfg.update(sliding_window=4096, hidden_act="gelu", mystery_gate=True, torch_dtype="float32", bos_token_id=7)
+    with pytest.raises(ImportRefused) as e:
+        model_from_hf(cfg, "m")
+    msg = str(e.value)
+    assert "sliding_window=4096" in msg and 'hidden_act="gelu"' in msg and "mystery_gate" in msg
+    assert "torch_dtype" not in msg and "bos_token_id" not in msg and "model_type" not in msg
+
+
+def test_dense_layers_not_leading_are_refused():
+    """Qwen's mlp_only_layers in the middle: a MoE pattern moetune does not price, named."""
+    cfg = json.loads((CONFIGS / "qwen3_30b_a3b.json").read_text())
+    cfg["mlp_only_layers"] = [5, 9]
+    with pytest.raises(ImportRefused, match=r"dense layers \[5, 9\] not all leading"):
+        model_from_hf(cfg, "q")
+    cfg["mlp_only_layers"] = [0, 1]  # leading dense layers are the model moetune prices
+    assert model_from_hf(cfg, "q").first_dense_layers == 2
+
+
+def test_ignored_and_neutral_keys_do_not_overlap_the_table():
+    """A key is mapped, accepted at a neutral value, or ignored; ignoring never hides a mapped key."""
+    mapped = {r.hf for r in ROWS}
+    assert not IGNORED & mapped and not IGNORED & {n.hf for n in NEUTRAL}
+
+
+def test_unreadable_configs_are_one_line(tmp_path):
+    """A missing file, bad JSON, a list, a missing size: ConfigError naming the file."""
+    with pytest.raises(ConfigError, match="no such file"):
+        read_config(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        read_config(tmp_path / "bad.json")
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(ConfigError, match="a JSON object"):
+        read_config(tmp_path / "list.json")
+    cfg = json.loads((CONFIGS / "mixtral_8x7b.json").read_text())
+    del cfg["vocab_size"]
+    with pytest.raises(ConfigError, match="missing vocab_size"):
+        model_from_hf(cfg, "m")
