@@ -9,7 +9,13 @@ from pathlib import Path
 
 from moetune import __version__, settings
 from moetune.analysis import cli as analysis_cli
-from moetune.cli.common import LAYOUT_OPTIONS, add_fit_arguments, add_preflight_arguments, positive_int
+from moetune.cli.common import (
+    LAYOUT_OPTIONS,
+    add_fit_arguments,
+    add_preflight_arguments,
+    positive_int,
+    refuse_bad_extra_args,
+)
 from moetune.errors import MoetuneError
 from moetune.job import executors  # its registry only: submitit loads when a job is submitted
 
@@ -81,6 +87,7 @@ def refused_layout(model, **changes):
     from moetune.experiment import constraints  # pydantic: not for `moetune --help`
     from moetune.experiment import schema as experiment
     exp = model if isinstance(model, experiment.Experiment) else experiment.load_experiment(model)
+    refuse_bad_extra_args(exp)
     config = exp.baseline.replace(**changes) if changes else exp.baseline
     refused = constraints.check(config, exp.model, exp.cluster)
     if refused:
