@@ -53,8 +53,10 @@ def attention_params(m: ModelArch) -> float:
         kv = m.kv_lora_rank * (h + m.num_attention_heads * (m.qk_head_dim + m.v_head_dim)) + h * m.qk_pos_emb_head_dim
         return q + kv + m.num_attention_heads * m.v_head_dim * h
     d = m.kv_channels or h // m.num_attention_heads
-    bias = d * (m.num_attention_heads + 2 * m.num_query_groups) if m.add_qkv_bias else 0
-    return h * d * (2 * m.num_attention_heads + 2 * m.num_query_groups) + bias
+    bias = d * (m.num_attention_heads + 2 * m.num_query_groups) if m.add_qkv_bias or m.add_bias_linear else 0
+    bias += h if m.add_bias_linear else 0  # the output projection's
+    sinks = m.num_attention_heads if m.softmax_type == "learnable" else 0  # one learnable offset a head
+    return h * d * (2 * m.num_attention_heads + 2 * m.num_query_groups) + bias + sinks
 
 
 def mla_replicated_params(m: ModelArch) -> float:
@@ -69,19 +71,25 @@ def mla_replicated_params(m: ModelArch) -> float:
     return q_down + h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank
 
 
+def mlp_bias(m: ModelArch, ffn: int) -> int:
+    """One gated MLP's biases with add_bias_linear: its fc1's (gate and up halves) and fc2's."""
+    return 2 * ffn + m.hidden_size if m.add_bias_linear else 0
+
+
 def count_params(m: ModelArch, tp: int = 1) -> Params:
     h = m.hidden_size
     glu = 3  # SwiGLU: gate, up, down
     layers = m.num_layers
     moe_layers = m.moe_layers
     attn = attention_params(m) * layers
-    dense_mlp = glu * h * m.ffn_hidden_size * m.first_dense_layers
-    shared = glu * h * (m.moe_shared_expert_intermediate_size or 0) * moe_layers
-    experts = glu * h * m.moe_ffn_hidden_size * m.num_experts * moe_layers
+    dense_mlp = (glu * h * m.ffn_hidden_size + mlp_bias(m, m.ffn_hidden_size)) * m.first_dense_layers
+    shared_ffn = m.moe_shared_expert_intermediate_size or 0
+    shared = (glu * h * shared_ffn + (mlp_bias(m, shared_ffn) if shared_ffn else 0)) * moe_layers
+    experts = (glu * h * m.moe_ffn_hidden_size + mlp_bias(m, m.moe_ffn_hidden_size)) * m.num_experts * moe_layers
     norms = 2 * h * layers + h
     router = h * m.num_experts * moe_layers
     if m.first_dense_layers == 0 and m.num_experts <= 1:
-        dense_mlp = glu * h * m.ffn_hidden_size * layers
+        dense_mlp = (glu * h * m.ffn_hidden_size + mlp_bias(m, m.ffn_hidden_size)) * layers
     return Params(dense=attn + dense_mlp + shared, experts=experts, replicated=norms + router,
                   embedding=h * padded_vocab(m, tp))
 

@@ -14,7 +14,8 @@ from moetune.experiment.model import ModelArch
 
 
 def _every_model_flag() -> list[str]:
-    """Every flag ModelArch.to_args can render: those of a model with every option on."""
+    """Every flag ModelArch.to_args can render: those of a model with every option on, and of one
+    with none."""
     full = ModelArch(name="all", num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
                      ffn_hidden_size=64, moe_ffn_hidden_size=32, num_experts=4, moe_router_topk=2, vocab_size=128,
                      seq_length=64, kv_channels=32, moe_shared_expert_intermediate_size=32, first_dense_layers=1,
@@ -22,8 +23,14 @@ def _every_model_flag() -> list[str]:
                      qk_pos_emb_head_dim=8, v_head_dim=16, mtp_num_layers=1, moe_router_num_groups=2,
                      moe_router_group_topk=1, moe_router_topk_scaling_factor=2.0,
                      moe_router_enable_expert_bias=True, moe_router_pre_softmax=True, moe_shared_expert_gate=True,
-                     add_qkv_bias=True, rotary_percent=0.5)
-    return [token for token in full.to_args() if token.startswith("--")]
+                     add_qkv_bias=True, rotary_percent=0.5, window_size=8, window_attn_skip_freq=2,
+                     softmax_type="learnable", add_bias_linear=True, activation="quick_geglu", glu_linear_offset=1.0,
+                     activation_func_clamp_value=7.0)
+    plain = ModelArch(name="plain", num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=4,
+                      ffn_hidden_size=64, moe_ffn_hidden_size=32, num_experts=4, moe_router_topk=2, vocab_size=128,
+                      seq_length=64)
+    # the plain model's too: flags an option turns off (--swiglu, --disable-bias-linear)
+    return [token for token in full.to_args() + plain.to_args() if token.startswith("--")]
 
 
 def controlled_flags() -> dict[str, str]:

@@ -21,12 +21,14 @@ from moetune.experiment.model import ModelArch
 from moetune.experiment.schema import ConfigError, one_line
 
 # families Megatron-Core trains as MoE transformers, by HF model_type and by architecture class
-QWEN, DEEPSEEK, MIXTRAL, GLM = "qwen-moe", "deepseek", "mixtral", "glm4-moe"
+QWEN, DEEPSEEK, MIXTRAL, GLM, GPTOSS = "qwen-moe", "deepseek", "mixtral", "glm4-moe", "gpt-oss"
 MODEL_TYPES = {"qwen2_moe": QWEN, "qwen3_moe": QWEN, "deepseek_v2": DEEPSEEK, "deepseek_v3": DEEPSEEK,
-               "kimi_k2": DEEPSEEK, "mixtral": MIXTRAL, "glm4_moe": GLM}
+               "kimi_k2": DEEPSEEK, "mixtral": MIXTRAL, "glm4_moe": GLM, "gpt_oss": GPTOSS}
 ARCHITECTURES = {"Qwen2MoeForCausalLM": QWEN, "Qwen3MoeForCausalLM": QWEN, "DeepseekV2ForCausalLM": DEEPSEEK,
-                 "DeepseekV3ForCausalLM": DEEPSEEK, "MixtralForCausalLM": MIXTRAL, "Glm4MoeForCausalLM": GLM}
-ALL = (QWEN, DEEPSEEK, MIXTRAL, GLM)
+                 "DeepseekV3ForCausalLM": DEEPSEEK, "MixtralForCausalLM": MIXTRAL, "Glm4MoeForCausalLM": GLM,
+                 "GptOssForCausalLM": GPTOSS}
+ALL = (QWEN, DEEPSEEK, MIXTRAL, GLM, GPTOSS)
+WINDOWED = (MIXTRAL, GPTOSS)  # families whose sliding window moetune models
 
 
 class ImportRefused(ConfigError):
@@ -84,6 +86,28 @@ def _score(cfg: dict) -> str:
     return str(cfg.get("scoring_func") or implied)
 
 
+def _skip_freq(types: Any) -> int | None | bool:
+    """Megatron's --window-attn-skip-freq N for a per-layer list of attention kinds: every Nth
+    layer full, the rest sliding; None where every layer slides; False where no N gives the list."""
+    if not isinstance(types, list) or not set(types) <= {"sliding_attention", "full_attention"}:
+        return False
+    sliding = [t == "sliding_attention" for t in types]
+    if all(sliding):
+        return None
+    for n in range(2, len(types) + 1):
+        if sliding == [(i + 1) % n != 0 for i in range(len(types))]:
+            return n
+    return False
+
+
+def _window(size: Any, cfg: dict) -> int | None:
+    # a window no layer uses (every layer listed full) is no window
+    types = cfg.get("layer_types")
+    if not size or (isinstance(types, list) and "sliding_attention" not in types):
+        return None
+    return int(size)
+
+
 def _head_dim(head_dim: Any, cfg: dict) -> int | None:
     # Megatron's default head dim is hidden / heads; a different one is --kv-channels
     if head_dim is None or int(head_dim) * int(cfg["num_attention_heads"]) == int(cfg["hidden_size"]):
@@ -96,13 +120,13 @@ ROWS: tuple[Row, ...] = (
     Row("hidden_size", "hidden_size", "--hidden-size", convert=_int),
     Row("num_attention_heads", "num_attention_heads", "--num-attention-heads", convert=_int),
     Row("num_key_value_heads", "num_query_groups", "--num-query-groups", convert=_int),
-    Row("head_dim", "kv_channels", "--kv-channels", (QWEN, MIXTRAL, GLM), _head_dim),
+    Row("head_dim", "kv_channels", "--kv-channels", (QWEN, MIXTRAL, GLM, GPTOSS), _head_dim),
     Row("intermediate_size", "ffn_hidden_size", "--ffn-hidden-size", convert=_int),
     Row("moe_intermediate_size", "moe_ffn_hidden_size", "--moe-ffn-hidden-size", (QWEN, DEEPSEEK, GLM), _int),
-    Row("intermediate_size", "moe_ffn_hidden_size", "--moe-ffn-hidden-size", (MIXTRAL,), _int),
+    Row("intermediate_size", "moe_ffn_hidden_size", "--moe-ffn-hidden-size", (MIXTRAL, GPTOSS), _int),
     Row("num_experts", "num_experts", "--num-experts", (QWEN,), _int),
     Row("n_routed_experts", "num_experts", "--num-experts", (DEEPSEEK, GLM), _int),
-    Row("num_local_experts", "num_experts", "--num-experts", (MIXTRAL,), _int),
+    Row("num_local_experts", "num_experts", "--num-experts", (MIXTRAL, GPTOSS), _int),
     Row("num_experts_per_tok", "moe_router_topk", "--moe-router-topk", convert=_int),
     Row("vocab_size", "vocab_size", "--vocab-size", convert=_int),
     Row("rope_theta", "rotary_base", "--rotary-base", convert=_int),
@@ -131,6 +155,12 @@ ROWS: tuple[Row, ...] = (
     Row("num_nextn_predict_layers", "mtp_num_layers", "--mtp-num-layers", (DEEPSEEK, GLM), _int),
     Row("norm_topk_prob", "moe_router_pre_softmax", "--moe-router-pre-softmax", (QWEN, DEEPSEEK, GLM),
         lambda v, c: not v and _score(c) == "softmax"),
+    Row("sliding_window", "window_size", "--window-size", WINDOWED, _window),
+    Row("layer_types", "window_attn_skip_freq", "--window-attn-skip-freq", WINDOWED,
+        lambda v, _c: _skip_freq(v) or None),
+    Row("attention_bias", "add_bias_linear", "--disable-bias-linear", (GPTOSS,), lambda v, _c: bool(v)),
+    Row("swiglu_limit", "activation_func_clamp_value", "--activation-func-clamp-value", (GPTOSS,),
+        lambda v, _c: float(v) if v else None),
 )
 
 # what each family's architecture is beyond its keys (HF's modelling code fixes it, no key says it)
@@ -142,6 +172,10 @@ IMPLIED: dict[str, dict[str, dict]] = {
     "kimi_k2": {"multi_latent_attention": True, "moe_router_score_function": "sigmoid"},
     # GLM-4.5's router: sigmoid scores with the aux-loss-free correction bias
     "glm4_moe": {"moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True},
+    # GPT-OSS: a learnable sink per head, biased linear layers, the GLU gate*sigmoid(1.702 gate)
+    # times (up + 1) (Megatron's quick-GeGLU with linear offset 1)
+    "gpt_oss": {"softmax_type": "learnable", "add_bias_linear": True, "activation": "quick_geglu",
+                "glu_linear_offset": 1.0},
 }
 
 
@@ -162,10 +196,11 @@ class Neutral:
 
 NEUTRAL: tuple[Neutral, ...] = (
     Neutral("hidden_act", lambda v, _c: v == "silu", "an activation other than SwiGLU's silu"),
-    Neutral("attention_bias", lambda v, c: _off(v) or _family(c) == GLM, "biases in the attention projections"),
+    Neutral("attention_bias", lambda v, c: _off(v) or _family(c) == GLM or (_family(c) == GPTOSS and v is True),
+            "biases in the attention projections"),
     Neutral("mlp_bias", lambda v, _c: _off(v), "biases in the MLP"),
-    Neutral("sliding_window", lambda v, c: _off(v) or _off(c.get("use_sliding_window", True)),
-            "sliding-window attention"),
+    Neutral("sliding_window", lambda v, c: _off(v) or _off(c.get("use_sliding_window", True))
+            or _family(c) in WINDOWED, "sliding-window attention"),
     Neutral("use_sliding_window", lambda v, c: _off(v) or _off(c.get("sliding_window")), "sliding-window attention"),
     Neutral("max_window_layers", lambda v, c: _off(c.get("use_sliding_window")), "sliding-window attention"),
     Neutral("mlp_only_layers", lambda v, _c: True, "dense layers"),  # checked with the layer pattern
@@ -173,8 +208,10 @@ NEUTRAL: tuple[Neutral, ...] = (
     Neutral("moe_layer_freq", lambda v, _c: True, "dense layers"),
     Neutral("partial_rotary_factor", lambda v, c: v in (None, 1, 1.0) or _family(c) == GLM, "partial rotary"),
     Neutral("pretraining_tp", lambda v, _c: v in (None, 1), "a split of the output projection"),
-    Neutral("layer_types", lambda v, c: all(t == "full_attention" for t in v or []),
-            "layer kinds other than full attention"),
+    Neutral("layer_types", lambda v, c: all(t == "full_attention" for t in v or [])
+            or (_family(c) in WINDOWED and _skip_freq(v) is not False),
+            "layer kinds other than full attention, or sliding layers in no --window-attn-skip-freq pattern"),
+    Neutral("experts_per_token", lambda v, c: v == c.get("num_experts_per_tok"), "a second top-k"),
     Neutral("use_qk_norm", lambda v, c: _off(v) or _family(c) == GLM, "QK norm"),
 )
 
@@ -188,7 +225,7 @@ IGNORED = frozenset({
     "hidden_dropout", "output_router_logits", "router_aux_loss_coef", "aux_loss_alpha", "seq_aux",
     "router_jitter_noise", "rope_scaling", "rope_interleave", "ep_size", "output_attentions",
     "output_hidden_states", "return_dict", "id2label", "label2id", "is_encoder_decoder", "tie_encoder_decoder",
-    "num_attention_heads_kv",
+    "num_attention_heads_kv", "initial_context_length",
 })
 
 

@@ -51,6 +51,14 @@ class ModelArch:
     moe_shared_expert_gate: bool = False  # a sigmoid gate on the shared expert's output (Qwen2-MoE)
     add_qkv_bias: bool = False  # biases on the Q, K, V projections only (Qwen2-MoE, GLM-4.5)
     rotary_percent: Annotated[float, Field(gt=0, le=1)] = 1.0  # share of a head's dims RoPE turns (GLM-4.5: 0.5)
+    # GPT-OSS: sliding-window attention on some layers, attention sinks, biases, a clamped GLU
+    window_size: Annotated[int, Field(gt=0)] | None = None  # keys back a sliding-window layer attends
+    window_attn_skip_freq: Annotated[int, Field(gt=0)] | None = None  # every Nth layer full attention; None: none
+    softmax_type: Literal["vanilla", "off-by-one", "learnable"] = "vanilla"  # learnable: a sink per head
+    add_bias_linear: bool = False  # biases in every linear layer (attention and MLPs)
+    activation: Literal["swiglu", "quick_geglu"] = "swiglu"  # the gated MLP's activation
+    glu_linear_offset: float = 0.0  # added to the GLU's linear half (GPT-OSS: 1)
+    activation_func_clamp_value: Annotated[float, Field(gt=0)] | None = None  # GLU inputs clamped (GPT-OSS: 7)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,7 +103,14 @@ class ModelArch:
             moe_router_enable_expert_bias="--moe-router-enable-expert-bias" in argv,
             moe_router_pre_softmax="--moe-router-pre-softmax" in argv,
             moe_shared_expert_gate="--moe-shared-expert-gate" in argv, add_qkv_bias="--add-qkv-bias" in argv,
-            rotary_percent=val("--rotary-percent", float, 1.0))
+            rotary_percent=val("--rotary-percent", float, 1.0),
+            window_size=int(str(val("--window-size", str, "0")).strip("()").split(",")[0]) or None,
+            window_attn_skip_freq=val("--window-attn-skip-freq"),
+            softmax_type=val("--softmax-type", str, "vanilla"),
+            add_bias_linear="--disable-bias-linear" not in argv,
+            activation="quick_geglu" if "--quick-geglu" in argv else "swiglu",
+            glu_linear_offset=val("--glu-linear-offset", float, 0.0),
+            activation_func_clamp_value=val("--activation-func-clamp-value", float))
 
     @property
     def moe_layers(self) -> int:
@@ -121,8 +136,8 @@ class ModelArch:
             "--moe-router-topk", str(self.moe_router_topk),
             "--moe-ffn-hidden-size", str(self.moe_ffn_hidden_size),
             "--normalization", "RMSNorm",
-            "--swiglu",
-            "--disable-bias-linear",
+            "--quick-geglu" if self.activation == "quick_geglu" else "--swiglu",
+            *(() if self.add_bias_linear else ("--disable-bias-linear",)),
             "--position-embedding-type", "rope",
             "--rotary-base", str(self.rotary_base),
             "--moe-router-score-function", self.moe_router_score_function,
@@ -165,4 +180,22 @@ class ModelArch:
             a += ["--add-qkv-bias"]
         if self.rotary_percent != 1.0:
             a += ["--rotary-percent", str(self.rotary_percent)]
+        if self.window_size:  # causal: the window reaches back only
+            a += ["--window-size", f"{self.window_size},0"]
+        if self.window_size and self.window_attn_skip_freq:
+            a += ["--window-attn-skip-freq", str(self.window_attn_skip_freq)]
+        if self.softmax_type != "vanilla":
+            a += ["--softmax-type", self.softmax_type]
+        if self.glu_linear_offset:
+            a += ["--glu-linear-offset", str(self.glu_linear_offset)]
+        if self.activation_func_clamp_value:
+            a += ["--activation-func-clamp-value", str(self.activation_func_clamp_value)]
         return a
+
+    def window_layers(self) -> int:
+        """Layers with sliding-window attention (Megatron's is_layer_window_attention: with a skip
+        frequency N, every Nth layer attends in full)."""
+        if not self.window_size:
+            return 0
+        n = self.window_attn_skip_freq
+        return self.num_layers - (self.num_layers // n if n else 0)

@@ -88,3 +88,17 @@ def test_user_errors_are_one_line_exit_2(capsys, no_store, argv, says):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and says in err
     assert not list(Path.cwd().rglob("*.yaml"))
+
+
+def test_gpt_oss_120b_predicted_near_nvidia_published_throughput(capsys, no_store, tmp_path):
+    """GPT-OSS-120B imported, then predicted at NVIDIA's published H100 layout (Megatron-Bridge
+    docs/performance-summary.md, 25.11 container, DGX-H100: 64 GPUs, BF16, GBS 512, MBS 4, seq 4096,
+    TP1 PP4 EP8: 5630 tokens/s/GPU): within 20 %."""
+    import json
+    out = tmp_path / "g.yaml"
+    assert _new("gpt_oss_120b", "gpt_oss_120b", "--gpus", "64", "--out", str(out)) == 0
+    capsys.readouterr()
+    assert main(["predict", str(out), "--tp", "1", "--pp", "4", "--ep", "8", "--micro-batch", "4",
+                 "--global-batch", "512", "--format", "json"]) == 0
+    predicted = json.loads(capsys.readouterr().out)["tokens_per_s_per_gpu"]
+    assert predicted == pytest.approx(5630, rel=0.20)

@@ -253,3 +253,16 @@ def test_uneven_stages_split_the_rest_over_first_and_last(layers, pp, split):
     assert got == split
     if got[0]:
         assert got[0] + got[1] + (pp - 2) * -(-layers // pp) == layers
+
+
+def test_biases_and_sinks_add_their_parameters():
+    """add_bias_linear: per layer the QKV and output biases (d·(heads + 2·groups) + h) and each
+    gated MLP's fc1 and fc2 biases (2·ffn + h, each expert); learnable softmax: one sink a head."""
+    from moetune.experiment.model import ModelArch
+    m = ModelArch("b", 4, 256, 8, 2, 512, 128, 4, 2, 1000, 64)
+    biased = ModelArch(**{**m.to_dict(), "add_bias_linear": True, "softmax_type": "learnable"})
+    p, q = count_params(m), count_params(biased)
+    d = 256 // 8
+    assert q.dense - p.dense == 4 * (d * (8 + 4) + 256 + 8)
+    assert q.experts - p.experts == 4 * 4 * (2 * 128 + 256)
+    assert q.embedding == p.embedding and q.replicated == p.replicated

@@ -48,6 +48,33 @@ def test_kimi_k2_matches_its_card():
     assert m.moe_router_num_groups is None and m.mtp_num_layers == 0  # one group is no grouping
 
 
+def test_gpt_oss_120b_matches_its_card():
+    """GPT-OSS-120B: 36 layers, hidden 2880, 64 query heads of dim 64 over 8 KV heads, 128 experts
+    top-4 of width 2880, sliding window 128 on every other layer (the first slides), attention
+    sinks, biased linear layers, GLU clamped at 7 with linear offset 1; 116.8 B parameters."""
+    from moetune.estimate.memory import count_params
+    m = _import("gpt_oss_120b")
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.kv_channels) == \
+        (36, 2880, 64, 8, 64)
+    assert (m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size, m.vocab_size) == (128, 4, 2880, 201088)
+    assert (m.window_size, m.window_attn_skip_freq, m.window_layers()) == (128, 2, 18)
+    assert m.softmax_type == "learnable" and m.add_bias_linear and m.activation == "quick_geglu"
+    assert (m.glu_linear_offset, m.activation_func_clamp_value, m.rotary_base) == (1.0, 7.0, 150000)
+    assert count_params(m).total / 1e9 == pytest.approx(116.8, abs=0.05)
+    argv = m.to_args()
+    assert argv[argv.index("--window-size") + 1] == "128,0" and "--disable-bias-linear" not in argv
+    assert argv[argv.index("--softmax-type") + 1] == "learnable" and "--quick-geglu" in argv
+
+
+def test_layer_types_outside_a_skip_pattern_are_refused():
+    """Sliding layers Megatron's --window-attn-skip-freq cannot place (here the first full, the
+    second sliding) are named, not rounded to another pattern."""
+    cfg = json.loads((CONFIGS / "gpt_oss_120b.json").read_text())
+    cfg["layer_types"] = ["full_attention", "sliding_attention"] * 18
+    with pytest.raises(ImportRefused, match="layer_types=.18 sliding_attention of 36 layers."):
+        model_from_hf(cfg, "g")
+
+
 def test_qwen2_moe_and_glm_carry_what_their_code_fixes():
     """Qwen1.5-MoE: QKV bias, a gated shared expert and un-renormalised softmax routing (Megatron's
     pre-softmax); GLM-4.5-Air: QKV bias, half-rotary heads, sigmoid router with expert bias."""
@@ -61,7 +88,7 @@ def test_qwen2_moe_and_glm_carry_what_their_code_fixes():
 
 
 @pytest.mark.parametrize("name", ["qwen3_30b_a3b", "deepseek_v3", "kimi_k2", "mixtral_8x7b", "qwen1_5_moe_a2_7b",
-                                  "glm_4_5_air"])
+                                  "glm_4_5_air", "gpt_oss_120b"])
 def test_imported_model_round_trips_its_megatron_flags(name):
     """Every field of an imported model survives its Megatron argv and back."""
     m = _import(name)
@@ -94,8 +121,9 @@ def test_qwen3_next_refused_in_one_line_naming_every_unsupported_key():
 def test_a_changed_key_of_a_known_family_is_refused_with_the_others():
     """A known family with an architecture-changing value or a key moetune does not know: every one
     named at once; an ignored key (token ids, dtype) is not."""
-    cfg = json.loads((CONFIGS / "mixtral_8x7b.json").read_text())
-    cfg.update(sliding_window=4096, hidden_act="gelu", mystery_gate=True, torch_dtype="float32", bos_token_id=7)
+    cfg = json.loads((CONFIGS / "qwen3_30b_a3b.json").read_text())
+    cfg.update(use_sliding_window=True, sliding_window=4096, hidden_act="gelu", mystery_gate=True,
+               torch_dtype="float32", bos_token_id=7)
     with pytest.raises(ImportRefused) as e:
         model_from_hf(cfg, "m")
     msg = str(e.value)
