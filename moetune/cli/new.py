@@ -6,9 +6,11 @@ or no layout fits."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -24,7 +26,7 @@ from moetune.experiment.schema import Cluster, ConfigError, Experiment, check_na
 IMAGE = "nvcr.io/nvidia/nemo:26.06"
 MEGATRON_PATH = "/opt/Megatron-Bridge/3rdparty/Megatron-LM"
 # the baseline's training fields before the search picks its layout: those of the shipped experiments
-BASE = {"micro_batch": 1, "dispatcher": "alltoall", "distributed_optimizer": True, "grouped_gemm": True,
+BASE: dict[str, Any] = {"micro_batch": 1, "dispatcher": "alltoall", "distributed_optimizer": True, "grouped_gemm": True,
         "router_dtype": "fp32"}
 # one NVLink domain per node on HGX boards; GB200/GB300 NVL72: 4 GPUs a node, 72 a domain
 NVL72 = ("GB200", "GB300")
@@ -67,7 +69,7 @@ def render(name: str, source: Path, exp: Experiment, headline: dict | None, worl
     speed = f", {headline['tokens_per_s_per_gpu']} tokens/s/GPU predicted" if headline else ""
     dump = lambda d: yaml.safe_dump(d, sort_keys=False, default_flow_style=False, width=100)  # noqa: E731
     return "".join([
-        f"# {name}: imported by `moetune new` from {source.name} ({source}).\n",
+        f"# {name}: imported by `moetune new` from {json.dumps(str(source))}.\n",  # quoted: a path may hold anything
         f"name: {name}\n",
         f"description: {exp.description}\n",
         dump({"model": _model_dump(exp.model)}),

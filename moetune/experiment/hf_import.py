@@ -164,7 +164,7 @@ ROWS: tuple[Row, ...] = (
 )
 
 # what each family's architecture is beyond its keys (HF's modelling code fixes it, no key says it)
-IMPLIED: dict[str, dict[str, dict]] = {
+IMPLIED: dict[str, dict[str, Any]] = {
     "qwen2_moe": {"add_qkv_bias": True, "moe_shared_expert_gate": True},
     "qwen3_moe": {"qk_layernorm": True},
     "deepseek_v2": {"multi_latent_attention": True},

@@ -47,7 +47,8 @@ def test_every_flag_moetune_renders_is_controlled():
     cfg = exp.baseline.replace(recompute_granularity="full", recompute_num_layers=1, offload_modules=("moe_act",))
     rendered = {t for t in cfg.to_args(exp.model, has_apex=False) if t.startswith("--")}
     assert rendered <= set(controlled_flags())
-    assert {t for t in TrainingConfig(transformer_impl="local").to_args() if t.startswith("--")} <= set(controlled_flags())
+    local = TrainingConfig(transformer_impl="local").to_args()
+    assert {t for t in local if t.startswith("--")} <= set(controlled_flags())
 
 
 @pytest.mark.parametrize("extra, says", [(["0.01"], "a value with no flag"), (["--x\n--y"], "multi-line"),

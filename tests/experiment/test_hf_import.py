@@ -9,9 +9,9 @@ import pytest
 
 from moetune.experiment.hf_import import (
     IGNORED,
-    ImportRefused,
     NEUTRAL,
     ROWS,
+    ImportRefused,
     model_from_hf,
     read_config,
 )
