@@ -161,3 +161,23 @@ def test_unreadable_configs_are_one_line(tmp_path):
     del cfg["vocab_size"]
     with pytest.raises(ConfigError, match="missing vocab_size"):
         model_from_hf(cfg, "m")
+
+
+@pytest.mark.megatron
+def test_imported_models_pass_megatron_validation():
+    """Every importable fixture's argv, at a layout its experts and heads divide, goes through
+    Megatron's own parse_args, validate_args and TransformerConfig (GPT-OSS's window, sinks,
+    biases and clamped GLU flags included)."""
+    from moetune.experiment import megatron_validate as mv
+    from moetune.experiment.config import TrainingConfig, run_args
+    if not mv.available():
+        pytest.skip("no .venv-megatron (scripts/megatron-venv)")
+    names = ["qwen3_30b_a3b", "deepseek_v3", "kimi_k2", "mixtral_8x7b", "qwen1_5_moe_a2_7b", "glm_4_5_air",
+             "gpt_oss_120b"]
+    argvs = []
+    for name in names:
+        m = _import(name)
+        c = TrainingConfig(tp=2, ep=4, etp=1, sequence_parallel=True, global_batch=64, grouped_gemm=True,
+                           distributed_optimizer=True)
+        argvs.append(c.to_args(m) + run_args())
+    assert mv.validate(argvs, 64) == [None] * len(names)
