@@ -82,7 +82,7 @@ def count_params(m: ModelArch, tp: int = 1) -> Params:
     layers = m.num_layers
     moe_layers = m.moe_layers
     attn = attention_params(m) * layers
-    dense_mlp = (glu * h * m.ffn_hidden_size + mlp_bias(m, m.ffn_hidden_size)) * m.first_dense_layers
+    dense_mlp = (glu * h * m.ffn_hidden_size + mlp_bias(m, m.ffn_hidden_size)) * (layers - moe_layers)
     shared_ffn = m.moe_shared_expert_intermediate_size or 0
     shared = (glu * h * shared_ffn + (mlp_bias(m, shared_ffn) if shared_ffn else 0)) * moe_layers
     experts = (glu * h * m.moe_ffn_hidden_size + mlp_bias(m, m.moe_ffn_hidden_size)) * m.num_experts * moe_layers
@@ -236,8 +236,8 @@ def first_stage_layers(m: ModelArch, c: TrainingConfig) -> tuple[float, float]:
         n = m.num_layers / c.pp
     if m.num_experts <= 1:
         return n, 0.0
-    dense = min(float(m.first_dense_layers), n)
-    return dense, n - dense
+    dense = float(m.layer_kinds()[:math.ceil(n)].count(0)) if m.moe_layer_pattern else min(float(m.first_dense_layers), n)
+    return min(dense, n), n - min(dense, n)
 
 
 def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True) -> Estimate:

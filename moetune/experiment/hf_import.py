@@ -276,9 +276,6 @@ def unsupported(cfg: dict) -> list[str]:
         first = pattern.index(1) if 1 in pattern else layers
         if first == layers:
             out.append("no MoE layer (a dense model; moetune tunes MoE training)")
-        elif pattern != [0] * first + [1] * (layers - first):
-            dense = [i for i, moe in enumerate(pattern) if not moe]
-            out.append(f"dense layers {dense} not all leading (a MoE pattern moetune does not price)")
     return out
 
 
@@ -318,7 +315,11 @@ def model_from_hf(cfg: dict, name: str, seq_length: int = 4096, where: str = "co
     values.setdefault("num_query_groups", values["num_attention_heads"])
     # leading dense layers however the family places them (Qwen's mlp_only_layers too)
     pattern = _moe_layers(cfg, family, int(cfg["num_hidden_layers"]))
-    values["first_dense_layers"] = pattern.index(1) if 1 in pattern else len(pattern)
+    first = pattern.index(1)
+    if pattern == [0] * first + [1] * (len(pattern) - first):
+        values["first_dense_layers"] = first
+    else:  # dense layers between MoE ones: the whole pattern (--moe-layer-freq as a list)
+        values.update(first_dense_layers=0, moe_layer_pattern=tuple(pattern))
     if _score(cfg) == "sigmoid" and cfg.get("norm_topk_prob") is False:
         raise ImportRefused(f"{where}: moetune cannot model this config whole, nothing written; unsupported: "
                             "norm_topk_prob=false (sigmoid scores that Megatron's router always renormalises)")

@@ -31,6 +31,8 @@ class ModelArch:
     kv_channels: int | None = None  # head dim, where it is not hidden/heads
     moe_shared_expert_intermediate_size: int | None = None
     first_dense_layers: Annotated[int, Field(ge=0)] = 0  # leading layers with a dense MLP (DeepSeek-V3: 3)
+    # 1 a MoE layer, 0 a dense one, for each layer, where dense layers are not all leading
+    moe_layer_pattern: tuple[Annotated[int, Field(ge=0, le=1)], ...] | None = None
     qk_layernorm: bool = False
     multi_latent_attention: bool = False
     q_lora_rank: int | None = None
@@ -61,12 +63,18 @@ class ModelArch:
     activation_func_clamp_value: Annotated[float, Field(gt=0)] | None = None  # GLU inputs clamped (GPT-OSS: 7)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["moe_layer_pattern"] is not None:  # a list, as YAML and JSON write it
+            d["moe_layer_pattern"] = list(d["moe_layer_pattern"])
+        return d
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelArch:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        data = {k: v for k, v in data.items() if k in known}
+        if data.get("moe_layer_pattern") is not None:
+            data["moe_layer_pattern"] = tuple(data["moe_layer_pattern"])
+        return cls(**data)
 
     @classmethod
     def from_args(cls, argv: list[str], name: str = "from-args") -> ModelArch:
@@ -78,8 +86,9 @@ class ModelArch:
                     return cast(argv[i + 1])
             return default
         heads = val("--num-attention-heads", default=1)
-        freq = val("--moe-layer-freq", str)
-        first = int(freq.split("*")[1].split("+")[0].strip("[]()0")) if freq and "*" in freq else 0
+        pattern = parse_layer_pattern(val("--moe-layer-freq", str) or "", val("--num-layers", default=1))
+        first = pattern.index(1) if pattern and 1 in pattern else 0
+        leading = pattern is None or pattern == [0] * first + [1] * (len(pattern) - first)
         ffn = val("--ffn-hidden-size", default=1)
         return cls(
             name=name, num_layers=val("--num-layers", default=1), hidden_size=val("--hidden-size", default=1),
@@ -89,7 +98,9 @@ class ModelArch:
             vocab_size=val("--vocab-size", default=32000), seq_length=val("--seq-length", default=4096),
             kv_channels=val("--kv-channels"),
             moe_shared_expert_intermediate_size=val("--moe-shared-expert-intermediate-size"),
-            first_dense_layers=first, qk_layernorm="--qk-layernorm" in argv,
+            first_dense_layers=first if leading else 0,
+            moe_layer_pattern=None if leading or pattern is None else tuple(pattern),
+            qk_layernorm="--qk-layernorm" in argv,
             multi_latent_attention="--multi-latent-attention" in argv,
             q_lora_rank=val("--q-lora-rank"), kv_lora_rank=val("--kv-lora-rank"),
             qk_head_dim=val("--qk-head-dim"), qk_pos_emb_head_dim=val("--qk-pos-emb-head-dim"),
@@ -114,13 +125,27 @@ class ModelArch:
 
     @property
     def moe_layers(self) -> int:
-        return self.num_layers - self.first_dense_layers
+        return sum(self.layer_kinds())
+
+    def layer_kinds(self) -> list[int]:
+        """1 for each MoE layer, 0 for each dense one, in order."""
+        if self.moe_layer_pattern is not None:
+            return list(self.moe_layer_pattern)
+        return [0] * self.first_dense_layers + [1] * (self.num_layers - self.first_dense_layers)
 
     def moe_layer_freq(self) -> str | None:
-        """Megatron's `--moe-layer-freq` pattern, or None when every layer is MoE."""
-        if not self.first_dense_layers:
+        """Megatron's `--moe-layer-freq` pattern (runs of one kind as `[k]*n`), or None when every
+        layer is MoE."""
+        kinds = self.layer_kinds()
+        if all(kinds):
             return None
-        return f"([0]*{self.first_dense_layers}+[1]*{self.moe_layers})"
+        runs: list[list[int]] = []
+        for k in kinds:
+            if runs and runs[-1][0] == k:
+                runs[-1][1] += 1
+            else:
+                runs.append([k, 1])
+        return "(" + "+".join(f"[{k}]*{n}" for k, n in runs) + ")"
 
     def to_args(self) -> list[str]:
         """Architecture flags of Megatron-LM's `pretrain_gpt.py`."""
@@ -149,8 +174,9 @@ class ModelArch:
         if self.moe_shared_expert_intermediate_size:
             a += ["--moe-shared-expert-intermediate-size",
                   str(self.moe_shared_expert_intermediate_size)]
-        if self.first_dense_layers:
-            a += ["--moe-layer-freq", self.moe_layer_freq()]
+        freq = self.moe_layer_freq()
+        if freq:
+            a += ["--moe-layer-freq", freq]
         if self.qk_layernorm:
             a += ["--qk-layernorm"]
         if self.multi_latent_attention:
@@ -199,3 +225,18 @@ class ModelArch:
             return 0
         n = self.window_attn_skip_freq
         return self.num_layers - (self.num_layers // n if n else 0)
+
+
+def parse_layer_pattern(text: str, layers: int) -> list[int] | None:
+    """A `--moe-layer-freq` value as 1 (MoE) / 0 (dense) per layer: an integer N (one MoE layer in
+    N, Megatron's `layer % N == 0`), or a sum of `[..]*n` runs and lists; None where absent."""
+    text = text.strip()
+    if not text:
+        return None
+    if text.isdigit():
+        return [int(i % int(text) == 0) for i in range(layers)]
+    out: list[int] = []
+    for term in text.strip("()").split("+"):
+        body, _, times = term.strip().partition("*")
+        out += [int(x) for x in body.strip("[] ").split(",") if x.strip()] * int(times or 1)
+    return out

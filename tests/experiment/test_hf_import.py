@@ -131,14 +131,25 @@ def test_a_changed_key_of_a_known_family_is_refused_with_the_others():
     assert "torch_dtype" not in msg and "bos_token_id" not in msg and "model_type" not in msg
 
 
-def test_dense_layers_not_leading_are_refused():
-    """Qwen's mlp_only_layers in the middle: a MoE pattern moetune does not price, named."""
+def test_dense_layers_anywhere_become_the_layer_pattern():
+    """Qwen's mlp_only_layers in the middle: the whole MoE/dense pattern, rendered as Megatron's
+    --moe-layer-freq runs and read back; its dense layers counted as dense (their FFN, not experts).
+    Leading dense layers stay first_dense_layers."""
+    from moetune.estimate.memory import count_params
     cfg = json.loads((CONFIGS / "qwen3_30b_a3b.json").read_text())
     cfg["mlp_only_layers"] = [5, 9]
-    with pytest.raises(ImportRefused, match=r"dense layers \[5, 9\] not all leading"):
-        model_from_hf(cfg, "q")
+    m = model_from_hf(cfg, "q")
+    assert m.first_dense_layers == 0 and m.moe_layers == 46
+    assert [i for i, k in enumerate(m.layer_kinds()) if not k] == [5, 9]
+    assert m.moe_layer_freq() == "([1]*5+[0]*1+[1]*3+[0]*1+[1]*38)"
+    assert ModelArch.from_args(m.to_args(), name="q") == m
+    every_moe = _import("qwen3_30b_a3b")
+    h = 2048
+    assert count_params(m).dense - count_params(every_moe).dense == 2 * 3 * h * 6144
+    assert count_params(every_moe).experts - count_params(m).experts == 2 * 3 * h * 768 * 128
     cfg["mlp_only_layers"] = [0, 1]  # leading dense layers are the model moetune prices
-    assert model_from_hf(cfg, "q").first_dense_layers == 2
+    m = model_from_hf(cfg, "q")
+    assert (m.first_dense_layers, m.moe_layer_pattern) == (2, None)
 
 
 def test_ignored_and_neutral_keys_do_not_overlap_the_table():
@@ -174,10 +185,11 @@ def test_imported_models_pass_megatron_validation():
         pytest.skip("no .venv-megatron (scripts/megatron-venv)")
     names = ["qwen3_30b_a3b", "deepseek_v3", "kimi_k2", "mixtral_8x7b", "qwen1_5_moe_a2_7b", "glm_4_5_air",
              "gpt_oss_120b"]
+    cfg = json.loads((CONFIGS / "qwen3_30b_a3b.json").read_text())
+    cfg["mlp_only_layers"] = [5, 9]  # dense layers between MoE ones: --moe-layer-freq as runs
     argvs = []
-    for name in names:
-        m = _import(name)
+    for m in [_import(name) for name in names] + [model_from_hf(cfg, "q")]:
         c = TrainingConfig(tp=2, ep=4, etp=1, sequence_parallel=True, global_batch=64, grouped_gemm=True,
                            distributed_optimizer=True)
         argvs.append(c.to_args(m) + run_args())
-    assert mv.validate(argvs, 64) == [None] * len(names)
+    assert mv.validate(argvs, 64) == [None] * (len(names) + 1)
