@@ -236,8 +236,9 @@ def first_stage_layers(m: ModelArch, c: TrainingConfig) -> tuple[float, float]:
         n = m.num_layers / c.pp
     if m.num_experts <= 1:
         return n, 0.0
-    dense = float(m.layer_kinds()[:math.ceil(n)].count(0)) if m.moe_layer_pattern else min(float(m.first_dense_layers), n)
-    return min(dense, n), n - min(dense, n)
+    first = m.layer_kinds()[:math.ceil(n)]
+    dense = min(float(first.count(0)), n)
+    return dense, n - dense
 
 
 def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True) -> Estimate:
