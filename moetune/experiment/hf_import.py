@@ -203,9 +203,10 @@ NEUTRAL: tuple[Neutral, ...] = (
             or _family(c) in WINDOWED, "sliding-window attention"),
     Neutral("use_sliding_window", lambda v, c: _off(v) or _off(c.get("sliding_window")), "sliding-window attention"),
     Neutral("max_window_layers", lambda v, c: _off(c.get("use_sliding_window")), "sliding-window attention"),
-    Neutral("mlp_only_layers", lambda v, _c: True, "dense layers"),  # checked with the layer pattern
-    Neutral("decoder_sparse_step", lambda v, _c: True, "dense layers"),
-    Neutral("moe_layer_freq", lambda v, _c: True, "dense layers"),
+    # the layer pattern's keys, placed by _moe_layers in the families whose code reads them
+    Neutral("mlp_only_layers", lambda v, c: _off(v) or _family(c) == QWEN, "dense layers"),
+    Neutral("decoder_sparse_step", lambda v, c: v in (None, 1) or _family(c) == QWEN, "dense layers"),
+    Neutral("moe_layer_freq", lambda v, c: v in (None, 1) or _family(c) in (DEEPSEEK, GLM), "dense layers"),
     Neutral("partial_rotary_factor", lambda v, c: v in (None, 1, 1.0) or _family(c) == GLM, "partial rotary"),
     Neutral("pretraining_tp", lambda v, _c: v in (None, 1), "a split of the output projection"),
     Neutral("layer_types", lambda v, c: all(t == "full_attention" for t in v or [])

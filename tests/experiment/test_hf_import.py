@@ -129,6 +129,11 @@ def test_a_changed_key_of_a_known_family_is_refused_with_the_others():
     msg = str(e.value)
     assert "sliding_window=4096" in msg and 'hidden_act="gelu"' in msg and "mystery_gate" in msg
     assert "torch_dtype" not in msg and "bos_token_id" not in msg and "model_type" not in msg
+    # a layer-pattern key of another family's code is not silently dropped
+    cfg = json.loads((CONFIGS / "mixtral_8x7b.json").read_text())
+    cfg["mlp_only_layers"] = [3]
+    with pytest.raises(ImportRefused, match=r"mlp_only_layers=\[3\] \(dense layers\)"):
+        model_from_hf(cfg, "m")
 
 
 def test_dense_layers_anywhere_become_the_layer_pattern():
