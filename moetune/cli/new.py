@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from moetune.estimate import StoreReadings
 from moetune.estimate.search import search
 from moetune.experiment import gpus as gpu_table
 from moetune.experiment.config import TrainingConfig
-from moetune.experiment.hf_import import model_from_hf, read_config
+from moetune.experiment.hf_import import model_from_hf, not_carried, read_config
 from moetune.experiment.schema import Cluster, ConfigError, Experiment, check_name
 
 # NVIDIA's NeMo image and its Megatron-LM tree, as the shipped experiments name them
@@ -62,7 +63,8 @@ def _model_dump(model) -> dict:
             if f.default is MISSING or getattr(model, f.name) != f.default}
 
 
-def render(name: str, source: Path, exp: Experiment, headline: dict | None, world: int) -> str:
+def render(name: str, source: Path, exp: Experiment, headline: dict | None, world: int,
+           ignored: list[str] | tuple[str, ...] = ()) -> str:
     """The experiment's YAML text, its comments saying where the model and the baseline came from."""
     c, cl = exp.baseline, exp.cluster
     base = {k: v for k, v in c.to_dict().items() if v != TrainingConfig().to_dict()[k]}
@@ -70,6 +72,8 @@ def render(name: str, source: Path, exp: Experiment, headline: dict | None, worl
     dump = lambda d: yaml.safe_dump(d, sort_keys=False, default_flow_style=False, width=100)  # noqa: E731
     return "".join([
         f"# {name}: imported by `moetune new` from {json.dumps(str(source))}.\n",  # quoted: a path may hold anything
+        *(f"# {line}\n" for line in textwrap.wrap(
+            "not carried (they change no size moetune prices): " + ", ".join(ignored), 98) if ignored),
         f"name: {name}\n",
         f"description: {exp.description}\n",
         dump({"model": _model_dump(exp.model)}),
@@ -103,7 +107,8 @@ def _main(argv: list[str], db: str | None) -> int:
         raise ConfigError(f"--out {out}: {'a folder' if out.is_dir() else 'exists'}; give another path"
                           + ("" if out.is_dir() else " or --force to overwrite it"))
     source = Path(args.from_hf)
-    model = model_from_hf(read_config(source), name, args.seq_length, where=str(source))
+    config = read_config(source)
+    model = model_from_hf(config, name, args.seq_length, where=str(source))
     cluster = cluster_for(name, args.gpus, args.gpu_type, args.gpus_per_node)
     batch = args.global_batch or default_global_batch(args.gpus)
     exp = Experiment(name=name, description=f"{name} on {args.gpus} {args.gpu_type}", model=model,
@@ -115,7 +120,7 @@ def _main(argv: list[str], db: str | None) -> int:
                           "nothing written")
     best = found.layouts[0]
     exp = exp.model_copy(update={"baseline": best.config})
-    text = render(name, source, exp, found.headline(best), found.world)
+    text = render(name, source, exp, found.headline(best), found.world, not_carried(config))
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)

@@ -350,6 +350,12 @@ def read_config(path: str | Path) -> dict:
     return data
 
 
+def not_carried(cfg: dict) -> list[str]:
+    """The IGNORED keys `cfg` sets (HF's own bookkeeping left out): what the experiment does not
+    carry, for its YAML to say so."""
+    return sorted(k for k in cfg if k in IGNORED and k not in ("architectures", "model_type", "transformers_version"))
+
+
 def table() -> list[tuple[str, str, str]]:
     """The mapping table as (HF key, ModelArch field, Megatron flag) rows, for the docs and tests."""
     return [(r.hf, r.field, r.flag) for r in ROWS]

@@ -102,3 +102,13 @@ def test_gpt_oss_120b_predicted_near_nvidia_published_throughput(capsys, no_stor
                  "--global-batch", "512", "--format", "json"]) == 0
     predicted = json.loads(capsys.readouterr().out)["tokens_per_s_per_gpu"]
     assert predicted == pytest.approx(5630, rel=0.20)
+
+
+def test_keys_not_carried_are_named_in_the_yaml(no_store, tmp_path):
+    """The config's ignored keys (RoPE scaling, quantization, token ids) are listed in a comment."""
+    out = tmp_path / "d.yaml"
+    assert _new("d", "deepseek_v3", "--gpus", "1024", "--out", str(out)) == 0
+    comment = " ".join(line[2:] for line in out.read_text().splitlines() if line.startswith("# "))
+    for key in ("rope_scaling", "quantization_config", "bos_token_id", "aux_loss_alpha"):
+        assert key in comment
+    assert "hidden_size" not in comment.split("not carried")[1]
