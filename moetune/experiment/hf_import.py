@@ -292,7 +292,7 @@ def _short(value: Any) -> str:
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size", "num_experts_per_tok")
 
 
-def model_from_hf(cfg: dict, name: str, seq_length: int = 4096, where: str = "config.json") -> ModelArch:
+def model_from_hf(cfg: dict, name: str, seq_length: int = 4096, where: str = "the Hugging Face config") -> ModelArch:
     """The ModelArch `cfg` (a parsed config.json) describes, named `name`, trained at `seq_length`.
     ImportRefused (one line naming every unsupported key) where moetune cannot model it whole;
     ConfigError where a key it needs is missing or malformed."""
