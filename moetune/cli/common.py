@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from moetune.experiment import constraints
+from moetune.experiment import constraints, megatron_validate
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.gpus import GPU_TYPES
 from moetune.experiment.schema import ConfigError, Experiment, load_experiment
@@ -56,6 +56,14 @@ def refuse_unknown_values(exp: Experiment, config: TrainingConfig) -> None:
     unknown = [v for v in constraints.check(config, exp.model, exp.cluster) if v.code.startswith("unknown_")]
     if unknown:
         raise ConfigError(f"{exp.path or exp.name}: baseline: " + "; ".join(v.message for v in unknown))
+
+
+def refuse_bad_extra_args(exp: Experiment) -> None:
+    """ConfigError (one line) where Megatron would not take the experiment's extra_args: an option
+    its parser lacks, or its parser's own refusal where .venv-megatron exists."""
+    why = megatron_validate.check_extra_args(list(exp.extra_args)) if exp.extra_args else None
+    if why:
+        raise ConfigError(f"{exp.path or exp.name}: extra_args: {why}")
 
 
 LAYOUT_OPTIONS = {"tp": "tensor parallel", "pp": "pipeline parallel", "ep": "expert parallel",

@@ -9,7 +9,13 @@ from pathlib import Path
 
 from moetune import __version__, settings
 from moetune.analysis import cli as analysis_cli
-from moetune.cli.common import LAYOUT_OPTIONS, add_fit_arguments, add_preflight_arguments, positive_int
+from moetune.cli.common import (
+    LAYOUT_OPTIONS,
+    add_fit_arguments,
+    add_preflight_arguments,
+    positive_int,
+    refuse_bad_extra_args,
+)
 from moetune.errors import MoetuneError
 from moetune.job import executors  # its registry only: submitit loads when a job is submitted
 
@@ -43,6 +49,11 @@ def cmd_predict(args, rest):
 def cmd_calibrate(args, rest):
     from moetune.cli import calibrate as calibrate_cli
     return calibrate_cli.main(rest, db=args.db)
+
+
+def cmd_new(args, rest):
+    from moetune.cli import new as new_cli  # not for `moetune --help` (above)
+    return new_cli.main(rest, db=args.db)
 
 
 def cmd_render(args, rest):
@@ -81,6 +92,7 @@ def refused_layout(model, **changes):
     from moetune.experiment import constraints  # pydantic: not for `moetune --help`
     from moetune.experiment import schema as experiment
     exp = model if isinstance(model, experiment.Experiment) else experiment.load_experiment(model)
+    refuse_bad_extra_args(exp)
     config = exp.baseline.replace(**changes) if changes else exp.baseline
     refused = constraints.check(config, exp.model, exp.cluster)
     if refused:
@@ -241,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
         "export job), without a store (moetune render MODEL [--gpus N] [--fix RULE ...] --out DIR)", True)
     add("check", cmd_check, "check a Megatron command line against Megatron's and the MoE "
         "guidance's constraints (moetune check [--gpus N --gpu-type T] -- ARGS...)", True)
+    add("new", cmd_new, "write an experiment YAML for a MoE model from its Hugging Face config.json, "
+        "its baseline the fastest fitting layout (moetune new NAME --from-hf PATH [--gpus N --gpu-type T] "
+        "[--out FILE])", True)
     add("analyze", cmd_analyze, "classify the wall of nsys traces and/or a training log "
         "(moetune analyze PATH... [--log FILE] [--format text|json|markdown])", True)
     add("export", cmd_export, "a study's tuned configuration to paste: Megatron arguments, Megatron-Bridge "
@@ -326,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-PASSTHROUGH = ("plan", "predict", "calibrate", "render", "check", "analyze", "export")
+PASSTHROUGH = ("plan", "predict", "calibrate", "render", "check", "analyze", "export", "new")
 
 
 def _first_command(argv: list[str]) -> int | None:

@@ -66,7 +66,7 @@ def layout_config(base: TrainingConfig, a) -> TrainingConfig:
     return c
 
 
-def render_text(name: str, c: TrainingConfig, p: Prediction) -> str:
+def render_text(name: str, c: TrainingConfig, p: Prediction, extra_args: list[str] | tuple[str, ...] = ()) -> str:
     i = p.inputs
     layout = (f"TP{c.tp} PP{c.pp}" + (f" VPP{c.vpp}" if c.vpp else "") + f" EP{c.ep} ETP{c.etp or c.tp} CP{c.cp}, "
               f"micro batch {c.micro_batch}, global batch {c.global_batch}, "
@@ -83,6 +83,9 @@ def render_text(name: str, c: TrainingConfig, p: Prediction) -> str:
                      "the rest published (--format json: each rate's source)")
     if "measured_compute" in i:
         lines.append(f"  compute measured: {i['measured_compute']}")
+    if extra_args:
+        lines.append(f"  note: extra_args not priced: {' '.join(extra_args)} (passed to Megatron as written; "
+                     "the prediction is of the model without them)")
     return "\n".join(lines)
 
 
@@ -116,7 +119,8 @@ def _main(argv: list[str], db: str | None = None) -> int:
     except ValueError as e:
         return _fail(str(e))
     if a.format == "json":
-        print(json.dumps({"model": exp.name, "config": config.to_dict(), **pred.to_dict()}, indent=1))
+        unpriced = {"extra_args_not_priced": list(exp.extra_args)} if exp.extra_args else {}
+        print(json.dumps({"model": exp.name, "config": config.to_dict(), **pred.to_dict(), **unpriced}, indent=1))
     else:
-        print(render_text(exp.name, config, pred))
+        print(render_text(exp.name, config, pred, exp.extra_args))
     return 0

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus
+from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, refuse_bad_extra_args
 from moetune.decide import one_gpu as one_gpu_step
 from moetune.decide.rules import load_rules
 from moetune.estimate.memory import plan_cluster
@@ -48,6 +48,7 @@ def _main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     try:
         exp = experiment_for_gpus(a.model, a.gpus)
+        refuse_bad_extra_args(exp)
     except ConfigError as e:
         return _fail(str(e))
     cluster, _, _ = plan_cluster(exp, a.gpus, a.gpu_type)
@@ -80,7 +81,7 @@ def _main(argv: list[str]) -> int:
     try:
         spec = stages.trial_spec(name=f"moetune.{exp.name}.render", folder=out, config=config,
                                  model=exp.model, cluster=cluster, placement=placement,
-                                 launcher=a.launcher, node_cpus=cpus)
+                                 launcher=a.launcher, node_cpus=cpus, extra_args=exp.extra_args)
         written = stages.write_trial_job(spec, config.to_dict())
     except (fit.OneGpuError, render.RenderError, ConfigError) as e:
         return _fail(str(e))

@@ -34,6 +34,18 @@ def mla_up_params(m: ModelArch) -> float:
     return q + m.kv_lora_rank * heads * (m.qk_head_dim + m.v_head_dim)
 
 
+def attended_keys(m: ModelArch, s: int) -> float:
+    """Keys a query attends on average over the model's layers: half the sequence under a causal
+    mask, at most the window on a sliding-window layer (the first `window` queries see fewer)."""
+    full = s * CAUSAL
+    windowed = m.window_layers()
+    if not windowed or m.window_size is None or m.window_size >= s:
+        return full
+    w = m.window_size
+    window = (w * (w + 1) / 2 + (s - w) * w) / s
+    return ((m.num_layers - windowed) * full + windowed * window) / m.num_layers
+
+
 def layer_flops(m: ModelArch, c: TrainingConfig, moe: bool) -> dict[str, float]:
     """Forward FLOPs of one decoder layer for one micro-batch on one rank, by kind."""
     t, h, tp = tokens(m, c), m.hidden_size, c.tp
@@ -43,7 +55,7 @@ def layer_flops(m: ModelArch, c: TrainingConfig, moe: bool) -> dict[str, float]:
     else:
         head_dims = 2 * (m.kv_channels or h // m.num_attention_heads)
     out = {"attention_proj": 2 * t * attention_params(m) / tp,
-           "attention_core": 2 * t * s * m.num_attention_heads * head_dims * CAUSAL / tp}
+           "attention_core": 2 * t * attended_keys(m, s) * m.num_attention_heads * head_dims / tp}
     if moe:
         out["experts"] = 2 * t * m.moe_router_topk * 3 * h * m.moe_ffn_hidden_size / tp
         out["shared_experts"] = 2 * t * 3 * h * (m.moe_shared_expert_intermediate_size or 0) / tp

@@ -53,7 +53,10 @@ def attention_params(m: ModelArch) -> float:
         kv = m.kv_lora_rank * (h + m.num_attention_heads * (m.qk_head_dim + m.v_head_dim)) + h * m.qk_pos_emb_head_dim
         return q + kv + m.num_attention_heads * m.v_head_dim * h
     d = m.kv_channels or h // m.num_attention_heads
-    return h * d * (2 * m.num_attention_heads + 2 * m.num_query_groups)
+    bias = d * (m.num_attention_heads + 2 * m.num_query_groups) if m.add_qkv_bias or m.add_bias_linear else 0
+    bias += h if m.add_bias_linear else 0  # the output projection's
+    sinks = m.num_attention_heads if m.softmax_type == "learnable" else 0  # one learnable offset a head
+    return h * d * (2 * m.num_attention_heads + 2 * m.num_query_groups) + bias + sinks
 
 
 def mla_replicated_params(m: ModelArch) -> float:
@@ -68,19 +71,25 @@ def mla_replicated_params(m: ModelArch) -> float:
     return q_down + h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank
 
 
+def mlp_bias(m: ModelArch, ffn: int) -> int:
+    """One gated MLP's biases with add_bias_linear: its fc1's (gate and up halves) and fc2's."""
+    return 2 * ffn + m.hidden_size if m.add_bias_linear else 0
+
+
 def count_params(m: ModelArch, tp: int = 1) -> Params:
     h = m.hidden_size
     glu = 3  # SwiGLU: gate, up, down
     layers = m.num_layers
     moe_layers = m.moe_layers
     attn = attention_params(m) * layers
-    dense_mlp = glu * h * m.ffn_hidden_size * m.first_dense_layers
-    shared = glu * h * (m.moe_shared_expert_intermediate_size or 0) * moe_layers
-    experts = glu * h * m.moe_ffn_hidden_size * m.num_experts * moe_layers
+    dense_mlp = (glu * h * m.ffn_hidden_size + mlp_bias(m, m.ffn_hidden_size)) * (layers - moe_layers)
+    shared_ffn = m.moe_shared_expert_intermediate_size or 0
+    shared = (glu * h * shared_ffn + (mlp_bias(m, shared_ffn) if shared_ffn else 0)) * moe_layers
+    experts = (glu * h * m.moe_ffn_hidden_size + mlp_bias(m, m.moe_ffn_hidden_size)) * m.num_experts * moe_layers
     norms = 2 * h * layers + h
     router = h * m.num_experts * moe_layers
     if m.first_dense_layers == 0 and m.num_experts <= 1:
-        dense_mlp = glu * h * m.ffn_hidden_size * layers
+        dense_mlp = (glu * h * m.ffn_hidden_size + mlp_bias(m, m.ffn_hidden_size)) * layers
     return Params(dense=attn + dense_mlp + shared, experts=experts, replicated=norms + router,
                   embedding=h * padded_vocab(m, tp))
 
@@ -227,7 +236,8 @@ def first_stage_layers(m: ModelArch, c: TrainingConfig) -> tuple[float, float]:
         n = m.num_layers / c.pp
     if m.num_experts <= 1:
         return n, 0.0
-    dense = min(float(m.first_dense_layers), n)
+    first = m.layer_kinds()[:math.ceil(n)]
+    dense = min(float(first.count(0)), n)
     return dense, n - dense
 
 
@@ -391,13 +401,26 @@ def vpp_choices(m: ModelArch, pp: int, most: int = 8) -> list[int]:
     return [v for v in range(2, most + 1) if pp > 1 and m.num_layers % (pp * v) == 0]
 
 
+def uneven_stages(layers: int, pp: int) -> tuple[int | None, int | None]:
+    """(first, last) stage layers where `layers` do not split evenly over `pp` stages: the middle
+    stages take ceil(layers / pp) each and the first and last share the rest, the first the larger
+    half (61 layers on PP16: 3 + 14x4 + 2, DeepSeek-V3's published split); (None, None) where the
+    layers split evenly or no such split exists."""
+    if pp < 3 or layers % pp == 0:
+        return None, None
+    per = -(-layers // pp)
+    rest = layers - per * (pp - 2)
+    first, last = rest - rest // 2, rest // 2
+    return (first, last) if 1 <= last <= first <= per else (None, None)
+
+
 PLAN_TP = (1, 2, 4, 8)  # the TPs plan() tries: within a node's NVLink
 PLAN_MAX_PP = 32  # the most pipeline stages plan() tries
 
 
 def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int = 20,
          headroom_share: float = PLAN_HEADROOM_SHARE, measured: Measured | None = None,
-         virtual: bool = False, refused: list | None = None) -> list[Layout]:
+         virtual: bool = False, refused: list | None = None, uneven: bool = False) -> list[Layout]:
     """Feasible layouts for the experiment's model, least model parallelism first (TP×PP, then
     expert parallelism within NVLink before across it, then the smaller EP), selective recompute
     only where a layout does not fit without it (moe-optimization-workflow.md, Phase 1). A layout
@@ -406,17 +429,20 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
     (`measured`: qwen3_235b's TP2 PP2 EP128 on an H100 is estimated within 2 % of the 68.9 GB it
     measured, but the estimate's margin is wider than a measurement's). `virtual`: each pipeline
     with every VPP of vpp_choices too. `refused`: a list that gets, for each candidate left out, the
-    constraint violations that refused it (an empty list: its memory did not fit)."""
+    constraint violations that refused it (an empty list: its memory did not fit). `uneven`: a
+    pipeline whose stages cannot split the layers evenly is tried with shorter first and last
+    stages (uneven_stages)."""
     cluster, world, capacity = plan_cluster(exp, gpus, gpu_type)
     m, base = exp.model, exp.baseline
     out: list[Layout] = []
     for tp in [t for t in PLAN_TP if world % t == 0]:
         for pp in [p for p in _divisors(world) if p <= PLAN_MAX_PP and world % (tp * p) == 0]:
+            first, last = uneven_stages(m.num_layers, pp) if uneven else (None, None)
             for ep, vpp in [(e, v) for e in _divisors(m.num_experts) if e <= 128 and world % (e * pp) == 0
-                            for v in [None] + (vpp_choices(m, pp) if virtual else [])]:
+                            for v in [None] + (vpp_choices(m, pp) if virtual and not first else [])]:
                 for recompute in ((), ("moe_act", "layernorm") if base.grouped_gemm else ("layernorm",)):
                     cfg = base.replace(tp=tp, pp=pp, ep=ep, etp=1, sequence_parallel=tp > 1, vpp=vpp,
-                                       first_pp_layers=None, last_pp_layers=None,
+                                       first_pp_layers=first, last_pp_layers=last,
                                        distributed_optimizer=True,
                                        recompute_granularity="selective" if recompute else None,
                                        recompute_modules=recompute)

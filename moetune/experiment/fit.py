@@ -146,20 +146,21 @@ def stage_layer_counts(num_layers: int, config: TrainingConfig) -> list[int]:
 
 
 def pipeline_stages(model, config: TrainingConfig) -> list[Stage]:
-    """Each stage's layers, MoE layers and micro-batches in flight, from the layout and the model's
-    leading dense layers (model.first_dense_layers). Interleaved (VPP): stage s builds virtual
+    """Each stage's layers, MoE layers and micro-batches in flight, from the layout and where the
+    model's dense layers are (model.layer_kinds). Interleaved (VPP): stage s builds virtual
     stages s, s + PP, ... of its layers / VPP each, so the dense layers sit in the first chunks in
     order. MTP layers are built on the last stage (megatron-core's default placement), MoE where
     the model's layers are."""
     pp, vpp = max(config.pp, 1), max(config.vpp or 1, 1)
     counts = stage_layer_counts(model.num_layers, config)
+    kinds = model.layer_kinds()
     moe = [0] * pp
     layer = 0
     for chunk in range(vpp):
         for s in range(pp):
             size = counts[s] // vpp + (chunk < counts[s] % vpp)
             if model.num_experts > 1:
-                moe[s] += max(0, layer + size - max(layer, model.first_dense_layers))
+                moe[s] += sum(kinds[layer:layer + size])
             layer += size
     mtp = model.mtp_num_layers
     counts[-1] += mtp

@@ -176,6 +176,15 @@ def unknown_flags(argv: list[str]) -> list[str]:
     return out
 
 
+def check_extra_args(args: list[str]) -> str | None:
+    """Why Megatron would not take an experiment's extra_args (options its parser lacks, else its
+    parser's own refusal where the venv exists), or None."""
+    unknown = unknown_flags(args)
+    if unknown:
+        return "not Megatron options: " + ", ".join(unknown)
+    return parser_refusal(list(args)) if args and available() else None
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)

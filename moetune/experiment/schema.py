@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from moetune.errors import MoetuneError
 from moetune.experiment import gpus
 from moetune.experiment.config import TrainingConfig
+from moetune.experiment.extra_args import check as check_extra_args
 from moetune.experiment.model import ModelArch
 from moetune.paths import EXPERIMENTS
 
@@ -213,6 +214,9 @@ class ExperimentFile(_Strict):
     """The tuning loop's budget and judging; the schema's defaults where absent."""
     baseline: dict = {}
     """The first trial's TrainingConfig fields where they differ from its defaults."""
+    extra_args: list[str] = []
+    """Megatron flags moetune does not model, added to every trial's command line as written and
+    not priced (experiment/extra_args.py); none by default."""
 
 
 class Experiment(ExperimentFile):
@@ -228,7 +232,8 @@ class Experiment(ExperimentFile):
         """The experiment as a study's record keeps it (JSON): `experiment` (its name), `model`,
         `cluster`, `tuning`, `baseline`."""
         return {"experiment": self.name, "model": self.model.to_dict(), "cluster": self.cluster.model_dump(),
-                "tuning": self.tuning.model_dump(), "baseline": self.baseline.to_dict()}
+                "tuning": self.tuning.model_dump(), "baseline": self.baseline.to_dict(),
+                **({"extra_args": list(self.extra_args)} if self.extra_args else {})}
 
     @classmethod
     def from_stored(cls, record: dict) -> Experiment:
@@ -243,7 +248,7 @@ class Experiment(ExperimentFile):
         except (TypeError, ValueError) as e:
             raise ConfigError(f"stored experiment {name}: {e}") from None
         return cls(name=name, model=model, cluster=cluster_section(record.get("cluster") or {}),
-                   tuning=tuning, baseline=baseline)
+                   tuning=tuning, baseline=baseline, extra_args=list(record.get("extra_args") or []))
 
 
 # keys a stored study may hold that the schema dropped (they never changed a job): read past
@@ -353,5 +358,9 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         baseline = TrainingConfig.from_dict(data.baseline)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{path}: baseline: {e}") from None
+    try:
+        extra = check_extra_args(data.extra_args, f"{path}: extra_args")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return Experiment(name=data.name, description=data.description, model=data.model, cluster=data.cluster,
-                      tuning=data.tuning, baseline=baseline, path=path)
+                      tuning=data.tuning, baseline=baseline, extra_args=extra, path=path)

@@ -117,17 +117,18 @@ def job_facts(t: TrialContext) -> dict:
 
 def trial_spec(*, name: str, folder: Path, config: TrainingConfig, model, cluster: Cluster,
                placement: Placement, launcher: str, node_cpus: int | None,
-               megatron_core: str | None = None) -> render.JobSpec:
+               megatron_core: str | None = None, extra_args: tuple[str, ...] | list[str] = ()) -> render.JobSpec:
     """What one trial submits: its layout's job, or in a one-GPU placement the layout's
     `placement.rank` (else 0) alone, profiled (experiment/fit.py one_gpu_config; fit.OneGpuError
     where the step cannot hold the layout). `megatron_core`: the image's version, where the
-    preflight found it: a flag that Megatron renamed goes by the name that version knows."""
+    preflight found it: a flag that Megatron renamed goes by the name that version knows.
+    `extra_args`: the experiment's pass-through flags, after moetune's own."""
     one_rank = None
     if placement.one_gpu:
         world = cluster.world
         config = fit.one_gpu_config(config, world, int(placement.samples))
         one_rank = ((placement.rank or 0,), world)
-    argv = config.to_args(model, has_apex=cluster.has_apex is not False) + run_args()
+    argv = config.to_args(model, has_apex=cluster.has_apex is not False) + run_args() + list(extra_args)
     if one_rank:
         argv += list(fit.FAKE_GROUP_ARGS)
     argv = args_for_megatron(argv, megatron_core)
@@ -154,7 +155,7 @@ def do_render(t: TrialContext) -> list[Path]:
         spec = trial_spec(name=t.job_name(), folder=t.folder, config=TrainingConfig.from_dict(t.row.config),
                           model=model, cluster=cluster,
                           placement=t.placement.at_rank(bound.rank) if bound else t.placement,
-                          launcher=_launcher(t), **job_facts(t))
+                          launcher=_launcher(t), extra_args=t.exp.extra_args, **job_facts(t))
     except fit.OneGpuError as e:
         raise StageError(f"trial {t.id}: {e}") from None
     out = write_trial_job(spec, t.row.config)
@@ -178,7 +179,8 @@ def do_fit(t: TrialContext) -> list[Path]:
     ranks = fit.bounding_ranks(config, world, model)
     facts = job_facts(t)
     argv = args_for_megatron(config.to_args(model, has_apex=cluster.has_apex is not False)
-                             + run_args() + list(fit.FAKE_GROUP_ARGS), facts["megatron_core"])
+                             + run_args() + list(t.exp.extra_args) + list(fit.FAKE_GROUP_ARGS),
+                             facts["megatron_core"])
     spec = render.job_spec(name=t.job_name() + ".fit", folder=folder, config=config.to_dict(),
                            argv=argv, cluster=cluster, launcher=_launcher(t), fit=(ranks, world),
                            node_cpus=facts["node_cpus"])

@@ -119,3 +119,24 @@ def test_export_sh_passes_the_trial_job_id(tmp_path):
     wrap = shlex.split(argv[argv.index("--wrap") + 1])
     assert wrap[-2:] == ["--for-job", "4242"]
     assert subprocess.run(["bash", str(out / "export.sh")], capture_output=True).returncode == 2
+
+
+def test_extra_args_reach_the_command_quoted_and_predict_notes_them(tmp_path, capsys, no_store):
+    """An experiment's extra_args end the trial's Megatron command, each one shell word (a value
+    with a space stays one); predict prices the model without them and says so."""
+    import yaml
+
+    from moetune.cli.main import main
+    raw = yaml.safe_load((REPO / "experiments" / "mixtral_8x7b.yaml").read_text())
+    raw["extra_args"] = ["--moe-aux-loss-coeff", "0.01", "--wandb-exp-name", "a b"]
+    path = tmp_path / "mx.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["render", str(path), "--out", str(tmp_path / "job")]) == 0
+    command = shlex.split((tmp_path / "job" / "command.txt").read_text())
+    assert command[-4:] == ["--moe-aux-loss-coeff", "0.01", "--wandb-exp-name", "a b"]
+    capsys.readouterr()
+    assert main(["predict", str(path)]) == 0
+    plain = capsys.readouterr().out
+    assert "note: extra_args not priced: --moe-aux-loss-coeff 0.01" in plain
+    assert main(["predict", "mixtral_8x7b"]) == 0
+    assert "extra_args" not in capsys.readouterr().out

@@ -62,3 +62,17 @@ def test_recompute_runs_forward_again():
     moe = c.replace(recompute_granularity="selective", recompute_modules=("moe",))
     assert flops.recomputed_flops(TOY, moe, f) == f["experts"] + f["router"]
     assert flops.recomputed_flops(TOY, c.replace(recompute_granularity="full"), f) == sum(f.values())
+
+
+def test_sliding_window_cuts_core_attention_on_its_layers_only():
+    """A 128-key window on every other layer of a 1024-token sequence: those layers' queries
+    attend (128·129/2 + 896·128)/1024 keys on average, the full layers half the sequence; the
+    core attention FLOPs follow the layers' mean, the projections do not change."""
+    swa = ModelArch(**{**TOY.to_dict(), "window_size": 128, "window_attn_skip_freq": 2})
+    window = (128 * 129 / 2 + 896 * 128) / 1024
+    assert flops.attended_keys(swa, 1024) == pytest.approx((512 + window) / 2)
+    full, cut = (flops.layer_flops(m, TrainingConfig(), moe=True) for m in (TOY, swa))
+    assert cut["attention_core"] == pytest.approx(full["attention_core"] * (512 + window) / 2 / 512)
+    assert cut["attention_proj"] == full["attention_proj"] and cut["experts"] == full["experts"]
+    # a window as long as the sequence is no window
+    assert flops.attended_keys(ModelArch(**{**swa.to_dict(), "window_size": 4096}), 1024) == 512

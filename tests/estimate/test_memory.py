@@ -240,3 +240,29 @@ def test_estimate_on_layouts_held_out_of_the_activation_fit():
     assert max(map(abs, errors.values())) <= 0.12, errors
     assert errors["deepseek_v3-baseline-r0"] == pytest.approx(0.111, abs=0.005)
     assert all(abs(e) <= 0.03 for n, e in errors.items() if not n.startswith("deepseek")), errors
+
+
+@pytest.mark.parametrize("layers, pp, split", [(61, 16, (3, 2)), (61, 8, (7, 6)), (61, 32, (None, None)),
+                                               (48, 8, (None, None)), (61, 2, (None, None)), (46, 4, (11, 11))])
+def test_uneven_stages_split_the_rest_over_first_and_last(layers, pp, split):
+    """Layers no pipeline splits evenly: the middle stages take ceil(layers/pp) each, the first and
+    last the rest (DeepSeek-V3's 3 + 14x4 + 2 on PP16); none where the layers split evenly or the
+    rest leaves a stage empty."""
+    from moetune.estimate.memory import uneven_stages
+    got = uneven_stages(layers, pp)
+    assert got == split
+    if got[0]:
+        assert got[0] + got[1] + (pp - 2) * -(-layers // pp) == layers
+
+
+def test_biases_and_sinks_add_their_parameters():
+    """add_bias_linear: per layer the QKV and output biases (d·(heads + 2·groups) + h) and each
+    gated MLP's fc1 and fc2 biases (2·ffn + h, each expert); learnable softmax: one sink a head."""
+    from moetune.experiment.model import ModelArch
+    m = ModelArch("b", 4, 256, 8, 2, 512, 128, 4, 2, 1000, 64)
+    biased = ModelArch(**{**m.to_dict(), "add_bias_linear": True, "softmax_type": "learnable"})
+    p, q = count_params(m), count_params(biased)
+    d = 256 // 8
+    assert q.dense - p.dense == 4 * (d * (8 + 4) + 256 + 8)
+    assert q.experts - p.experts == 4 * 4 * (2 * 128 + 256)
+    assert q.embedding == p.embedding and q.replicated == p.replicated

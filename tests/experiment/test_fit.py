@@ -330,3 +330,12 @@ def test_a_fit_megatron_refused_names_the_refusal():
     assert p["failure_line"] == "AssertionError: attention dropout is not supported with graphed attention recomputation."
     v = fit.verdict({0: p}, 80.0)
     assert not v.fits and v.failure == "python_error" and "attention dropout" in v.reason
+
+
+def test_pipeline_stages_count_dense_layers_wherever_they_are():
+    """A pattern with dense layers 1 and 6 of 8 on PP2: each stage holds one dense layer, three
+    MoE ones."""
+    from moetune.experiment.model import ModelArch
+    m = ModelArch("p", 8, 256, 4, 4, 512, 128, 4, 2, 1000, 64, moe_layer_pattern=(1, 0, 1, 1, 1, 1, 0, 1))
+    stages = fit.pipeline_stages(m, TrainingConfig(pp=2))
+    assert [(s.layers, s.moe_layers) for s in stages] == [(4, 3), (4, 3)]
