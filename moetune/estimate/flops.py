@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from moetune.estimate import kernels as ktable
 from moetune.estimate.memory import attention_params, padded_vocab
 from moetune.estimate.rates import Rates
 from moetune.experiment import gpus
@@ -143,6 +144,8 @@ class StageWork:
     gemms: dict[str, tuple] = field(default_factory=dict)  # kind: ((share of its FLOPs, FLOPs a call), ...)
     bytes: float = 0.0
     kernels: float = 0.0
+    shapes: list = field(default_factory=list)  # (kernels.Gemm, layers that run it) of one micro-batch
+    attention: ktable.Attention | None = None  # one layer's attention shape
 
     def to_dict(self) -> dict:
         return {"index": self.index, "layers": self.layers, "moe_layers": self.moe_layers,
@@ -166,11 +169,15 @@ def stage_work(m: ModelArch, c: TrainingConfig, rates: Rates) -> list[StageWork]
                 w.flops[kind] = w.flops.get(kind, 0.0) + 3 * n * v
             w.flops["recompute"] = w.flops.get("recompute", 0.0) + n * recomputed_flops(m, c, f)
             w.bytes += n * layer_bytes(m, c, moe)
+            w.shapes += [(g, n) for g in ktable.layer_gemms(m, c, moe)]
         if st.index == len(stages) - 1:
             heads = 1 + m.mtp_num_layers
             w.flops["output"] = 3 * heads * output_flops(m, c)
             w.bytes += heads * 3 * 4 * tokens(m, c) * padded_vocab(m, c.tp) / c.tp  # fp32 logits for the loss
-        w.kernels = rates["kernels_per_layer"] * st.layers
+            w.shapes.append((ktable.output_gemm(m, c, padded_vocab(m, c.tp)), heads))
+        w.attention = ktable.attention_shape(m, c)
+        local = max(1, m.num_experts // max(c.ep, 1)) if m.num_experts > 1 else 0
+        w.kernels = rates["kernels_per_layer"] * st.layers + rates["kernels_per_local_expert"] * local * st.moe_layers
         out.append(w)
     return out
 
@@ -189,11 +196,46 @@ def matrix_seconds(w: StageWork, kinds, peak: float, top: float, half_gflop: flo
     return out
 
 
-def compute_ms(w: StageWork, c: TrainingConfig, gpu_type: str, rates: Rates) -> dict[str, float]:
+def table_ms(w: StageWork, c: TrainingConfig, table: ktable.KernelTable) -> dict[str, float]:
+    """{gemm, grouped_gemm, attention}: ms each from the kernel table, every GEMM pass (forward, data
+    and weight gradients) at its shape's measured rate, FP8 where the config trains in it (the output
+    layer and the router stay BF16, as Megatron keeps them); recomputed FLOPs at the stage's mean
+    rate; attention at its shape's measured rate over the stage's attention FLOPs (a sliding window's
+    fewer FLOPs at the same rate)."""
+    dtype = "fp8" if c.fp8_format else "bf16"
+    us = {"gemm": 0.0, "grouped_gemm": 0.0}
+    for gm, layers in w.shapes:
+        d = "bf16" if gm.kind in ("output", "router") else dtype
+        key = "grouped_gemm" if gm.kind in GROUPED else "gemm"
+        us[key] += layers * gm.calls * sum(table.gemm_us(*p, d) for p in gm.passes() if min(p) >= 1)
+    kinds = [k for k, v in w.flops.items() if v and k not in ATTENTION + ("recompute",)]
+    done = sum(w.flops[k] for k in kinds)
+    if w.flops.get("recompute") and done:
+        us["gemm"] += w.flops["recompute"] * (us["gemm"] + us["grouped_gemm"]) / done
+    attention = sum(v for k, v in w.flops.items() if k in ATTENTION)
+    ms = {k: v / 1e3 for k, v in us.items()}
+    a = w.attention
+    if attention and a is not None and table.attention:
+        fwd, bwd = table.attention_us(a)
+        flop = 3 * 4 * a.batch * a.heads * a.seq ** 2 * a.dim * CAUSAL  # forward and backward, measured
+        ms["attention"] = attention / (flop / ((fwd + bwd) * 1e-6)) * 1e3
+    return ms
+
+
+def compute_ms(w: StageWork, c: TrainingConfig, gpu_type: str, rates: Rates,
+               table: ktable.KernelTable | None = None) -> dict[str, float]:
     """{gemm, grouped_gemm, attention, elementwise}: ms each on the GPU (kernels back to back).
-    GEMMs at their size's efficiency (gemm_efficiency); recomputed FLOPs at the stage's mean rate;
-    FP8 GEMMs take `fp8_matrix_time_factor` times their BF16 time (casts included)."""
+    With a kernel table (kernels.table_for), GEMMs and attention as its GPU was measured to run
+    their shapes (table_ms). Without one, GEMMs at their size's efficiency (gemm_efficiency);
+    recomputed FLOPs at the stage's mean rate; FP8 GEMMs take `fp8_matrix_time_factor` times their
+    BF16 time (casts included)."""
     g = gpus.GPUS[gpu_type]
+    if table is not None:
+        measured = table_ms(w, c, table)
+        if "attention" not in measured:
+            attention = sum(v for k, v in w.flops.items() if k in ATTENTION)
+            measured["attention"] = 1e3 * attention / (g.bf16_tflops * 1e12 * rates["attention_efficiency"])
+        return {**measured, "elementwise": 1e3 * w.bytes / (g.hbm_tb_s * 1e12 * rates["hbm_efficiency"])}
     peak = g.bf16_tflops * 1e12
     # FP8 as measured against BF16 (GEMMs and their casts), not the data sheet's FP8 peak
     fp8 = rates["fp8_matrix_time_factor"] if c.fp8_format else 1.0

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from moetune.experiment import gpus
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.model import ModelArch
 
@@ -163,6 +164,31 @@ def shipped(gpu_type: str) -> KernelTable | None:
     if not path.is_file():
         return None
     return KernelTable(json.loads(path.read_text()), f"measured by moetune: kernel probe, {path.name}")
+
+
+def table_for(gpu_type: str) -> KernelTable | None:
+    """The kernel table that prices this GPU type: its own, else one measured on a GPU of the same
+    tensor cores (the GPU table's generation and its BF16 and FP8 peaks: the H100 and H200 SXM share
+    the GH100 die's 132 SMs and 1980 MHz; on the expert GEMM 16384 x 4096 x 3072 on random data an
+    H100 ran 751 TFLOP/s (shared/device-notes.md), the H200 of H200.json 758). None: no table, the
+    model's curve prices the GEMMs."""
+    own = shipped(gpu_type)
+    if own or gpu_type not in gpus.GPUS:
+        return own
+    g = gpus.GPUS[gpu_type]
+    for other, h in gpus.GPUS.items():
+        same = (h.generation, h.bf16_tflops, h.fp8_tflops) == (g.generation, g.bf16_tflops, g.fp8_tflops)
+        table = shipped(other) if other != gpu_type and same else None
+        if table:
+            return _standing_for(table, gpu_type, other)
+    return None
+
+
+def _standing_for(t: KernelTable, gpu_type: str, other: str) -> KernelTable:
+    out = KernelTable.__new__(KernelTable)
+    out.__dict__.update(t.__dict__)
+    out.source = f"{t.source} (an {other}'s, standing for the {gpu_type}: the same tensor cores and peaks)"
+    return out
 
 
 def probe_shapes(layouts) -> dict:

@@ -61,6 +61,8 @@ COMPUTE: tuple[Rate, ...] = (
          "attention kernel time, median of the H100 one-GPU trials without CUDA graphs"),
     Rate("hbm_efficiency", 0.3026, "share", f"{_MEASURED}: the model's element-wise bytes over the trace's "
          "other kernel time (norms, activations, permutation, casts, optimizer), the same trials' median"),
+    Rate("use_kernel_table", 1, "switch", "1: GEMMs and attention priced from the GPU type's measured kernel "
+         "table where one ships (estimate/kernels.py); 0: by the rows above, to compare the two"),
     Rate("fp8_matrix_time_factor", 1.1228, "share", f"{_MEASURED}: FP8 GEMM and cast time over BF16 GEMM "
          "time, trial bank te_gg_fp8 against te_gg (H200, moe_proxy shapes)"),
 )
@@ -70,8 +72,14 @@ OVERLAP: tuple[Rate, ...] = (
          "--overlap-moe-expert-parallel-comm hides behind the other micro-batch's compute"),
 )
 HOST: tuple[Rate, ...] = (
-    Rate("kernels_per_layer", 109.2207, "kernels", f"{_MEASURED}: launches a step per micro-batch and layer, "
-         "median of the H100 one-GPU trials without CUDA graphs (99-176)"),
+    # TE's grouped GEMM launches each local expert's GEMMs (and, without gradient-accumulation fusion,
+    # its gradient adds): a layer's launches grow with the experts a rank holds
+    Rate("kernels_per_layer", 113.8, "kernels", f"{_MEASURED} and benchmarks/results/comm_2gpu.json: launches a "
+         "step per micro-batch and layer less kernels_per_local_expert's, least squares over moetune's traces "
+         "without CUDA graphs at 1, 8 and 64 local experts (qwen3_235b-1gpu t3: 109.2; qwen3_30b_a3b-1gpu t1: "
+         "176.4; qwen3_30b_a3b_ep2 baseline on 2 H200: 515.2)"),
+    Rate("kernels_per_local_expert", 6.297, "kernels", f"{_MEASURED} and benchmarks/results/comm_2gpu.json: "
+         "launches a step per micro-batch, MoE layer and expert the rank holds, the same least squares"),
     Rate("host_us_per_kernel", 100.4229, "us", f"{_MEASURED}: step time over launches of the host-bound "
          "(GPU busy under half) H100 one-GPU trials, 16 CPU cores a rank (88-147)"),
     Rate("cuda_graph_te_launches_removed", 0.4251, "share", f"{_MEASURED}: launches TE CUDA graphs of attn, "

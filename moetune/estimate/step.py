@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from moetune.estimate import comm, flops
+from moetune.estimate import comm, flops, kernels
 from moetune.estimate.memory import attention_params, min_gpus, padded_vocab
 from moetune.estimate.rates import Rates
 from moetune.experiment import gpus
@@ -115,6 +115,12 @@ def host_ms(kernels: float, c: TrainingConfig, node: Node, rates: Rates) -> floa
     return launched * rates["host_us_per_kernel"] * rates["host_cpus_per_rank"] / node.cpus_per_rank / 1e3
 
 
+def kernel_table(gpu_type: str, rates: Rates):
+    """The kernel table that prices this GPU type's GEMMs and attention, unless the rates turn it off
+    (use_kernel_table 0: the curve alone, for comparing the two)."""
+    return kernels.table_for(gpu_type) if rates["use_kernel_table"] else None
+
+
 def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rates | None = None,
             measured_ms: float | None = None) -> Prediction:
     """The step's predicted time. `measured_ms`: a fit's or one-GPU trial's measured time of one
@@ -127,16 +133,17 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
     works = flops.stage_work(m, c, rates)
     a2a = comm.a2a(m, c, node.gpu_type, node.nvlink_domain, rates) if m.num_experts > 1 and c.ep > 1 else None
     stages: list[dict[str, Any]] = []
+    table = kernel_table(node.gpu_type, rates)
     for w in works:
-        parts = flops.compute_ms(w, c, node.gpu_type, rates)
+        parts = flops.compute_ms(w, c, node.gpu_type, rates, table)
         gpu = sum(parts.values())
         host = host_ms(w.kernels, c, node, rates)
         stages.append({"work": w, "parts": parts, "gpu": gpu, "host": host})
     source = "analytic"
     if measured_ms:
         slowest = max(max(s["gpu"], s["host"]) for s in stages)
-        for s in stages:
-            s["gpu"], s["host"] = s["gpu"] * measured_ms / slowest, 0.0
+        for s in stages:  # the measurement is the stage's pace, whichever of GPU and host set it
+            s["gpu"], s["host"] = max(s["gpu"], s["host"]) * measured_ms / slowest, 0.0
         source = "fit"
     for s in stages:
         w = s["work"]
@@ -185,6 +192,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
               "host_launch_ms_per_micro_batch": top["host"],
               "ep_a2a_ms_per_micro_batch": top["a2a_total"],
               "ep_overlap": c.overlap_ep_a2a,
-              "ep_a2a_per_layer": a2a or {}, "dp_sync": top["dp"]}
+              "ep_a2a_per_layer": a2a or {}, "dp_sync": top["dp"],
+              "kernel_table": table.source if table else "none: GEMMs by gemm_efficiency's curve"}
     return Prediction(step, c.global_batch * seq / (step / 1e3) / world, terms, source, inputs,
                       {n: rates.rows[n].to_dict() for n in rates.rows})
