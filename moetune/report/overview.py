@@ -44,7 +44,8 @@ TRIALS_NOTE = ("Judged ms: the median of the log's steady steps (the trace's ste
                "few), what keep or revert decided by; change and p: against the parent, by the rank test. "
                "Predicted ms: the step-time model's, corrected by the study's scale when the trial was "
                "proposed; measured/model: judged ms over the model's own, the residual the scale learns "
-               "from. Profiled ms: the mean of the traced steps, for reference.")
+               "from. Profiled ms: the mean of the traced steps, for reference. TFLOP/s/GPU: at the judged "
+               "step (Megatron's work a step over the judged ms).")
 
 
 def best_view(views: list[TrialView]) -> TrialView | None:
@@ -109,7 +110,7 @@ def trials_table(views: list[TrialView]) -> Table:
                      fmt(v.judged_ms), fmt(v.predicted_ms), fmt(ratio, 2),
                      "" if gain is None else f"{-100 * gain:+.1f}%",
                      "" if ev.get("p_faster") is None else f"{ev['p_faster']:.3g}",
-                     fmt(t.step_time_ms), fmt(t.tflops_per_gpu), t.wall or "", proposed_by(v)])
+                     fmt(t.step_time_ms), fmt(v.figures["tflops_per_gpu"]), t.wall or "", proposed_by(v)])
         depths.append(depth)
     return Table(["trial", "fix", "state", "decision", "judged ms", "predicted ms", "measured/model", "change",
                   "p", "profiled ms",
