@@ -127,8 +127,10 @@ def spent_sentence(s: dict) -> str:
 
 def prediction_sentence(s: dict) -> str:
     """The step-time model's part in the study: its correction and what its skips saved."""
-    text = (f"Step-time model: measured / model {s['prediction_scale']:.2f} (median of "
-            f"{s['prediction_scale_from_trials']} completed trials)")
+    n = s.get("prediction_scale_from_trials") or 0
+    # a scale of no trial is the model's default, not a measured residual
+    text = (f"Step-time model: measured / model {s['prediction_scale']:.2f} (median of {n} completed "
+            f"trial{'s' if n > 1 else ''})" if n else "Step-time model: no completed trial to set it against")
     corr = s.get("prediction_correction") or {}
     parts = [f"{g} x{v:.2f}" for g, v in (corr.get("scales") or {}).items()]
     parts += [f"{g} {v:+.1f} ms" for g, v in (corr.get("offsets_ms") or {}).items()]
