@@ -78,7 +78,7 @@ def throughput(log: dict | None, step_ms: float | None) -> dict:
     tokens = log.get("tokens_per_step")
     if tokens:
         out["tokens_per_s"] = round(tokens / (step_ms / 1e3), 1)
-    work = [ms * t for ms, t in zip(log.get("iteration_ms") or [], log.get("iteration_tflops") or [])
+    work = [ms * t for ms, t in zip(log.get("iteration_ms") or [], log.get("iteration_tflops") or [], strict=False)
             if t is not None]
     if work:  # rounding of the printed rate makes rate x time vary a little: its median
         out["tflops_per_gpu"] = round(float(np.median(work)) / step_ms, 3)

@@ -129,8 +129,8 @@ def parse_log(path: str | Path, steady_skip: int = 2) -> dict:
     if gbs and seq:
         per_step = gbs * int(seq.group(1))
     elif tokens and len(tokens) == len(iters):  # Megatron's own tokens/s of each iteration
-        per_step = round(float(np.median([t * ms / 1e3 for t, (_, ms) in zip(tokens, iters)])))
-    out = {
+        per_step = round(float(np.median([t * ms / 1e3 for t, (_, ms) in zip(tokens, iters, strict=True)])))
+    out: dict = {
         "iterations": len(iters),
         "iteration_ms": [ms for _, ms in iters],
         "iteration_tflops": tflops if any(t is not None for t in tflops) else [],

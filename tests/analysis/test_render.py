@@ -1,9 +1,9 @@
 """moetune/analysis/render.py: the text and Markdown views of an analysis show its wall with its
 confidence, each evidence row (a limit said as a limit), the headline figures, the kernel classes
 by time and the log's failure, on a real analysis of a hand-built trace."""
-from moetune import analysis
 from pathlib import Path
 
+from moetune import analysis
 from moetune.analysis.logs import parse_log
 from moetune.analysis.render import HEADLINE, figure_rows, render_markdown, render_text
 from tests.nsys_fixture import TraceBuilder
