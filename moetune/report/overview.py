@@ -65,6 +65,14 @@ def kept_path(views: list[TrialView], best: TrialView) -> list[TrialView]:
     return out[::-1]
 
 
+def _throughput_sentence(base: TrialView, best: TrialView) -> list[str]:
+    """Throughput at the judged steps (analysis/figures.py), so its ratio is the judged speed-up."""
+    a, b = base.figures, best.figures
+    parts = [f"{a[k]:{f}} → {b[k]:{f}} {unit}" for k, f, unit in
+             (("tokens_per_s", ".0f", "tokens/s"), ("tflops_per_gpu", ".1f", "TFLOP/s/GPU")) if a[k] and b[k]]
+    return [f"Throughput at the judged step: {', '.join(parts)}."] if parts else []
+
+
 def headline(views: list[TrialView], stop_reason: str | None = None) -> tuple[list[str], list[str], TrialView | None]:
     """(sentences, warnings, best): the judged baseline → best with its rank test and walls; where
     no trial ran, why the study stopped (`stop_reason`, its stop decision's: the preflight's)."""
@@ -89,6 +97,7 @@ def headline(views: list[TrialView], stop_reason: str | None = None) -> tuple[li
     out = [f"Judged step time (median of the log's steady steps; what keep or revert decided by): "
            f"baseline {ms(base.judged_ms)} → best {ms(best.judged_ms)} (trial {best.trial.number}), "
            f"{speed:.2f}x faster ({test}).",
+           *_throughput_sentence(base, best),
            f"Wall: {base.trial.wall} → {best.trial.wall}.",
            "Kept fixes on the way: " + "; ".join(f"trial {v.trial.number} {v.trial.fix} ({change_text(v)})"
                                                  for v in kept_path(views, best)) + "."]

@@ -247,6 +247,7 @@ def test_demo_figures_agree_on_one_step_time(demo):
     assert "baseline 461.7 ms, judged" in out
     assert trials[1].tflops_per_gpu == pytest.approx(58.9, abs=0.1)
     assert trials[3].tflops_per_gpu / trials[1].tflops_per_gpu == pytest.approx(461.7 / 253.5, rel=0.01)
+    assert "Throughput at the judged step: 70972 → 129262 tokens/s, 58.9 → 107.3 TFLOP/s/GPU." in text
     assert "Step time, judged: 461.7 ms (median of 9 steady log steps, ± 64.9 ms); 70972 tokens/s, " \
            "58.9 TFLOP/s/GPU at the judged step" in text
 
