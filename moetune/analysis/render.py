@@ -31,7 +31,11 @@ def figure_rows(r: dict) -> list[tuple[str, str]]:
     if rate:
         rows.append(("throughput", rate))
     if f["peak_memory_gib"] is not None:
-        rows.append(("peak memory", figures.memory_text(f["peak_memory_gib"], f["peak_memory_source"])))
+        text = figures.memory_text(f["peak_memory_gib"], f["peak_memory_source"])
+        allocated = (r.get("log") or {}).get("max_allocated_gb")
+        if f["peak_memory_source"] == "trace" and allocated is not None:  # both measures, each labelled
+            text += f"; {figures.memory_text(allocated, 'log')}"
+        rows.append(("peak memory", text))
     warn = figures.unstable_text(f)
     if warn:
         rows.append(("warning", warn))

@@ -67,6 +67,7 @@ def test_trace_and_log_show_the_judged_step_first_and_the_mean_as_secondary():
     assert lines[2] == ("  profiled step          868.6 ± 852.9 ms, mean of 4 traced steps (a stall "
                         "inflates it)")
     assert lines[3] == "  throughput             70972 tokens/s, 58.9 TFLOP/s/GPU at the judged step"
-    assert lines[4] == "  peak memory            16.59 GiB held through CUDA (trace)"
+    assert lines[4] == ("  peak memory            16.59 GiB held through CUDA (trace); 13.36 GiB max allocated "
+                        "by PyTorch (log)")
     assert lines[5].startswith("  warning                the steps' mean is unstable: 868.6 ± 852.9 ms")
     assert "| step time | 461.7 ms/step (median of 9 steady log steps ± 64.9 ms) |" in render_markdown(r)
