@@ -37,7 +37,7 @@ RUN = REPO / "benchmarks" / "one_gpu_tuning"
 BANK = REPO / "data" / "trial_bank"
 SECTION = "## One-GPU tuning at production shapes"
 # traces the bank keeps (the rest of the trials keep log and analysis): every trial of the study
-# `make demo MODEL=qwen3_30b_a3b` replays, and the incumbent of the other (the bank stays < 60 MB)
+# `make demo MODEL=qwen3_30b_a3b` replays, and the incumbent of the other (the bank stays < 60 MiB)
 BANK_TRACES = {"qwen3_30b_a3b-1gpu": "all", "qwen3_235b-1gpu": {3}}
 SMALL = (".json", ".md", ".sh")  # a trial's files copied as they are; logs go in xz'd
 

@@ -29,7 +29,8 @@ from moetune.analysis.logs import parse_log  # noqa: E402
 
 BANK = REPO / "data" / "trial_bank"
 
-# Traces analysed but not kept (the bank stays under 20 MB): each repeats what a kept trace shows.
+# Traces analysed but not kept (the bank is 54 MiB with the kept ones): each repeats what a kept
+# trace shows.
 # Their analysis stays in bank.jsonl; `trace` is null.
 TRACE_DROPPED = {
     "mbs1": "same timeline as baseline with half the tokens per step",

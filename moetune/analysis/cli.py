@@ -7,7 +7,7 @@ import sys
 
 from moetune.analysis import analyze
 from moetune.analysis.errors import MoetuneError
-from moetune.analysis.render import render_markdown, render_text
+from moetune.analysis.render import figure_rows, render_markdown, render_text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,28 +56,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _ms(v) -> str:
-    return "-" if v is None else f"{v:.1f} ms"
-
-
 def log_rows(r: dict) -> list[tuple[str, str]]:
     """(label, value) of an analysis of a log alone: its wall or why there is none, then what the
     log shows, the steady steps' median first (what a trial is judged by), and how it ended."""
-    c, log = r["metrics"]["combined"], r.get("log") or {}
+    log = r.get("log") or {}
     ev = (r.get("evidence") or [{}])[0]
     wall = (f"{r['wall']} (confidence {r['confidence']:.2f}; {ev.get('metric')} = {ev.get('value')}, rule "
             f"{ev.get('rule')})" if r["wall"] != "unknown" else f"not judged ({ev.get('reason')})")
-    rows = [("wall", wall), ("iterations", str(log.get("iterations") or 0))]
-    if c.get("steady_median_ms") is not None:
-        rows.append(("steady step", f"median {_ms(c['steady_median_ms'])} ± {_ms(c.get('steady_mad_ms'))} "
-                                    f"over {c['steady_steps']} steady iterations"))
-    if c.get("step_time_ms") is not None:
-        rows.append(("mean step", f"{_ms(c['step_time_ms'])} ± {_ms(c.get('step_time_std_ms'))} "
-                                  "(after 2 warm-up iterations; a stall inflates it)"))
-    for label, key, unit in (("TFLOP/s per GPU", "tflops_per_gpu", ""), ("tokens/s", "tokens_per_s", ""),
-                             ("peak memory", "peak_memory_gb", " GB (max allocated)")):
-        if c.get(key) is not None:
-            rows.append((label, f"{c[key]:.1f}{unit}" if key != "peak_memory_gb" else f"{c[key]:.2f}{unit}"))
+    rows = [("wall", wall), ("iterations", str(log.get("iterations") or 0)), *figure_rows(r)]
     failure = log.get("failure")
     rows.append(("ended", f"{failure}: {log.get('failure_line')}" if failure else "no failure in the log"))
     return rows

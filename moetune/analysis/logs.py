@@ -8,6 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from moetune.analysis.errors import TraceError
+from moetune.analysis.figures import MIN_STEADY_STEPS, steady_iterations, throughput
+
+__all__ = ["MIN_STEADY_STEPS", "parse_log", "read_log_text", "steady_iterations"]
 
 ITER = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|.*?elapsed time per iteration \(ms\):\s*([\d.]+)")
 TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")
@@ -39,21 +42,6 @@ def unsteady_iterations(text: str) -> list[int]:
         out.update(range(1, int(warmup) + 2))
     return sorted(out)
 
-
-MIN_STEADY_STEPS = 6  # steady iterations a log needs before its median judges a step time
-
-
-def steady_iterations(log: dict | None) -> list[float]:
-    """A parsed log's iteration times without warm-up (the first fifth, at least 3) and without the
-    iterations it names unsteady; where that leaves fewer than MIN_STEADY_STEPS, only without
-    warm-up. What a step time is judged by (moetune/decide/judge.py) and a log alone reports."""
-    log = log or {}
-    its = log.get("iteration_ms") or []
-    skip = max(3, len(its) // 5)
-    first = log.get("first_iteration") or 1
-    unsteady = set(log.get("unsteady_iterations") or ())
-    quiet = [ms for i, ms in enumerate(its) if i >= skip and first + i not in unsteady]
-    return quiet if len(quiet) >= MIN_STEADY_STEPS else list(its[skip:])
 
 # (failure, pattern). First match in file order of this table wins.
 FAILURES: tuple[tuple[str, re.Pattern], ...] = (
@@ -117,8 +105,7 @@ def parse_log(path: str | Path, steady_skip: int = 2) -> dict:
         if m:
             iters.append((int(m.group(1)), float(m.group(3))))
             t = TFLOPS.search(line)
-            if t:
-                tflops.append(float(t.group(1)))
+            tflops.append(float(t.group(1)) if t else None)
             g = GLOBAL_BATCH.search(line)
             if g:
                 gbs = int(g.group(1))
@@ -138,21 +125,29 @@ def parse_log(path: str | Path, steady_skip: int = 2) -> dict:
             break
     steady = [ms for it, ms in iters if it > steady_skip] or [ms for _, ms in iters]
     seq = SEQ_LENGTH.search(text)
-    if not tokens and steady and gbs and seq:  # tokens per step / step time
-        tokens = [gbs * int(seq.group(1)) / (float(np.mean(steady)) / 1e3)]
-    out = {
+    per_step = None
+    if gbs and seq:
+        per_step = gbs * int(seq.group(1))
+    elif tokens and len(tokens) == len(iters):  # Megatron's own tokens/s of each iteration
+        per_step = round(float(np.median([t * ms / 1e3 for t, (_, ms) in zip(tokens, iters, strict=True)])))
+    out: dict = {
         "iterations": len(iters),
         "iteration_ms": [ms for _, ms in iters],
+        "iteration_tflops": tflops if any(t is not None for t in tflops) else [],
+        "tokens_per_step": per_step,
         "first_iteration": iters[0][0] if iters else None,
         "unsteady_iterations": unsteady_iterations(text),
+        # the mean after warm-up: secondary (a stall inflates it), the judged median is the step time
         "step_time_ms": round(float(np.mean(steady)), 3) if steady else None,
         "step_time_std_ms": round(float(np.std(steady, ddof=1)), 3) if len(steady) > 1 else None,
-        "tflops_per_gpu": round(float(np.mean(tflops[steady_skip:] or tflops)), 3) if tflops else None,
-        "tokens_per_s": round(float(np.mean(tokens)), 1) if tokens else None,
         "max_allocated_gb": round(max(alloc) / 1024, 3) if alloc else None,
         "max_reserved_gb": round(max(reserved) / 1024, 3) if reserved else None,
         "failure": failure,
         "failure_line": failure_line,  # the first line that names it
         "last_lines": text.splitlines()[-10:],
     }
+    # tokens/s and TFLOP/s/GPU at the steady steps' median, the step time a log alone is judged by
+    # (too short a log for steady steps: at its mean, as judged_step falls back to it)
+    its = steady_iterations(out)
+    out.update(throughput(out, float(np.median(its)) if its else out["step_time_ms"]))
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from moetune.analysis import figures
 from moetune.analysis.load import GRAPHS_WHOLE, graphs_traced_whole_in
 from moetune.analysis.logs import parse_log, steady_iterations
 from moetune.analysis.metrics import combine
@@ -71,12 +72,18 @@ def result(combined: dict, per_rank: dict, parsed_log: dict | None, gpu_memory_g
     """The analysis of combined and per-rank metrics: the log speaks where the trace is silent,
     then the wall. `warnings`: what the capture leaves out of the figures (the wall is decided on
     them all the same)."""
+    if combined.get("peak_memory_gb") is not None:
+        combined["peak_memory_source"] = "trace"
     if parsed_log:
-        for key in ("step_time_ms", "step_time_std_ms", "tflops_per_gpu", "tokens_per_s"):
+        for key in ("step_time_ms", "step_time_std_ms"):
             if combined.get(key) is None and parsed_log.get(key) is not None:
                 combined[key] = parsed_log[key]
-        if parsed_log.get("max_allocated_gb") is not None:
-            combined.setdefault("peak_memory_gb", parsed_log["max_allocated_gb"])
+        if parsed_log.get("max_allocated_gb") is not None and combined.get("peak_memory_gb") is None:
+            combined.update(peak_memory_gb=parsed_log["max_allocated_gb"], peak_memory_source="log")
+        # throughput at the step time judged on this very analysis (analysis/figures.py)
+        judged = figures.judged_step({"log": parsed_log, "metrics": {"combined": combined}})
+        combined.update({k: v for k, v in figures.throughput(parsed_log, judged["step_time_ms"]).items()
+                         if v is not None})
     verdict = classify_wall(combined, parsed_log, gpu_memory_gb)
     return {
         "wall": verdict["wall"],

@@ -111,9 +111,32 @@ def cmd_fit(args, _rest):
     return fit.exit_code(fitted)
 
 
+def _dry_run(args, exp) -> int:
+    """`--dry-run`: the study's first trials, their predicted step and GPU-hours, and the budget;
+    the store only read (none is created), no folder made, no lock taken."""
+    from moetune.estimate import StoreReadings
+    from moetune.job import executors
+    from moetune.tune import dryrun
+    lacking = None
+    if args.executor == "replay":  # the demo proposes only what its bank recorded
+        from moetune.job.replay import find
+        lacking = executors.of_kind("replay", args.bank).not_proposed
+        entry = find(exp.baseline, args.bank)
+        args.one_gpu = args.one_gpu or bool(entry and entry.get("one_gpu"))
+        exp.tuning = exp.tuning.model_copy(update={"fit_first": False})  # a replay fits nothing
+    if args.one_gpu:
+        exp.tuning = exp.tuning.model_copy(update={"one_gpu": True})
+    plan = dryrun.dry_run(exp, StoreReadings(args.db), max_trials=args.max_trials,
+                          max_gpu_hours=args.max_gpu_hours, lacking=lacking)
+    print(dryrun.render(plan))
+    return 0
+
+
 def cmd_tune(args, _rest):
     from moetune.tune import loop as tuner  # not for `moetune --help` (above)
     exp = refused_layout(args.model)  # the experiment's YAML, loaded once for the whole run
+    if args.dry_run:
+        return _dry_run(args, exp)
     writable_folder(args.runs, "runs")
     writable_folder(args.out, "reports")
     summary = tuner.tune(exp, _store(args), executor=args.executor,
@@ -279,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override the experiment's GPU-hour budget (whole jobs: fits and "
                              "preflight included)")
         sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+        sp.add_argument("--dry-run", action="store_true",
+                        help="print the first trials the study would try, their predicted step time and "
+                             "GPU-hours, and the budget; run and write nothing")
         sp.add_argument("--one-gpu", action="store_true",
                         help="every trial on one GPU: one rank of the layout alone under Megatron's fake "
                              "process group (tuning.one_gpu; study NAME-1gpu)")

@@ -20,30 +20,20 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-from moetune.analysis import logs
+from moetune.analysis import figures
 
-MIN_LOG_STEPS = logs.MIN_STEADY_STEPS  # steady log iterations needed to judge by the log
+MIN_LOG_STEPS = figures.MIN_STEADY_STEPS  # steady log iterations needed to judge by the log
 EXACT_UP_TO = 200  # steps on both sides together up to which U's exact distribution is computed
 
 
 def steady_iterations(analysis: dict | None) -> np.ndarray:
-    """The log's iteration times without warm-up (the first fifth, at least 3) and without the
-    iterations the log names unsteady (moetune/analysis/logs.py: the profiled window, a CUDA graph capture);
-    where that leaves fewer than MIN_LOG_STEPS, only without warm-up."""
-    return np.array(logs.steady_iterations((analysis or {}).get("log")), dtype=float)
+    """The log's steady iteration times (moetune/analysis/figures.py steady_iterations: without
+    warm-up and the iterations the log names unsteady)."""
+    return np.array(figures.steady_iterations((analysis or {}).get("log")), dtype=float)
 
 
-def judged_step(analysis: dict | None) -> dict:
-    """The median of the log's steady iterations with its spread from the median absolute deviation;
-    with too few iterations, the trace's NVTX steps (mean and standard deviation)."""
-    steady = steady_iterations(analysis)
-    if steady.size >= MIN_LOG_STEPS:
-        med = float(np.median(steady))
-        return {"step_time_ms": round(med, 3), "steps": int(steady.size), "source": "log median",
-                "step_time_std_ms": round(float(np.median(np.abs(steady - med))) * 1.4826, 3)}
-    c = ((analysis or {}).get("metrics") or {}).get("combined") or {}
-    return {"step_time_ms": c.get("step_time_ms"), "step_time_std_ms": c.get("step_time_std_ms"),
-            "steps": c.get("steps"), "source": "trace steps"}
+# the step time a decision judges by: the one definition every printer shows
+judged_step = figures.judged_step
 
 
 def noise_ms(parent: dict, new: dict, rel: float) -> float:

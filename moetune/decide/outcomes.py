@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from moetune.analysis import figures
 from moetune.decide import applied
 from moetune.decide.judge import compare
 from moetune.trial.run import TrialOutcome
@@ -53,14 +54,6 @@ def parent_kind(parent) -> str:
     return "unfit" if parent.state == "no_fit" else "ran"
 
 
-def _combined(analysis: dict | None) -> dict:
-    return ((analysis or {}).get("metrics") or {}).get("combined") or {}
-
-
-def _ms(v) -> str:
-    return "? ms" if v is None else f"{v:.1f} ms"
-
-
 def _stage_error(ctx: OutcomeContext) -> Ruling:  # measured nothing: the study goes on
     out = ctx.outcome
     return Ruling("stage_error", out.error or f"{out.stage} failed",
@@ -71,10 +64,20 @@ def _unfit(ctx: OutcomeContext) -> Ruling:  # never reached the cluster: a memor
     return Ruling("unfit", ctx.outcome.error or "does not fit", line=f"{ctx.outcome.error}")
 
 
+def _measured(analysis: dict | None) -> tuple[dict, str]:
+    """A kept run's recorded figures (the judged step time the next trials are compared with, the
+    profiled mean beside it, throughput at the judged step; analysis/figures.py) and their line."""
+    f = figures.run_figures(analysis)
+    ev = {"step_time_ms": f["step_time_ms"], "step_time_std_ms": f["step_time_std_ms"],
+          "judged_by": f["source"], "profiled_step_time_ms": f["profiled_ms"],
+          "tokens_per_s": f["tokens_per_s"], "tflops_per_gpu": f["tflops_per_gpu"]}
+    rate = figures.throughput_text(f)
+    return ev, figures.step_text(f) + (f", {rate.removesuffix(' at the judged step')}" if rate else "")
+
+
 def _keep_baseline(ctx: OutcomeContext) -> Ruling:
-    ms = _combined(ctx.outcome.analysis).get("step_time_ms")
-    return Ruling("keep", "baseline", {"step_time_ms": ms},
-                  f"baseline {_ms(ms)}/step, wall {(ctx.outcome.analysis or {}).get('wall')}")
+    ev, text = _measured(ctx.outcome.analysis)
+    return Ruling("keep", "baseline", ev, f"baseline {text}, wall {(ctx.outcome.analysis or {}).get('wall')}")
 
 
 def _revert_baseline(ctx: OutcomeContext) -> Ruling:
@@ -87,9 +90,9 @@ def _skip(ctx: OutcomeContext) -> Ruling:
 
 
 def _keep_first_fit(ctx: OutcomeContext) -> Ruling:
-    ms = _combined(ctx.outcome.analysis).get("step_time_ms")
+    ev, text = _measured(ctx.outcome.analysis)
     return Ruling("keep", f"the first layout that fits: {ctx.fix} on top of trial {ctx.parent_number}",
-                  {"step_time_ms": ms}, f"{ctx.fix} fits, {_ms(ms)}/step")
+                  ev, f"{ctx.fix} fits, {text}")
 
 
 def _revert_failed(ctx: OutcomeContext) -> Ruling:

@@ -100,8 +100,9 @@ class ReplayExecutor(Executor):
         ex = submitit.LocalExecutor(folder=folder)
         ex.update_parameters(timeout_min=self.TIMEOUT_MIN)
         config = json.loads(spec.paths.config.read_text())
-        job = ex.submit(replay_job, config, str(spec.folder),
-                        str(self.bank_dir) if self.bank_dir else None)
+        with scheduler.child_stderr(spec.paths.local_controller_log):
+            job = ex.submit(replay_job, config, str(spec.folder),
+                            str(self.bank_dir) if self.bank_dir else None)
         return scheduler.JobRef(job_id=str(job.job_id), kind="local", folder=str(folder), name=spec.name)
 
 

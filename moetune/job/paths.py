@@ -83,6 +83,12 @@ class TrialPaths:
         """submitit's folder; the names inside are its own (scheduler.JobRef.paths)."""
         return self._at("submitit")
 
+    @property
+    def local_controller_log(self) -> Path:
+        """The local executor's controller's own stderr (submitit's process that watches the job;
+        its traceback on Ctrl-C lands here, not on the console)."""
+        return self._at("local_controller.err")
+
     def previous(self, job_id: str) -> Path:
         """A forced re-submit sets the earlier attempt's files aside here."""
         return self._at(f"previous/{job_id}")
@@ -215,7 +221,7 @@ class TrialPaths:
                     self.nsys_version, self.metrics, self.recipes, self.postprocess_out)
         single = (self.sbatch, self.job_script, self.spec, self.config, self.command,
                   self.one_gpu_rank, self.bundle, self.ranks_conf, self.export_script, self.job,
-                  self.submitit, self.log, self.state, self.postprocess, self.analysis,
+                  self.submitit, self.local_controller_log, self.log, self.state, self.postprocess, self.analysis,
                   self.decision, self.timeline, self.top_kernels, self.fit.folder, self.fit_result,
                   self.previous("*").parent)
         return sorted([p.name for p in single] + [name_of("*").name for name_of in per_rank])

@@ -39,7 +39,7 @@ def load_bank(bank_dir: str | Path | None = None) -> list[dict]:
     path = Path(bank_dir or settings.bank()) / "bank.jsonl"
     if not path.exists():
         raise ReplayError(f"{path}: no trial bank here; the demo replays a checkout's data/trial_bank "
-                          "(51 MB, not in the wheel): give --bank CHECKOUT/data/trial_bank or set "
+                          "(54 MiB, not in the wheel): give --bank CHECKOUT/data/trial_bank or set "
                           "MOETUNE_BANK")
     out = []
     for n, line in enumerate(path.read_text().splitlines(), 1):

@@ -15,7 +15,9 @@ import os
 import pickle
 import signal
 import subprocess
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -217,12 +219,34 @@ def make_executor(kind: str, folder: str | Path, spec: JobSpec | None = None):
     return ex
 
 
+@contextmanager
+def child_stderr(path: Path | None):
+    """Children started inside write their stderr to `path` (None: unchanged). submitit's local
+    controller inherits this process's stderr and, on the terminal's Ctrl-C, prints its own
+    KeyboardInterrupt traceback there, between the tuner's lines; the tuner says the one line."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved, fd = os.dup(2), os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
 def submit(spec: JobSpec, kind: str = "auto") -> JobRef:
     kind = resolve_kind(kind)
     folder = spec.paths.submitit
     ex = make_executor(kind, folder, spec)
     try:
-        job = ex.submit(RunScript(str(spec.paths.job_script), spec.log))
+        with child_stderr(spec.paths.local_controller_log if kind == "local" else None):
+            job = ex.submit(RunScript(str(spec.paths.job_script), spec.log))
     except Exception as e:  # submitit wraps sbatch's message
         raise JobError(f"submitting {spec.name} failed: {str(e).strip().splitlines()[-1]}") from None
     return JobRef(job_id=str(job.job_id), kind=kind, folder=str(folder), name=spec.name)

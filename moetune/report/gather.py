@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from moetune.analysis import figures
 from moetune.job.paths import TrialPaths
 from moetune.store import Decision, Store, Study, Trial
 from moetune.tune.state import JUDGED
@@ -39,6 +40,15 @@ class TrialView:
             text += (f" Of {step:.1f} ms per step, {max(alone):.1f} ms is this rank's compute measured "
                      "alone on one GPU; the rest is communication, waiting and pipeline bubbles.")
         return text
+
+    @property
+    def figures(self) -> dict:
+        """The trial's step time, throughput and memory as printed everywhere (analysis/figures.py);
+        without an analysis file, the throughput its store row holds."""
+        f = figures.run_figures(self.analysis)
+        if self.analysis is None:
+            f["tflops_per_gpu"] = self.trial.tflops_per_gpu
+        return f
 
     @property
     def combined(self) -> dict:

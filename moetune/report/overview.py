@@ -46,7 +46,8 @@ TRIALS_NOTE = ("Judged ms: the median of the log's steady steps (the trace's ste
                "few), what keep or revert decided by; change and p: against the parent, by the rank test. "
                "Predicted ms: the step-time model's, corrected by the study's scale when the trial was "
                "proposed; measured/model: judged ms over the model's own, the residual the scale learns "
-               "from. Profiled ms: the mean of the traced steps, for reference.")
+               "from. Profiled ms: the mean of the traced steps, for reference. TFLOP/s/GPU: at the judged "
+               "step (Megatron's work a step over the judged ms).")
 
 EXPORT_NOTE = ("The command lines in the appendix are the measurements' (mock data, a few steps, profiling). "
                "To launch the best configuration, export it: Megatron arguments without the measuring flags "
@@ -69,6 +70,14 @@ def kept_path(views: list[TrialView], best: TrialView) -> list[TrialView]:
         out.append(v)
         v = by_id.get(v.trial.parent_id)
     return out[::-1]
+
+
+def _throughput_sentence(base: TrialView, best: TrialView) -> list[str]:
+    """Throughput at the judged steps (analysis/figures.py), so its ratio is the judged speed-up."""
+    a, b = base.figures, best.figures
+    parts = [f"{a[k]:{f}} → {b[k]:{f}} {unit}" for k, f, unit in
+             (("tokens_per_s", ".0f", "tokens/s"), ("tflops_per_gpu", ".1f", "TFLOP/s/GPU")) if a[k] and b[k]]
+    return [f"Throughput at the judged step: {', '.join(parts)}."] if parts else []
 
 
 def headline(views: list[TrialView], stop_reason: str | None = None) -> tuple[list[str], list[str], TrialView | None]:
@@ -95,6 +104,7 @@ def headline(views: list[TrialView], stop_reason: str | None = None) -> tuple[li
     out = [f"Judged step time (median of the log's steady steps; what keep or revert decided by): "
            f"baseline {ms(base.judged_ms)} → best {ms(best.judged_ms)} (trial {best.trial.number}), "
            f"{speed:.2f}x faster ({test}).",
+           *_throughput_sentence(base, best),
            f"Wall: {base.trial.wall} → {best.trial.wall}.",
            "Kept fixes on the way: " + "; ".join(f"trial {v.trial.number} {v.trial.fix} ({change_text(v)})"
                                                  for v in kept_path(views, best)) + "."]
@@ -116,7 +126,7 @@ def trials_table(views: list[TrialView]) -> Table:
                      fmt(v.judged_ms), fmt(v.predicted_ms), fmt(ratio, 2),
                      "" if gain is None else f"{-100 * gain:+.1f}%",
                      "" if ev.get("p_faster") is None else f"{ev['p_faster']:.3g}",
-                     fmt(t.step_time_ms), fmt(t.tflops_per_gpu), t.wall or "", proposed_by(v)])
+                     fmt(t.step_time_ms), fmt(v.figures["tflops_per_gpu"]), t.wall or "", proposed_by(v)])
         depths.append(depth)
     return Table(["trial", "fix", "state", "decision", "judged ms", "predicted ms", "measured/model", "change",
                   "p", "profiled ms",
@@ -133,8 +143,10 @@ def spent_sentence(s: dict) -> str:
 
 def prediction_sentence(s: dict) -> str:
     """The step-time model's part in the study: its correction and what its skips saved."""
-    text = (f"Step-time model: measured / model {s['prediction_scale']:.2f} (median of "
-            f"{s['prediction_scale_from_trials']} completed trials)")
+    n = s.get("prediction_scale_from_trials") or 0
+    # a scale of no trial is the model's default, not a measured residual
+    text = (f"Step-time model: measured / model {s['prediction_scale']:.2f} (median of {n} completed "
+            f"trial{'s' if n > 1 else ''})" if n else "Step-time model: no completed trial to set it against")
     corr = s.get("prediction_correction") or {}
     parts = [f"{g} x{v:.2f}" for g, v in (corr.get("scales") or {}).items()]
     parts += [f"{g} {v:+.1f} ms" for g, v in (corr.get("offsets_ms") or {}).items()]

@@ -8,6 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from moetune import settings
+from moetune.analysis import figures
 from moetune.decide import rules as rules_mod
 from moetune.decide.judge import judged_step
 from moetune.errors import MoetuneError
@@ -15,7 +16,7 @@ from moetune.experiment import gpus
 from moetune.report.gather import TrialView, is_baseline
 from moetune.report.text import count, fmt, ms, pct
 
-UNSTABLE_SPREAD = 0.25  # steps whose spread exceeds this share of their centre are not a fair speed
+UNSTABLE_SPREAD = figures.UNSTABLE_SPREAD
 
 
 @dataclass
@@ -169,27 +170,30 @@ def proposed_by(v: TrialView) -> str:
     return ev["wall"] + (f" ({fmt(ev['confidence'], 2)})" if ev.get("confidence") else "")
 
 
-def memory_fact(peak_gb, device_gb, gpu_type: str | None) -> str:
-    """The peak against the GPU's memory, each figure with its source: what the device reported to
-    CUDA in the trace (GiB), and the data sheet's (experiment/gpus.py) where the GPU type is known."""
+def memory_fact(peak_gb, device_gb, gpu_type: str | None, source: str | None = "trace") -> str:
+    """The peak (GiB, from the trace or the log: `source`) against the GPU's memory, each figure
+    with its unit and source: what the device reported to CUDA in the trace (GiB), and the data
+    sheet's (experiment/gpus.py, GB) where the GPU type is known."""
     sheet = gpus.memory_gb(gpu_type)
     sheet_text = f"{gpu_type} data sheet: {fmt(sheet, 0)} GB" if sheet else None
+    peak = figures.memory_text(peak_gb, source) if peak_gb is not None else "-"
     if device_gb is None:
-        return f"Memory: peak {fmt(peak_gb, 2)} GB" + (f" ({sheet_text})" if sheet_text else "")
-    return (f"Memory: peak {fmt(peak_gb, 2)} GB of {fmt(device_gb, 1)} GB the device reports to CUDA"
+        return f"Memory: peak {peak}" + (f" ({sheet_text})" if sheet_text else "")
+    return (f"Memory: peak {peak} of {fmt(device_gb, 1)} GiB the device reports to CUDA"
             + (f" ({sheet_text})" if sheet_text else ""))
 
 
 def trial_facts(v: TrialView, cluster: dict | None = None) -> list[str]:
     """The evidence rows of a trial's analysis, each 'Label: value'; `cluster`: the study's section."""
-    t, c, an = v.trial, v.combined, v.analysis or {}
+    c, an = v.combined, v.analysis or {}
     cluster = cluster or {}
     hidden = max(0.0, (c.get("comm_share") or 0) - (c.get("exposed_comm_share") or 0))
     split = a2a_split(c, cluster.get("profile_ranks"))
     return [f"Wall: {an.get('wall')} (confidence {fmt(an.get('confidence'), 2)})",
-            f"Step time, judged: {ms(v.judged_ms)} ({judged_source(v)})",
+            f"Step time, judged: {ms(v.judged_ms)} ({judged_source(v)})"
+            + (f"; {rate}" if (rate := figures.throughput_text(v.figures)) else ""),
             f"Step time, profiled: {ms(c.get('step_time_ms'))} ± {ms(c.get('step_time_std_ms'))}, mean of "
-            f"{count(c.get('steps'))} traced steps; TFLOP/s per GPU {fmt(t.tflops_per_gpu)}",
+            f"{count(c.get('steps'))} traced steps",
             f"Communication: {pct(c.get('comm_share'))} of the window, exposed "
             f"{pct(c.get('exposed_comm_share'))} (all-to-all exposed {ms(c.get('exposed_a2a_ms'))}/step), "
             f"hidden {pct(hidden)}",
@@ -198,7 +202,8 @@ def trial_facts(v: TrialView, cluster: dict | None = None) -> list[str]:
             f"over 100 us ({ms(c.get('gaps_over_100us_ms'))})",
             f"Idle causes: launch-starved {ms(c.get('launch_starved_ms'))}, sync-blocked "
             f"{ms(c.get('sync_blocked_ms'))}",
-            memory_fact(c.get("peak_memory_gb"), an.get("gpu_memory_gb"), cluster.get("gpu_type")),
+            memory_fact(c.get("peak_memory_gb"), an.get("gpu_memory_gb"), cluster.get("gpu_type"),
+                        c.get("peak_memory_source")),
             f"Kernels: {count(c.get('kernels_per_step'))} per step, median kernel "
             f"{fmt(c.get('median_kernel_us'))} us; CUDA graph launches {count(c.get('cuda_graph_launches'))}"]
 

@@ -25,7 +25,7 @@ def _figure(key: str, v) -> str:
 def _evidence(d) -> str:
     ev = d.evidence or {}
     bits = []
-    for key in ("parent_step_time_ms", "step_time_ms", "p_faster", "noise_ms", "verify"):
+    for key in ("parent_step_time_ms", "step_time_ms", "profiled_step_time_ms", "p_faster", "noise_ms", "verify"):
         if ev.get(key) is not None:
             bits.append(f"{key}={_figure(key, ev[key])}")
     if ev.get("deciding"):
@@ -44,12 +44,16 @@ def render_study(store, name: str) -> str:
     if s.get("stop_reason"):
         lines.append(f"  stopped: {s['stop_reason']}")
     lines.append(f"  {spent_sentence(s)}")
-    lines.append(f"  {'#':>3} {'id':>4} {'fix':<28} {'state':<10} {'judged ms':>9} {'profiled':>9} {'TFLOP/s':>8} "
-                 f"{'wall':<14} hash")
+    # throughput at the judged step, peak memory in GiB (analysis/figures.py); profiled: the traced mean
+    lines.append(f"  {'#':>3} {'id':>4} {'fix':<28} {'state':<10} {'judged ms':>9} {'profiled':>9} "
+                 f"{'tokens/s':>9} {'TFLOP/s':>8} {'peak GiB':>8} {'wall':<14} hash")
     for t in store.trials(study.id):
+        m = store.metrics(t.id)
+        tokens = m.get("tokens_per_s")
         lines.append(f"  {t.number:>3} {t.id:>4} {(t.fix or 'baseline')[:28]:<28} {t.state:<10} "
-                     f"{_ms(store.metrics(t.id).get('judged_step_time_ms')):>9} {_ms(t.step_time_ms):>9} "
-                     f"{_ms(t.tflops_per_gpu):>8} {(t.wall or '-'):<14} "
+                     f"{_ms(m.get('judged_step_time_ms')):>9} {_ms(t.step_time_ms):>9} "
+                     f"{(f'{tokens:.0f}' if tokens else '-'):>9} {_ms(t.tflops_per_gpu):>8} "
+                     f"{(f'{t.peak_memory_gb:.2f}' if t.peak_memory_gb else '-'):>8} {(t.wall or '-'):<14} "
                      f"{t.config_hash}")
     lines += one_gpu_lines(store, study)
     lines.append("  decisions:")

@@ -106,9 +106,12 @@ def test_log_alone_reports_what_the_log_shows(capsys):
     assert "window_ms" not in out and "unknown" not in out
     assert out.startswith("wall: not judged (no trace given: a wall is judged from a trace")
     flat = " ".join(out.split())
-    assert "steady step median 461.7 ms ± 64.9 ms over 9 steady iterations" in flat
-    assert "mean step 1297.0 ms ± 1378.5 ms (after 2 warm-up iterations" in flat
-    assert "peak memory 13.36 GB (max allocated)" in flat and "ended no failure in the log" in flat
+    assert "step time 461.7 ms/step (median of 9 steady log steps ± 64.9 ms)" in flat
+    assert "mean step 1297.0 ± 1378.5 ms (after 2 warm-up iterations" in flat
+    # throughput at the judged step: 16 x 2048 tokens in 461.7 ms; Megatron printed 58.9 there
+    assert "throughput 70972 tokens/s, 58.9 TFLOP/s/GPU at the judged step" in flat
+    assert "peak memory 13.36 GiB max allocated by PyTorch (log)" in flat and "ended no failure in the log" in flat
+    assert "warning the steps' mean is unstable: 1297.0 ± 1378.5 ms (judged 461.7 ms)" in flat
     assert analyze_main(["--log", log, "--format", "json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["metrics"]["combined"]["steady_median_ms"] == pytest.approx(461.7, abs=0.05)

@@ -8,10 +8,11 @@ import json
 import lzma
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from moetune.analysis import TraceError
-from moetune.analysis.logs import parse_log
+from moetune.analysis.logs import parse_log, steady_iterations
 
 GPU_DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
 FIT = Path(__file__).resolve().parents[2] / "benchmarks" / "fit_lease"
@@ -27,15 +28,17 @@ def _iter_line(i, ms):
 
 
 def test_tokens_per_s_from_global_batch_and_seq_length(tmp_path):
-    """Tokens/s is global batch × sequence length over the steady step time (the first two iterations
-    dropped as warm-up)."""
+    """Tokens/s is global batch × sequence length over the judged step time (the steady steps'
+    median: with four iterations, the fourth alone), not over the mean after warm-up."""
     log = tmp_path / "log.txt"
     log.write_text(ARGS + "".join(_iter_line(i, ms) for i, ms in ((1, 5000.0), (2, 900.0), (3, 500.0),
                                                                    (4, 700.0))))
     r = parse_log(log)
-    assert r["step_time_ms"] == pytest.approx(600.0)  # iterations 3 and 4 (first two are warm-up)
-    assert r["tokens_per_s"] == pytest.approx(8 * 4096 / 0.6, rel=1e-3)
-    assert r["tflops_per_gpu"] == pytest.approx(33.5)
+    assert r["step_time_ms"] == pytest.approx(600.0)  # the mean of iterations 3 and 4, secondary
+    assert r["tokens_per_step"] == 8 * 4096
+    assert r["tokens_per_s"] == pytest.approx(8 * 4096 / 0.7, rel=1e-3)
+    # the work of a step (rate x time: 155000, 28800, 16500, 23800) by its median, over 700 ms
+    assert r["tflops_per_gpu"] == pytest.approx((28800 + 23800) / 2 / 700, rel=1e-3)
 
 
 def test_xz_log_reads_like_plain(tmp_path):
@@ -66,7 +69,20 @@ def test_real_megatron_log():
     assert r["iterations"] == 16 and r["failure"] is None
     assert r["tflops_per_gpu"] > 1 and r["max_allocated_gb"] > 1
     # 16 sequences of 2048 tokens a step (its argument dump)
-    assert r["tokens_per_s"] == pytest.approx(16 * 2048 / (r["step_time_ms"] / 1e3), rel=1e-3)
+    judged = float(np.median(steady_iterations(r)))
+    assert r["tokens_per_s"] == pytest.approx(16 * 2048 / (judged / 1e3), rel=1e-3)
+
+
+def test_throughput_is_at_the_judged_step_not_the_mean_of_rates():
+    """The bank's baseline (2x H200): stalls of seconds among steps of ~450 ms. Its judged step is
+    461.7 ms, at which Megatron itself printed 58.9 TFLOP/s/GPU (iteration 6); the mean of its
+    per-iteration rates (41.5, stalls in it) is not what is reported."""
+    r = parse_log(Path(__file__).resolve().parents[2] / "data" / "trial_bank" / "logs" / "baseline.log.xz")
+    assert float(np.median(steady_iterations(r))) == pytest.approx(461.7)
+    assert r["tflops_per_gpu"] == pytest.approx(58.9, abs=0.1)
+    rates = [t for t in r["iteration_tflops"][2:] if t is not None]
+    assert float(np.mean(rates)) < 45  # what the old figure was
+    assert r["tokens_per_s"] == pytest.approx(16 * 2048 / 0.4617, rel=1e-3)
 
 
 def test_native_crash_is_named_from_torchruns_summary():
@@ -153,7 +169,8 @@ def test_parse_megatron_log(tmp_path):
     assert p["iterations"] == 4
     assert p["step_time_ms"] == pytest.approx(610.0)
     assert p["step_time_std_ms"] == pytest.approx(14.142, abs=1e-2)
-    assert p["tflops_per_gpu"] == pytest.approx(34.5)
+    # at the judged step (620 ms, the one steady iteration): the median work of a step over it
+    assert p["tflops_per_gpu"] == pytest.approx(21000 / 620, rel=1e-3)
     assert p["max_allocated_gb"] == pytest.approx(3.0)
     assert p["failure"] is None
 

@@ -1,8 +1,11 @@
 """moetune/analysis/render.py: the text and Markdown views of an analysis show its wall with its
 confidence, each evidence row (a limit said as a limit), the headline figures, the kernel classes
 by time and the log's failure, on a real analysis of a hand-built trace."""
+from pathlib import Path
+
 from moetune import analysis
-from moetune.analysis.render import HEADLINE, render_markdown, render_text
+from moetune.analysis.logs import parse_log
+from moetune.analysis.render import HEADLINE, figure_rows, render_markdown, render_text
 from tests.nsys_fixture import TraceBuilder
 
 GEMM = "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT"
@@ -43,4 +46,28 @@ def test_markdown_view_is_two_tables(tmp_path):
     assert md.startswith(f"**Wall: {r['wall']}**")
     rows = [ln for ln in md.splitlines() if ln.startswith("| ") and not ln.startswith("| rule")
             and not ln.startswith("| metric |")]
-    assert len(rows) == len(r["evidence"]) + sum(k in r["metrics"]["combined"] for k in HEADLINE)
+    assert len(rows) == len(r["evidence"]) + len(figure_rows(r)) + \
+        sum(k in r["metrics"]["combined"] for k in HEADLINE)
+    assert "| peak memory | 9.50 GiB held through CUDA (trace) |" in md
+
+
+BANK_LOG = Path(__file__).resolve().parents[2] / "data" / "trial_bank" / "logs" / "baseline.log.xz"
+
+
+def test_trace_and_log_show_the_judged_step_first_and_the_mean_as_secondary():
+    """A trace with a stall in its 4 profiled steps (868.6 ± 852.9 ms, as the bank's baseline) and
+    its log: the step time is the log's judged median (461.7 ms, what the tuner compares), the
+    trace's mean follows labelled, throughput is at the judged step, memory is in GiB with its
+    source, and the instability the report warns of is said."""
+    r = {"wall": "host_overhead", "confidence": 0.8, "evidence": [], "log": parse_log(BANK_LOG),
+         "metrics": {"combined": {"step_time_ms": 868.6, "step_time_std_ms": 852.9, "steps": 4,
+                                  "peak_memory_gb": 16.59, "peak_memory_source": "trace"}}}
+    lines = render_text(r).splitlines()
+    assert lines[1] == "  step time              461.7 ms/step (median of 9 steady log steps ± 64.9 ms)"
+    assert lines[2] == ("  profiled step          868.6 ± 852.9 ms, mean of 4 traced steps (a stall "
+                        "inflates it)")
+    assert lines[3] == "  throughput             70972 tokens/s, 58.9 TFLOP/s/GPU at the judged step"
+    assert lines[4] == ("  peak memory            16.59 GiB held through CUDA (trace); 13.36 GiB max allocated "
+                        "by PyTorch (log)")
+    assert lines[5].startswith("  warning                the steps' mean is unstable: 868.6 ± 852.9 ms")
+    assert "| step time | 461.7 ms/step (median of 9 steady log steps ± 64.9 ms) |" in render_markdown(r)

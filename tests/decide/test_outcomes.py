@@ -44,8 +44,26 @@ def test_completed_baseline_is_kept_with_its_step():
     out = TrialOutcome("completed", analysis=measured(461.7))
     r = rule_outcome(ctx("completed", outcome=out))
     assert r.kind == "keep" and r.reason == "baseline" and r.evidence["step_time_ms"] == 461.7
-    assert r.line == "baseline 461.7 ms/step, wall host_overhead"
+    assert r.line == "baseline 461.7 ms/step (mean of 10 traced steps ± 1.0 ms), wall host_overhead"
     assert r.evidence["parent"] is None and r.evidence["state"] == "completed"
+
+
+def test_baseline_records_and_prints_the_judged_step_the_next_trial_is_compared_with():
+    """A baseline with a stall in its profiled steps (mean 868.6 ms) and a steady log (median 461.7
+    ms): its decision records, and its line prints, the judged median, the figure the next trial's
+    comparison starts from; the profiled mean is kept beside it, labelled."""
+    its = [5000.0, 3000.0, 2000.0] + [461.7, 450.0, 470.0, 455.0, 468.0, 440.0, 480.0, 461.7, 462.0]
+    an = measured(868.6, step_time_std_ms=852.9, steps=4)
+    an["log"] = {"iteration_ms": its, "first_iteration": 1, "iteration_tflops": [27212.0 / ms for ms in its],
+                 "tokens_per_step": 32768}
+    r = rule_outcome(ctx("completed", outcome=TrialOutcome("completed", analysis=an)))
+    assert r.evidence["step_time_ms"] == 461.7 and r.evidence["profiled_step_time_ms"] == 868.6
+    assert r.line.startswith("baseline 461.7 ms/step (median of 9 steady log steps")
+    assert "70972 tokens/s, 58.9 TFLOP/s/GPU" in r.line
+    nxt = rule_outcome(ctx("completed", "ran", fix="larger_micro_batch", verify="none",
+                           outcome=TrialOutcome("completed", analysis=an), parent_analysis=an,
+                           rel_noise=0.05, alpha=0.05))
+    assert nxt.evidence["parent_step_time_ms"] == r.evidence["step_time_ms"]
 
 
 def test_baseline_that_did_not_complete_is_reverted_whatever_its_state():

@@ -77,7 +77,7 @@ def test_tune_the_cpu_stand_in_from_another_directory(installed, tmp_path):
 
 
 def test_demo_names_the_bank_it_needs_then_replays_it(installed, tmp_path):
-    """The wheel ships no trial bank (51 MB of recorded traces): `moetune demo` from it says so in
+    """The wheel ships no trial bank (54 MiB of recorded traces): `moetune demo` from it says so in
     one line naming --bank and MOETUNE_BANK, exit 2, and makes no folder; given a checkout's bank
     by --bank or MOETUNE_BANK, the installed demo replays it to its report."""
     _, bin_ = installed

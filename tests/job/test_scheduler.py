@@ -112,3 +112,30 @@ def test_a_running_job_accounting_has_not_seen_yet_reads_its_node_from_the_queue
     monkeypatch.setattr(slurm, "queue", lambda job_id, array=False: [("PENDING", "(Resources)")])
     st = scheduler.slurm_state("77")
     assert (st.state, st.node, st.reason) == ("PENDING", None, "Resources")
+
+
+def test_a_local_controller_interrupted_writes_no_traceback_to_the_console(tmp_path, capfd):
+    """Ctrl-C reaches submitit's local controller with the tuner: its KeyboardInterrupt traceback
+    goes to the trial folder's local_controller.err, not between the tuner's lines on stderr; the
+    job is still ended by it."""
+    import os
+    import signal
+    import time
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "job.sh").write_text("sleep 30\n")
+    spec = render.job_spec(name="int", folder=folder, config={}, argv=[], launcher="local",
+                           cluster={"template": "venv", "gpus_per_node": 0, "nsys": "off",
+                                    "time_limit": "00:02:00"})
+    ref = jobs.submit(spec, "local")
+    time.sleep(3)  # the controller has started its task and waits on it
+    os.kill(int(ref.job_id), signal.SIGINT)
+    log = spec.paths.local_controller_log
+    for _ in range(100):  # the controller ends its task, then prints its traceback and exits
+        if "KeyboardInterrupt" in log.read_text():
+            break
+        time.sleep(0.2)
+    assert "KeyboardInterrupt" in log.read_text()
+    err = capfd.readouterr().err
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from moetune.report import study as report
-from moetune.report.overview import headline
+from moetune.report.overview import headline, prediction_sentence
 from moetune.store import Store
 
 PREFLIGHT_STOP = ("preflight of cluster c (job 7): the training entry cannot run on this image's Megatron "
@@ -23,3 +23,12 @@ def test_a_study_stopped_before_its_first_trial_says_why_in_its_headline(tmp_pat
 
 def test_no_trial_and_no_stop_reason_reads_as_before():
     assert headline([]) == (["No trials ran."], [], None)
+
+
+def test_prediction_sentence_says_no_trial_rather_than_a_scale_of_none():
+    """With no completed trial the model's scale is its default, not a measurement: the sentence
+    says there is none instead of 'measured / model 1.00 (median of 0 completed trials)'."""
+    s = {"prediction_scale": 1.0, "prediction_scale_from_trials": 0}
+    assert prediction_sentence(s) == "Step-time model: no completed trial to set it against."
+    s.update(prediction_scale=1.31, prediction_scale_from_trials=3)
+    assert prediction_sentence(s).startswith("Step-time model: measured / model 1.31 (median of 3 completed trials)")

@@ -30,6 +30,7 @@ def test_status_lists_trials_and_decisions(tmp_path):
     decisions = store.decisions(study.id)
     assert len(text.split("  decisions:\n", 1)[1].splitlines()) == len(decisions)
     assert "keep        trial 3" in text and "parent_step_time_ms=560.1" in text
+    assert re.search(r"judged ms +profiled +tokens/s +TFLOP/s +peak GiB +wall", text)
 
 
 def test_an_empty_store_says_how_to_start(tmp_path):

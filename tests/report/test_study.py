@@ -197,8 +197,9 @@ def test_memory_figure_names_its_source():
     """The device's figure (from the trace) and the data sheet's are both labelled, so 139.8 and
     `plan`'s 141 GB for one H200 do not read as a contradiction."""
     assert report.memory_fact(16.594, 139.80072, "H200") == (
-        "Memory: peak 16.59 GB of 139.8 GB the device reports to CUDA (H200 data sheet: 141 GB)")
-    assert report.memory_fact(16.594, None, None) == "Memory: peak 16.59 GB"
+        "Memory: peak 16.59 GiB held through CUDA (trace) of 139.8 GiB the device reports to CUDA "
+        "(H200 data sheet: 141 GB)")
+    assert report.memory_fact(13.36, None, None, "log") == "Memory: peak 13.36 GiB max allocated by PyTorch (log)"
 
 
 # ---- the demo's study: one honest headline, the same evidence in both formats ----------------------
@@ -232,6 +233,25 @@ def test_demo_headline_gives_one_judged_speedup(demo):
     assert "best 253.5 ms/step (baseline 461.7 ms, judged)" in out  # what `moetune demo` prints
 
 
+def test_demo_figures_agree_on_one_step_time(demo):
+    """The baseline's decision records the judged step the summary prints (461.7 ms, not the
+    profiled 868.6), with the profiled mean beside it; TFLOP/s/GPU is at the judged step (Megatron
+    printed 58.9 at 461.7 ms), so its ratio best/baseline is the judged speed-up, not the 2.38x the
+    mean of per-iteration rates gave."""
+    store, out, text, _ = demo
+    study = store.study("moe_proxy-replay")
+    trials = {t.number: t for t in store.trials(study.id)}
+    base = next(d for d in store.decisions(study.id) if d.kind == "keep" and d.trial_id == trials[1].id)
+    assert base.evidence["step_time_ms"] == pytest.approx(461.7)
+    assert base.evidence["profiled_step_time_ms"] == pytest.approx(868.6, abs=0.05)
+    assert "baseline 461.7 ms, judged" in out
+    assert trials[1].tflops_per_gpu == pytest.approx(58.9, abs=0.1)
+    assert trials[3].tflops_per_gpu / trials[1].tflops_per_gpu == pytest.approx(461.7 / 253.5, rel=0.01)
+    assert "Throughput at the judged step: 70972 → 129262 tokens/s, 58.9 → 107.3 TFLOP/s/GPU." in text
+    assert "Step time, judged: 461.7 ms (median of 9 steady log steps, ± 64.9 ms); 70972 tokens/s, " \
+           "58.9 TFLOP/s/GPU at the judged step" in text
+
+
 def test_demo_figures_have_sensible_precision(demo):
     """Step times with one decimal, counts as integers, no all-zero kernel class rows."""
     _, out, text, _ = demo
@@ -247,7 +267,8 @@ def test_html_and_markdown_hold_the_same_evidence(demo):
     store, _, text, page = demo
     r = report.build(store, "moe_proxy-replay")
     for needle in ("Idle causes: launch-starved 1643.3 ms", "Kernels: 5133 per step, median kernel 9.4 us",
-                   "peak 16.59 GB of 139.8 GB the device reports to CUDA (H200 data sheet: 141 GB)"):
+                   "peak 16.59 GiB held through CUDA (trace) of 139.8 GiB the device reports to CUDA "
+                   "(H200 data sheet: 141 GB)"):
         assert needle in text and report.esc(needle) in page, needle
     for sec in r.sections:
         for fact in sec.facts:
@@ -308,7 +329,7 @@ def test_fix_reason_is_the_wall_or_condition_that_proposed_it(demo_te):
     assert "Fix: cuda_graphs_te — answers trial 2's host_overhead wall, confidence 0.95:" in text
     # predicted ms and measured/model beside the judged ms (tune/predicted.py)
     assert re.search(r"\| grouped_gemm \| completed \| keep \| 364\.6 \| \d+\.\d \| \d+\.\d\d \| -33\.6% \| "
-                     r"0\.00014 \| 416\.2 \| 65\.1 \| host_overhead \| compute preconditions \|", text)
+                     r"0\.00014 \| 416\.2 \| 74\.7 \| host_overhead \| compute preconditions \|", text)
     views = {v.trial.number: v for v in report.gather(store, "moe_proxy_te-replay")[1]}
     parent, child = views[2], views[3]
     # the same trial as if the communication rule ep_a2a_overlap had been proposed on it
