@@ -95,7 +95,7 @@ def test_model_state_within_10_percent_of_megatron():
     theirs = mv.theoretical_memory([e.baseline.to_args(e.model) + run_args() for e in exps],
                                    [e.cluster.gpus for e in exps])
     for n, e, t in zip(names, exps, theirs):
-        ours = estimate(e.model, e.baseline, e.cluster.gpus).model_state_gb
+        ours = estimate(e.model, e.baseline, e.cluster.gpus, stage=0).model_state_gb  # Megatron's: rank 0
         assert ours == pytest.approx(t[0] / 1024, rel=0.10), n
 
 
@@ -197,7 +197,8 @@ def test_fit_lease_estimate_within_10_percent_of_measured_peak(lay):
     """In sample: with the activation scale fitted on these same ten layouts, the estimate of each
     is within 10 % of its measured peak, and the model state alone within 10 % of the measured one."""
     exp = load_experiment(lay["model"])
-    est = estimate(exp.model, TrainingConfig.from_dict(lay["config"]), lay["world_size"])
+    # measured on rank 0: the first stage's estimate, which an uneven split may leave lighter
+    est = estimate(exp.model, TrainingConfig.from_dict(lay["config"]), lay["world_size"], stage=0)
     peak, state = _measured(lay["name"])
     assert est.model_state_gb + est.activations_gb == pytest.approx(peak, rel=0.10)
     assert est.model_state_gb == pytest.approx(state, rel=0.10)  # the model state alone, too
@@ -219,7 +220,7 @@ def _terms(lay):
     for scale in (0.0, 1.0):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(memory, "ACTIVATION_SCALE", {fam: scale})
-            e = estimate(exp.model, cfg, lay["world_size"])
+            e = estimate(exp.model, cfg, lay["world_size"], stage=0)  # rank 0's, as measured
         out.append(e.model_state_gb + e.activations_gb)
     return fam, out[0], out[1] - out[0]
 
