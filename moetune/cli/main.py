@@ -9,7 +9,14 @@ from pathlib import Path
 
 from moetune import __version__, settings
 from moetune.analysis import cli as analysis_cli
-from moetune.cli.common import LAYOUT_OPTIONS, add_fit_arguments, add_preflight_arguments, positive_int
+from moetune.cli.common import (
+    LAYOUT_OPTIONS,
+    add_fit_arguments,
+    add_preflight_arguments,
+    baseline_misfit,
+    positive_int,
+    refusal_line,
+)
 from moetune.errors import MoetuneError
 from moetune.job import executors  # its registry only: submitit loads when a job is submitted
 
@@ -78,9 +85,9 @@ def refused_layout(model, **changes):
     exp = model if isinstance(model, experiment.Experiment) else experiment.load_experiment(model)
     config = exp.baseline.replace(**changes) if changes else exp.baseline
     refused = constraints.check(config, exp.model, exp.cluster)
-    if refused:
+    if refused:  # the rule's line as `moetune check` prints it
         raise UserError(f"{exp.path}: the layout TP{config.tp} PP{config.pp} EP{config.ep} is refused "
-                        "before any job: " + "; ".join(f"{v.code}: {v.message}" for v in refused))
+                        "before any job: " + refusal_line(refused))
     return exp
 
 
@@ -97,6 +104,11 @@ def cmd_fit(args, _rest):
 def cmd_tune(args, _rest):
     from moetune.tune import loop as tuner  # not for `moetune --help` (above)
     exp = refused_layout(args.model)  # the experiment's YAML, loaded once for the whole run
+    misfit = baseline_misfit(exp)
+    if misfit and not args.force:
+        raise UserError(f"{misfit}; set the experiment's baseline to one, or --force to tune from it")
+    if misfit:
+        print(f"moetune {args.command}: warning: {misfit}", file=sys.stderr)
     writable_folder(args.runs, "runs")
     writable_folder(args.out, "reports")
     summary = tuner.tune(exp, _store(args), executor=args.executor,
@@ -256,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override the experiment's GPU-hour budget (whole jobs: fits and "
                              "preflight included)")
         sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+        sp.add_argument("--force", action="store_true",
+                        help="tune from a baseline that does not fit by the memory estimate (refused otherwise)")
         sp.add_argument("--one-gpu", action="store_true",
                         help="every trial on one GPU: one rank of the layout alone under Megatron's fake "
                              "process group (tuning.one_gpu; study NAME-1gpu)")

@@ -19,7 +19,7 @@ from moetune.experiment import fit
 from moetune.experiment.config import TrainingConfig, run_args
 from moetune.experiment.constraints import check
 from moetune.experiment.model import ModelArch
-from moetune.experiment.pipeline import chunk_layers, mtp_rank
+from moetune.experiment.pipeline import chunk_layers, mtp_rank, split_fields, splits
 
 GB = 2**30
 FIXED_GB = 3.0  # CUDA context, NCCL buffers, allocator slack: not in the model's figure
@@ -402,8 +402,9 @@ def baseline_layout(exp, gpus: int | None = None, gpu_type: str | None = None,
 
 
 def vpp_choices(m: ModelArch, pp: int, most: int = 8) -> list[int]:
-    """Virtual stages per pipeline rank that split the model's layers evenly over PP x VPP chunks."""
-    return [v for v in range(2, most + 1) if pp > 1 and m.num_layers % (pp * v) == 0]
+    """Virtual stages per pipeline rank over which Megatron can split the model's layers: evenly,
+    or with uneven first/last stages or the embedding and loss counted (pipeline.split_fields)."""
+    return [v for v in range(2, most + 1) if pp > 1 and splits(m.num_layers, pp, v)]
 
 
 PLAN_TP = (1, 2, 4, 8)  # the TPs plan() tries: within a node's NVLink
@@ -412,7 +413,7 @@ PLAN_MAX_PP = 32  # the most pipeline stages plan() tries
 
 def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int = 20,
          headroom_share: float = PLAN_HEADROOM_SHARE, measured: Measured | None = None,
-         virtual: bool = False, refused: list | None = None) -> list[Layout]:
+         virtual: bool = False, refused: list | None = None, fixed: dict | None = None) -> list[Layout]:
     """Feasible layouts for the experiment's model, least model parallelism first (TP×PP, then
     expert parallelism within NVLink before across it, then the smaller EP), selective recompute
     only where a layout does not fit without it (moe-optimization-workflow.md, Phase 1). A layout
@@ -420,21 +421,34 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
     leaves `headroom_share` of the GPU's memory free, or when its measured peak fits as a fit's does
     (`measured`: qwen3_235b's TP2 PP2 EP128 on an H100 is estimated within 2 % of the 68.9 GB it
     measured, but the estimate's margin is wider than a measurement's). `virtual`: each pipeline
-    with every VPP of vpp_choices too. `refused`: a list that gets, for each candidate left out, the
-    constraint violations that refused it (an empty list: its memory did not fit)."""
+    with every VPP of vpp_choices too. A PP (x VPP) the layers do not divide gets the uneven split
+    Megatron can build (pipeline.split_fields). `refused`: a list that gets, for each candidate
+    left out, the constraint violations that refused it (an empty list: its memory did not fit).
+    `fixed`: TrainingConfig fields every candidate keeps (`moetune plan --pp 8 ...`)."""
+    fixed = fixed or {}
+
+    def keep(field: str, values: list) -> list:
+        return [v for v in values if v == fixed[field]] if field in fixed else values
+
     cluster, world, capacity = plan_cluster(exp, gpus, gpu_type)
     m, base = exp.model, exp.baseline
     out: list[Layout] = []
-    for tp in [t for t in PLAN_TP if world % t == 0]:
-        for pp in [p for p in _divisors(world) if p <= PLAN_MAX_PP and world % (tp * p) == 0]:
-            for ep, vpp in [(e, v) for e in _divisors(m.num_experts) if e <= 128 and world % (e * pp) == 0
-                            for v in [None] + (vpp_choices(m, pp) if virtual else [])]:
-                for recompute in ((), ("moe_act", "layernorm") if base.grouped_gemm else ("layernorm",)):
+    recomputes: list[tuple[str, ...]] = [(), ("moe_act", "layernorm") if base.grouped_gemm else ("layernorm",)]
+    if "recompute_granularity" in fixed:
+        recomputes = [fixed.get("recompute_modules", ())]
+    for tp in keep("tp", [t for t in PLAN_TP if world % t == 0]):
+        for pp in keep("pp", [p for p in _divisors(world) if p <= PLAN_MAX_PP and world % (tp * p) == 0]):
+            for ep, vpp in [(e, v) for e in keep("ep", [e for e in _divisors(m.num_experts)
+                                                        if e <= 128 and world % (e * pp) == 0])
+                            for v in keep("vpp", [None] + (vpp_choices(m, pp) if virtual or "vpp" in fixed else []))]:
+                for recompute in recomputes:
                     cfg = base.replace(tp=tp, pp=pp, ep=ep, etp=1, sequence_parallel=tp > 1, vpp=vpp,
-                                       first_pp_layers=None, last_pp_layers=None,
+                                       **split_fields(m.num_layers, pp, vpp),
                                        distributed_optimizer=True,
                                        recompute_granularity="selective" if recompute else None,
                                        recompute_modules=recompute)
+                    if fixed:
+                        cfg = cfg.replace(**fixed)
                     violations = check(cfg, m, cluster)
                     if violations:
                         if refused is not None:

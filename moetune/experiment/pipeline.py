@@ -180,3 +180,27 @@ def uneven_split(num_layers: int, pp: int, vpp: int | None = None) -> tuple[int 
             if best is None or score < best:
                 best = score
     return (None, None) if best is None else (best[3], best[4])
+
+
+def split_fields(num_layers: int, pp: int, vpp: int | None) -> dict:
+    """The TrainingConfig split fields for `num_layers` at PP (x VPP): even where it divides, else
+    the lightest first/last stages that do (uneven_split), else the embedding and the loss counted
+    as layers where that divides; else even (which the constraint table refuses, saying why)."""
+    out: dict = {"first_pp_layers": None, "last_pp_layers": None, "pp_layout": None,
+                 "account_for_embedding": False, "account_for_loss": False}
+    stages = pp * (vpp or 1)
+    if pp <= 1 or num_layers % stages == 0:
+        return out
+    first, last = uneven_split(num_layers, pp, vpp)
+    if first is not None:
+        return {**out, "first_pp_layers": first, "last_pp_layers": last}
+    if (num_layers + 2) % stages == 0:
+        return {**out, "account_for_embedding": True, "account_for_loss": True}
+    return out
+
+
+def splits(num_layers: int, pp: int, vpp: int | None) -> bool:
+    """Whether some split of split_fields lets Megatron build `num_layers` over PP x VPP."""
+    f = split_fields(num_layers, pp, vpp)
+    return pp <= 1 or num_layers % (pp * (vpp or 1)) == 0 or f["first_pp_layers"] is not None \
+        or f["account_for_embedding"]

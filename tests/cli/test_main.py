@@ -140,7 +140,8 @@ def test_plan_baseline_on_too_few_gpus(tmp_path):
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.strip() == "moetune plan: deepseek_v3's baseline needs 1024 GPUs (or a multiple); 256 given"
     for fmt in ("text", "json"):  # does not fit: 1 in both formats
-        assert moetune("plan", "qwen3_235b", "--baseline", "--format", fmt, cwd=tmp_path).returncode == 1
+        assert moetune("plan", "qwen3_235b", "--baseline", "--format", fmt, "--pp", "2", "--vpp", "1",
+                       "--recompute", "none", cwd=tmp_path).returncode == 1  # the former baseline
 
 
 @pytest.mark.parametrize("argv", [("plan", "deepseek_v3", "--format", "json"),
