@@ -109,10 +109,11 @@ def baseline_misfit(exp, gpus: int | None = None, gpu_type: str | None = None, o
     found = search(exp, StoreReadings(None), gpus, gpu_type, "speed", offered)
     best = "; ".join(_layout_words(lay.config) + f" {lay.memory_gb:.1f} GB" for lay in found.layouts)
     c = base.config
+    offer = (f"fitting layouts (moetune plan {exp.name}): {best}" if best else
+             "no layout fits; add GPUs, or consider offloading and full recompute")
+    usable = (1 - PLAN_HEADROOM_SHARE) * (base.capacity_gb or 0)
     return (f"{exp.path or exp.name}: the baseline {_layout_words(c)} does not fit by the estimate "
-            f"({base.memory_gb:.1f} of {base.capacity_gb:.0f} GB, {(1 - PLAN_HEADROOM_SHARE) * (base.capacity_gb or 0):.0f} "
-            f"usable); " + (f"fitting layouts (moetune plan {exp.name}): {best}" if best else
-                            "no layout fits; add GPUs, or consider offloading and full recompute"))
+            f"({base.memory_gb:.1f} of {base.capacity_gb:.0f} GB, {usable:.0f} usable); {offer}")
 
 
 def _layout_words(c: TrainingConfig) -> str:

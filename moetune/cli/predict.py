@@ -123,7 +123,8 @@ def split_text(c) -> str:
 def render_text(name: str, c: TrainingConfig, p: Prediction) -> str:
     i = p.inputs
     split = split_text(c)
-    layout = (f"TP{c.tp} PP{c.pp}" + (f" VPP{c.vpp}" if c.vpp else "") + (f" ({split})" if split else "") + f" EP{c.ep} ETP{c.etp or c.tp} CP{c.cp}, "
+    layout = (f"TP{c.tp} PP{c.pp}" + (f" VPP{c.vpp}" if c.vpp else "") + (f" ({split})" if split else "")
+              + f" EP{c.ep} ETP{c.etp or c.tp} CP{c.cp}, "
               f"micro batch {c.micro_batch}, global batch {c.global_batch}, "
               f"{p.inputs['ep_a2a_per_layer'].get('dispatcher', 'no')} dispatcher, {i['precision']}")
     lines = [f"{name} {layout} on {i['world']}x {i['gpu_type']}: {p.step_time_ms:.0f} ms a step, "

@@ -115,7 +115,7 @@ RULES: tuple[Rule, ...] = (
      lambda c, e: bool(c.pp_layout) and bool(_layout_problem(c, e)),
      lambda c, e: f"{_layout_problem(c, e)}"),
     ("pipeline_layout_vpp_conflict", MEGATRON,
-     lambda c, e: bool(c.pp_layout) and not _layout_problem(c, e) and c.vpp != layout_vpp(c.pp_layout, c.pp),
+     lambda c, e: bool(c.pp_layout) and not _layout_problem(c, e) and c.vpp != layout_vpp(c.pp_layout or "", c.pp),
      lambda c, e: f"--num-virtual-stages-per-pipeline-rank {c.vpp} conflicts with the layout's "
                   f"{layout_stages(c.pp_layout or '')} stages over PP {c.pp}; leave VPP to the layout"),
     ("layers_not_divisible_by_pp", MEGATRON,

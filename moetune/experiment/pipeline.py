@@ -101,7 +101,7 @@ def chunk_layers(num_layers: int, config) -> list[list[int]]:
         fixed = {r: n for r, n in ends.items() if n is not None}
         rest = [r for r in range(pp) if r not in fixed]
         middle = _spread(max(num_layers - sum(fixed.values()), 0), len(rest))
-        per_rank = dict(zip(rest, middle))
+        per_rank = dict(zip(rest, middle, strict=True))
         per_rank.update(fixed)
         return [_spread(per_rank[r], vpp) for r in range(pp)]
     extra = int(config.account_for_embedding) + int(config.account_for_loss)

@@ -63,7 +63,8 @@ def test_check_cli_reports_what_megatrons_parser_refuses(capsys):
 
 DEEPSEEK_FLAGS = ["--num-layers", "61", "--hidden-size", "1024", "--num-attention-heads", "16", "--num-experts",
                   "64", "--mtp-num-layers", "1", "--tensor-model-parallel-size", "1", "--expert-model-parallel-size",
-                  "8", "--micro-batch-size", "1", "--global-batch-size", "64", "--moe-token-dispatcher-type", "alltoall"]
+                  "8", "--micro-batch-size", "1", "--global-batch-size", "64",
+                  "--moe-token-dispatcher-type", "alltoall"]
 
 
 @pytest.mark.parametrize("split", [
@@ -97,3 +98,15 @@ def test_check_takes_both_spellings_of_the_graph_scope(capsys):
                      "8", "--global-batch-size", "64", "--moe-token-dispatcher-type", "alltoall",
                      "--cuda-graph-impl", "transformer_engine", flag, "attn", "moe_router", "moe_preprocess"]) == 0
         assert capsys.readouterr().out.strip() == "ok", flag
+
+
+def test_check_refuses_virtual_stages_named_twice(capsys):
+    """A layout names its virtual stages; Megatron refuses --num-virtual-stages-per-pipeline-rank
+    beside it, even where the two agree."""
+    from moetune.cli.check import main
+    assert main(["--gpus", "64", "--no-megatron-parser", "--", *DEEPSEEK_FLAGS, "--pipeline-model-parallel-size",
+                 "8", "--num-virtual-stages-per-pipeline-rank", "4", "--pipeline-model-parallel-layout",
+                 "Et*3|(tt|)*29m|L"]) == 1
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    assert line.startswith("pipeline_split_conflict: --num-virtual-stages-per-pipeline-rank and "
+                           "--pipeline-model-parallel-layout cannot be set together")

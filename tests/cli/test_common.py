@@ -83,7 +83,8 @@ def test_check_predict_plan_render_refuse_a_layout_alike(what, model, cluster, b
                  *exp.baseline.to_args(exp.model)]) == 1
     (line,) = capsys.readouterr().out.strip().splitlines()
     assert line.startswith(f"{rule}: ") and line.endswith("]"), line  # the rule, its message, its source
-    for argv in (["predict", str(path)], ["plan", str(path), *flags], ["render", str(path), "--out", str(tmp_path / "job")]):
+    for argv in (["predict", str(path)], ["plan", str(path), *flags],
+                 ["render", str(path), "--out", str(tmp_path / "job")]):
         assert main(argv) == 2, (what, argv)
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0] == f"moetune {argv[0]}: the constraint table refuses this layout: {line}", \

@@ -95,8 +95,9 @@ def test_a_layout_measured_to_fit_is_planned_though_its_estimate_is_not(capsys, 
     from moetune.paths import ROOT
     db = str(ROOT / "benchmarks" / "one_gpu_tuning" / "moetune.db")
     argv = ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--format", "json", "--limit", "1000"]
-    layout = lambda r: (r["config"]["tp"], r["config"]["pp"], r["config"]["ep"], tuple(r["config"]["recompute_modules"])) \
-        if r["config"]["vpp"] is None else None  # without virtual stages, as measured
+    def layout(r):  # without virtual stages, as measured
+        c = r["config"]
+        return (c["tp"], c["pp"], c["ep"], tuple(c["recompute_modules"])) if c["vpp"] is None else None
     _, alone = _json(capsys, argv)
     assert (2, 2, 128, ()) not in map(layout, alone)
     _, rows = _json(capsys, ["--db", db] + argv)

@@ -63,7 +63,7 @@ def test_uneven_pipelines_moetune_renders_pass_megatron():
     results = mv.validate([c.to_args(e.model) + run_args() for e, c in cases], [e.cluster.gpus for e, _ in cases])
     ours = [[v.code for v in check(c, e.model, e.cluster)] for e, c in cases]
     assert results[:len(UNEVEN)] == [None] * len(UNEVEN) and ours[:len(UNEVEN)] == [[]] * len(UNEVEN)
-    for (name, changes), theirs, mine in list(zip(UNEVEN + UNEVEN_REFUSED, results, ours))[len(UNEVEN):]:
+    for (name, changes), theirs, mine in list(zip(UNEVEN + UNEVEN_REFUSED, results, ours, strict=True))[len(UNEVEN):]:
         assert theirs and mine, (name, changes, theirs, mine)
 
 
