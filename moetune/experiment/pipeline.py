@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from moetune.errors import MoetuneError
+
 # E embedding, t decoder layer, m MTP layer, L loss; | ends a stage; (...)*n and x*n repeat;
 # commas are cosmetic (Megatron drops them)
 LAYOUT_CHARS = frozenset("EtmL|()*,0123456789")
@@ -17,7 +19,7 @@ LAYOUT_CHARS = frozenset("EtmL|()*,0123456789")
 MAX_LAYOUT_LENGTH = 100_000
 
 
-class LayoutError(ValueError):
+class LayoutError(MoetuneError, ValueError):
     """A --pipeline-model-parallel-layout string Megatron cannot read (one line)."""
 
 
