@@ -16,7 +16,7 @@ from moetune.cli.common import (
     refusal_line,
     refuse_unknown_values,
 )
-from moetune.cli.predict import INT_FLAGS, SPLIT_FIELDS, split_text, add_layout_args, layout_config
+from moetune.cli.predict import INT_FLAGS, SPLIT_FIELDS, add_layout_args, layout_config, split_text
 from moetune.estimate import StoreReadings
 from moetune.estimate.memory import FIXED_GB, TooFewGPUs, plan_cluster
 from moetune.estimate.search import batch_bound, search
