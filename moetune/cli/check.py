@@ -7,7 +7,7 @@ import sys
 from moetune.cli.common import add_gpu_args, exit_code
 from moetune.experiment import megatron_validate as megatron
 from moetune.experiment.config import TrainingConfig
-from moetune.experiment.constraints import check
+from moetune.experiment.constraints import MEGATRON, Violation, check
 from moetune.experiment.model import ModelArch
 from moetune.experiment.schema import Cluster, ConfigError, load_experiment
 
@@ -19,6 +19,17 @@ def with_megatron_defaults(argv: list[str]) -> list[str]:
     """argv with Megatron's own default for each flag it leaves out, so check judges what Megatron runs."""
     given = {a.split("=", 1)[0] for a in argv}
     return argv + [x for flag, value in MEGATRON_DEFAULTS.items() if flag not in given for x in (flag, value)]
+
+
+def both_vpp_forms(argv: list[str]) -> list[Violation]:
+    """Megatron takes the virtual stages from one flag only; a config keeps VPP equal to the
+    layout's, so both given is seen here, in the argv."""
+    given = [f for f in ("--num-virtual-stages-per-pipeline-rank", "--pipeline-model-parallel-layout")
+             if f in {a.split("=", 1)[0] for a in argv}]
+    if len(given) < 2:
+        return []
+    return [Violation("pipeline_split_conflict", f"{' and '.join(given)} cannot be set together; the layout "
+                      "names the virtual stages", MEGATRON)]
 
 
 def main(argv: list[str]) -> int:
@@ -78,7 +89,7 @@ def _main(argv: list[str]) -> int:
         except (TypeError, ValueError) as e:
             print(f"moetune check: cannot read the arguments: {e}", file=sys.stderr)
             return 2
-        problems = [str(v) for v in check(config, model, cluster)]
+        problems = [str(v) for v in both_vpp_forms(argv) + check(config, model, cluster)]
     if not problems:
         print("ok")
         return 0

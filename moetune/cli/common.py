@@ -66,6 +66,13 @@ def refuse_bad_extra_args(exp: Experiment) -> None:
         raise ConfigError(f"{exp.path or exp.name}: extra_args: {why}")
 
 
+def refusal_line(violations: list) -> str:
+    """The one line predict, plan, render and tune give for a layout the constraint table refuses:
+    its first rule as `moetune check` prints it (code: message [source]), and how many more."""
+    more = f" (and {len(violations) - 1} more: {', '.join(v.code for v in violations[1:])})" if violations[1:] else ""
+    return f"the constraint table refuses this layout: {violations[0]}{more}"
+
+
 LAYOUT_OPTIONS = {"tp": "tensor parallel", "pp": "pipeline parallel", "ep": "expert parallel",
                   "etp": "expert tensor parallel", "micro_batch": "micro batch size"}
 
@@ -89,3 +96,43 @@ def add_preflight_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="text", choices=("text", "json"))
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds to wait for the job (default: as long as it queues)")
+
+
+def baseline_misfit(exp, gpus: int | None = None, gpu_type: str | None = None, offered: int = 3) -> str | None:
+    """One line where the experiment's baseline does not fit its GPUs by the memory estimate (nor
+    by a measured peak), with the plan's fastest fitting layouts offered; None where it fits, or
+    where the cluster has no GPUs to estimate (a CPU stand-in) or cannot hold the layout (the
+    constraint table says that)."""
+    from moetune.estimate import StoreReadings
+    from moetune.estimate.memory import PLAN_HEADROOM_SHARE, TooFewGPUs, baseline_layout
+    from moetune.estimate.search import search
+    if not exp.cluster.gpus_per_node:
+        return None
+    try:
+        base = baseline_layout(exp, gpus, gpu_type)
+    except TooFewGPUs:
+        return None
+    if base.fits or base.refused:
+        return None
+    found = search(exp, StoreReadings(None), gpus, gpu_type, "speed", offered)
+    best = "; ".join(_layout_words(lay.config) + f" {lay.memory_gb:.1f} GB" for lay in found.layouts)
+    c = base.config
+    offer = (f"fitting layouts (moetune plan {exp.name}): {best}" if best else
+             "no layout fits; add GPUs, or consider offloading and full recompute")
+    usable = (1 - PLAN_HEADROOM_SHARE) * (base.capacity_gb or 0)
+    return (f"{exp.path or exp.name}: the baseline {_layout_words(c)} does not fit by the estimate "
+            f"({base.memory_gb:.1f} of {base.capacity_gb:.0f} GB, {usable:.0f} usable); {offer}")
+
+
+def _layout_words(c: TrainingConfig) -> str:
+    split = ""
+    if c.pp_layout:
+        split = f" layout {c.pp_layout}"
+    elif c.first_pp_layers is not None or c.last_pp_layers is not None:
+        split = f" first/last {c.first_pp_layers or '-'}/{c.last_pp_layers or '-'}"
+    elif c.account_for_embedding or c.account_for_loss:
+        split = " embedding/loss accounted"
+    recompute = (" full recompute" if c.recompute_granularity == "full" else
+                 f" recompute {','.join(c.selective_modules)}" if c.recompute_granularity == "selective" else "")
+    return (f"TP{c.tp} PP{c.pp}" + (f" VPP{c.vpp}" if c.vpp else "") + split + f" EP{c.ep}"
+            + (f" ETP{c.etp}" if c.etp else "") + f" MB{c.micro_batch}" + recompute)

@@ -13,7 +13,9 @@ from moetune.cli.common import (
     LAYOUT_OPTIONS,
     add_fit_arguments,
     add_preflight_arguments,
+    baseline_misfit,
     positive_int,
+    refusal_line,
     refuse_bad_extra_args,
 )
 from moetune.errors import MoetuneError
@@ -95,9 +97,9 @@ def refused_layout(model, **changes):
     refuse_bad_extra_args(exp)
     config = exp.baseline.replace(**changes) if changes else exp.baseline
     refused = constraints.check(config, exp.model, exp.cluster)
-    if refused:
+    if refused:  # the rule's line as `moetune check` prints it
         raise UserError(f"{exp.path}: the layout TP{config.tp} PP{config.pp} EP{config.ep} is refused "
-                        "before any job: " + "; ".join(f"{v.code}: {v.message}" for v in refused))
+                        "before any job: " + refusal_line(refused))
     return exp
 
 
@@ -135,6 +137,11 @@ def _dry_run(args, exp) -> int:
 def cmd_tune(args, _rest):
     from moetune.tune import loop as tuner  # not for `moetune --help` (above)
     exp = refused_layout(args.model)  # the experiment's YAML, loaded once for the whole run
+    misfit = baseline_misfit(exp)
+    if misfit and not (args.force or args.dry_run):
+        raise UserError(f"{misfit}; set the experiment's baseline to one, or --force to tune from it")
+    if misfit:
+        print(f"moetune {args.command}: warning: {misfit}", file=sys.stderr)
     if args.dry_run:
         return _dry_run(args, exp)
     writable_folder(args.runs, "runs")
@@ -305,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--dry-run", action="store_true",
                         help="print the first trials the study would try, their predicted step time and "
                              "GPU-hours, and the budget; run and write nothing")
+        sp.add_argument("--force", action="store_true",
+                        help="tune from a baseline that does not fit by the memory estimate (refused otherwise)")
         sp.add_argument("--one-gpu", action="store_true",
                         help="every trial on one GPU: one rank of the layout alone under Megatron's fake "
                              "process group (tuning.one_gpu; study NAME-1gpu)")

@@ -113,7 +113,7 @@ def _main(argv: list[str], db: str | None) -> int:
     batch = args.global_batch or default_global_batch(args.gpus)
     exp = Experiment(name=name, description=f"{name} on {args.gpus} {args.gpu_type}", model=model,
                      cluster=cluster, baseline=TrainingConfig(global_batch=batch, **BASE))
-    found = search(exp, StoreReadings(db), limit=1, uneven=True)
+    found = search(exp, StoreReadings(db), limit=1)
     if not found.layouts:
         raise ConfigError(f"no layout of {name} fits on {found.world}x {args.gpu_type} ({found.capacity_gb:.0f} GB "
                           f"each) at global batch {batch}; give more GPUs (--gpus) or a larger --gpu-type; "

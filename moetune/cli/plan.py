@@ -8,11 +8,39 @@ import argparse
 import json
 import sys
 
-from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, positive_int, refuse_unknown_values
+from moetune.cli.common import (
+    add_gpu_args,
+    exit_code,
+    experiment_for_gpus,
+    positive_int,
+    refusal_line,
+    refuse_unknown_values,
+)
+from moetune.cli.predict import INT_FLAGS, SPLIT_FIELDS, add_layout_args, layout_config, split_text
 from moetune.estimate import StoreReadings
-from moetune.estimate.memory import FIXED_GB, TooFewGPUs
+from moetune.estimate.memory import FIXED_GB, TooFewGPUs, plan_cluster
 from moetune.estimate.search import batch_bound, search
+from moetune.experiment import constraints
+from moetune.experiment.config import TrainingConfig
 from moetune.experiment.schema import ConfigError
+
+# the fields each of predict's layout flags sets (beside INT_FLAGS, each its own field)
+FLAG_FIELDS = {"dispatcher": ("dispatcher", "flex_backend"), "ep_overlap": ("overlap_ep_a2a",),
+               "precision": ("fp8_format", "fp8_recipe"),
+               "recompute": ("recompute_granularity", "recompute_modules", "recompute_num_layers"),
+               **{k: SPLIT_FIELDS + ("vpp",) for k in SPLIT_FIELDS}}
+
+
+def fixed_fields(a, asked: TrainingConfig, base: TrainingConfig) -> dict:
+    """The fields the layout flags given set, at the values of `asked` (the baseline with them):
+    every layout plan lists keeps them. A PP given carries the split it got (layout_config)."""
+    names = [k for k in INT_FLAGS if getattr(a, k) is not None]
+    for flag, fields in FLAG_FIELDS.items():
+        if getattr(a, flag, None) is not None:
+            names += fields
+    if "pp" in names and asked.pp != base.pp:
+        names += SPLIT_FIELDS
+    return {k: getattr(asked, k) for k in dict.fromkeys(names)}
 
 
 def main(argv: list[str], db: str | None = None) -> int:
@@ -32,6 +60,7 @@ def _main(argv: list[str], db: str | None = None) -> int:
     p.add_argument("--limit", type=positive_int, default=10, metavar="N", help="layouts shown at most (default 10)")
     p.add_argument("--order", choices=("speed", "memory"), default="speed",
                    help="speed: predicted tokens/s/GPU, best first (default); memory: least model parallelism first")
+    add_layout_args(p)  # each one given: every layout listed keeps it
     args = p.parse_args(argv)
     try:
         exp = experiment_for_gpus(args.model, args.gpus)
@@ -39,9 +68,24 @@ def _main(argv: list[str], db: str | None = None) -> int:
     except ConfigError as e:
         print(f"moetune plan: {e}", file=sys.stderr)
         return 2
+    notes: list[str] = []
+    try:
+        asked = layout_config(exp.baseline, args, exp.model, notes)
+    except ValueError as e:
+        print(f"moetune plan: {e}", file=sys.stderr)
+        return 2
+    fixed = fixed_fields(args, asked, exp.baseline)
+    if fixed:
+        refused = constraints.check(asked, exp.model, plan_cluster(exp, args.gpus, args.gpu_type)[0])
+        if refused:  # the same rule, the same line, as `moetune check`
+            print(f"moetune plan: {refusal_line(refused)}", file=sys.stderr)
+            return 2
+        exp = exp.model_copy(update={"baseline": asked})
+    for note in notes:
+        print(f"moetune plan: {note}", file=sys.stderr)
     readings = StoreReadings(db)  # --db, else MOETUNE_DB, else .moetune/moetune.db; none is created
     try:
-        found = search(exp, readings, args.gpus, args.gpu_type, args.order, args.limit, args.baseline)
+        found = search(exp, readings, args.gpus, args.gpu_type, args.order, args.limit, args.baseline, fixed)
     except TooFewGPUs as e:
         print(f"moetune plan: {exp.name}'s baseline needs {e.needed} GPUs (or a multiple); "
               f"{e.gpus} given", file=sys.stderr)
@@ -87,7 +131,7 @@ def _main(argv: list[str], db: str | None = None) -> int:
         c = lay.config
         seen = f"{lay.measured_gb:>8.1f}" if lay.measured_gb is not None else f"{'-':>8}"
         speed = (found.headline(lay) or {}).get("tokens_per_s_per_gpu")
-        note = "  baseline" if lay is base else ""
+        note = (f"  ({split_text(c)})" if split_text(c) else "") + ("  baseline" if lay is base else "")
         print(f"{c.tp:>3} {c.pp:>3} {c.vpp or '-':>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<{rw}} "
               f"{lay.memory_gb:>7.1f} {seen} {speed if speed is not None else '-':>9}{note}")
     return code

@@ -1,7 +1,9 @@
 """`moetune predict MODEL [--gpus N --gpu-type T] [--tp --pp --vpp --ep --etp --cp --micro-batch
---global-batch --dispatcher D --ep-overlap --precision P --recompute R] [--compute fit|analytic]
+--global-batch --first-pp-layers --last-pp-layers --pp-layout --account-for-embedding
+--account-for-loss --dispatcher D --ep-overlap --precision P --recompute R] [--compute fit|analytic]
 [--format text|json]`: a layout's predicted step time and tokens/s/GPU with every term it adds up
-(experiment/predict). Each flag left out is the experiment's baseline's. Compute comes from a fit or
+(experiment/predict). Each flag left out is the experiment's baseline's; a layout the constraint
+table refuses is one line naming the rule, exit 2, as `moetune check` names it. Compute comes from a fit or
 one-GPU trial of the same layout where the store holds one, else from the analytic model."""
 from __future__ import annotations
 
@@ -9,9 +11,12 @@ import argparse
 import json
 import sys
 
-from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, refuse_unknown_values
+from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, refusal_line, refuse_unknown_values
 from moetune.estimate import Prediction, StoreReadings, price
+from moetune.estimate.memory import plan_cluster
+from moetune.experiment import constraints
 from moetune.experiment.config import RECOMPUTE_MODULES, TrainingConfig
+from moetune.experiment.pipeline import split_fields
 from moetune.experiment.schema import ConfigError
 
 DISPATCHERS = {"alltoall": {"dispatcher": "alltoall", "flex_backend": None},
@@ -24,23 +29,55 @@ INT_FLAGS = {"tp": "tensor parallel", "pp": "pipeline parallel", "vpp": "virtual
              "micro_batch": "micro batch size", "global_batch": "global batch size"}
 
 
+SPLIT_FIELDS = ("first_pp_layers", "last_pp_layers", "pp_layout", "account_for_embedding", "account_for_loss")
+
+
 def add_layout_args(p: argparse.ArgumentParser) -> None:
     for key, what in INT_FLAGS.items():
-        p.add_argument("--" + key.replace("_", "-"), type=int, metavar="N", help=f"{what} (default: the baseline's)")
+        p.add_argument("--" + key.replace("_", "-"), type=int, metavar="N",
+                       help=f"{what} (default: the baseline's)" + ("; 1: no virtual stages" if key == "vpp" else ""))
+    p.add_argument("--first-pp-layers", type=int, metavar="N", help="uneven pipeline: the first stage's layers")
+    p.add_argument("--last-pp-layers", type=int, metavar="N", help="uneven pipeline: the last stage's layers")
+    p.add_argument("--pp-layout", metavar="LAYOUT",
+                   help="explicit pipeline layout, as --pipeline-model-parallel-layout (e.g. 'Et*3|(tt|)*29m|L')")
+    p.add_argument("--account-for-embedding", action="store_true", default=None,
+                   help="count the embedding as a layer in the pipeline split")
+    p.add_argument("--account-for-loss", action="store_true", default=None,
+                   help="count the loss as a layer in the pipeline split")
     p.add_argument("--dispatcher", choices=tuple(DISPATCHERS))
     p.add_argument("--ep-overlap", action="store_true", default=None,
                    help="overlap the expert all-to-all with the other micro-batch's compute")
     p.add_argument("--precision", choices=tuple(PRECISIONS))
-    p.add_argument("--recompute", metavar="MODULES|full",
-                   help=f"'full', or selective modules, comma-separated: {','.join(RECOMPUTE_MODULES)}")
+    p.add_argument("--recompute", metavar="MODULES|full|none",
+                   help=f"'full', 'none', or selective modules, comma-separated: {','.join(RECOMPUTE_MODULES)}")
 
 
-def layout_config(base: TrainingConfig, a) -> TrainingConfig:
-    """The baseline with the flags given; ValueError (one line) for a value that cannot be."""
-    changes = {k: getattr(a, k) for k in INT_FLAGS if getattr(a, k) is not None}
+def layout_config(base: TrainingConfig, a, model=None, notes: list[str] | None = None) -> TrainingConfig:
+    """The baseline with the flags given; ValueError (one line) for a value that cannot be. Split
+    flags given replace the baseline's pipeline split whole; a PP or VPP changed without them
+    does not inherit an uneven split made for the baseline's: it is recomputed for `model` (the
+    split it gets appended to `notes`, one line)."""
+    changes: dict = {k: getattr(a, k) for k in INT_FLAGS if getattr(a, k) is not None}
+    changes.update({k: getattr(a, k) for k in ("first_pp_layers", "last_pp_layers") if getattr(a, k) is not None})
     for k, v in changes.items():
         if v < 1:
             raise ValueError(f"--{k.replace('_', '-')} {v}: give 1 or more")
+    if changes.get("vpp") == 1:
+        changes["vpp"] = None  # one virtual stage is none
+    given = {k: getattr(a, k) for k in SPLIT_FIELDS if getattr(a, k, None) is not None}
+    if given:
+        changes.update({k: None if k in ("first_pp_layers", "last_pp_layers", "pp_layout") else False
+                        for k in SPLIT_FIELDS}, **given)
+        if a.pp_layout and a.vpp is None:
+            changes["vpp"] = None  # the layout's stages over PP
+    elif model is not None and _has_split(base) and (
+            changes.get("pp", base.pp) != base.pp or ("vpp" in changes and changes["vpp"] != base.vpp)):
+        split = split_fields(model.num_layers, changes.get("pp", base.pp), changes.get("vpp", base.vpp))
+        if notes is not None:
+            notes.append(f"the baseline's pipeline split ({split_text(base)}) is for PP{base.pp}"
+                         + (f" VPP{base.vpp}" if base.vpp else "") + f"; recomputed: {split_text(split) or 'even'}"
+                         " (--first-pp-layers/--last-pp-layers/--pp-layout/--account-for-* set it)")
+        changes.update(split)
     if "tp" in changes and "etp" not in changes and base.etp is None:
         changes["etp"] = None
     if a.dispatcher:
@@ -49,26 +86,45 @@ def layout_config(base: TrainingConfig, a) -> TrainingConfig:
         changes["overlap_ep_a2a"] = True
     if a.precision:
         changes.update(PRECISIONS[a.precision])
-    if a.recompute == "full":
+    if a.recompute == "none":
+        changes.update(recompute_granularity=None, recompute_modules=(), recompute_num_layers=None)
+    elif a.recompute == "full":
         changes.update(recompute_granularity="full", recompute_modules=(), recompute_num_layers=1)
     elif a.recompute:
         mods = tuple(m for m in a.recompute.split(",") if m)
         bad = [m for m in mods if m not in RECOMPUTE_MODULES]
         if bad:
-            raise ValueError(f"--recompute {a.recompute}: {', '.join(bad)} unknown; use 'full' or modules of "
+            raise ValueError(f"--recompute {a.recompute}: {', '.join(bad)} unknown; use 'full', 'none' or modules of "
                              f"{', '.join(RECOMPUTE_MODULES)}")
         changes.update(recompute_granularity="selective", recompute_modules=mods)
     c = base.replace(**changes)
-    if c.vpp and c.pp < 2:
-        raise ValueError(f"--vpp {c.vpp} needs --pp 2 or more (PP {c.pp})")
     if c.tp > 1 and c.ep > 1:
         c = c.replace(sequence_parallel=True)  # Megatron requires it for MoE with TP
     return c
 
 
+def _has_split(c) -> bool:
+    return c.first_pp_layers is not None or c.last_pp_layers is not None or bool(
+        c.pp_layout or c.account_for_embedding or c.account_for_loss)
+
+
+def split_text(c) -> str:
+    """A pipeline split as words: 'first 3, last 2 layers', 'embedding and loss accounted', a layout."""
+    get = c.get if isinstance(c, dict) else lambda k: getattr(c, k)
+    if get("pp_layout"):
+        return f"layout {get('pp_layout')}"
+    ends = [f"{w} {get(k)}" for w, k in (("first", "first_pp_layers"), ("last", "last_pp_layers")) if get(k)]
+    if ends:
+        return ", ".join(ends) + " layers"
+    counted = [w for w, k in (("embedding", "account_for_embedding"), ("loss", "account_for_loss")) if get(k)]
+    return " and ".join(counted) + " accounted" if counted else ""
+
+
 def render_text(name: str, c: TrainingConfig, p: Prediction, extra_args: list[str] | tuple[str, ...] = ()) -> str:
     i = p.inputs
-    layout = (f"TP{c.tp} PP{c.pp}" + (f" VPP{c.vpp}" if c.vpp else "") + f" EP{c.ep} ETP{c.etp or c.tp} CP{c.cp}, "
+    split = split_text(c)
+    layout = (f"TP{c.tp} PP{c.pp}" + (f" VPP{c.vpp}" if c.vpp else "") + (f" ({split})" if split else "")
+              + f" EP{c.ep} ETP{c.etp or c.tp} CP{c.cp}, "
               f"micro batch {c.micro_batch}, global batch {c.global_batch}, "
               f"{p.inputs['ep_a2a_per_layer'].get('dispatcher', 'no')} dispatcher, {i['precision']}")
     lines = [f"{name} {layout} on {i['world']}x {i['gpu_type']}: {p.step_time_ms:.0f} ms a step, "
@@ -113,8 +169,18 @@ def _main(argv: list[str], db: str | None = None) -> int:
         refuse_unknown_values(exp, exp.baseline)
     except ConfigError as e:
         return _fail(str(e))
+    notes: list[str] = []
     try:
-        config = layout_config(exp.baseline, a)
+        config = layout_config(exp.baseline, a, exp.model, notes)
+    except ValueError as e:
+        return _fail(str(e))
+    cluster, _, _ = plan_cluster(exp, a.gpus, a.gpu_type)
+    refused = constraints.check(config, exp.model, cluster)
+    if refused:  # the same rule, the same line, as `moetune check`
+        return _fail(refusal_line(refused))
+    for note in notes:
+        print(f"moetune predict: {note}", file=sys.stderr)
+    try:
         pred = price(exp, config, StoreReadings(db), a.gpus, a.gpu_type, a.compute)
     except ValueError as e:
         return _fail(str(e))

@@ -11,7 +11,14 @@ import os
 import sys
 from pathlib import Path
 
-from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, refuse_bad_extra_args
+from moetune.cli.common import (
+    add_gpu_args,
+    baseline_misfit,
+    exit_code,
+    experiment_for_gpus,
+    refusal_line,
+    refuse_bad_extra_args,
+)
 from moetune.decide import one_gpu as one_gpu_step
 from moetune.decide.rules import load_rules
 from moetune.estimate.memory import plan_cluster
@@ -65,9 +72,11 @@ def _main(argv: list[str]) -> int:
         config = changed
     refused = constraints.check(config, exp.model, cluster)
     if refused:
-        v = refused[0]
-        return _fail(f"the constraint table refuses this layout: {v.code}: {v.message}"
-                     + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""))
+        return _fail(refusal_line(refused))
+    if not a.fix:  # said before anything is written; a fix changes the layout the estimate judged
+        misfit = baseline_misfit(exp, a.gpus, a.gpu_type)
+        if misfit:
+            print(f"moetune render: warning: {misfit}", file=sys.stderr)
     tuning = exp.tuning.model_copy(update={"one_gpu": a.one_gpu or exp.tuning.one_gpu})
     samples = None
     if tuning.one_gpu:  # the step a one-GPU study of this config would plan (decide/one_gpu.py)

@@ -207,7 +207,7 @@ def table_ms(w: StageWork, c: TrainingConfig, table: ktable.KernelTable) -> dict
     for gm, layers in w.shapes:
         d = "bf16" if gm.kind in ("output", "router") else dtype
         key = "grouped_gemm" if gm.kind in GROUPED else "gemm"
-        us[key] += layers * gm.calls * sum(table.gemm_us(*p, d) for p in gm.passes() if min(p) >= 1)
+        us[key] += layers * gm.calls * sum(table.gemm_us(a, b, n, d) for a, b, n in gm.passes() if min(a, b, n) >= 1)
     kinds = [k for k, v in w.flops.items() if v and k not in ATTENTION + ("recompute",)]
     done = sum(w.flops[k] for k in kinds)
     if w.flops.get("recompute") and done:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from moetune.experiment import gpus
@@ -60,11 +60,13 @@ def layer_gemms(m: ModelArch, c: TrainingConfig, moe: bool) -> list[Gemm]:
     heads = m.num_attention_heads
     if m.multi_latent_attention:
         qk = (m.qk_head_dim or 0) + (m.qk_pos_emb_head_dim or 0)
-        out = [Gemm("attention_proj", t, h, m.kv_lora_rank + (m.qk_pos_emb_head_dim or 0)),
-               Gemm("attention_proj", t, m.kv_lora_rank, heads * ((m.qk_head_dim or 0) + (m.v_head_dim or 0)) // tp),
+        kv_up, kv_rank = heads * ((m.qk_head_dim or 0) + (m.v_head_dim or 0)) // tp, m.kv_lora_rank or 0
+        out = [Gemm("attention_proj", t, h, kv_rank + (m.qk_pos_emb_head_dim or 0)),
+               Gemm("attention_proj", t, kv_rank, kv_up),
                Gemm("attention_proj", t, heads * (m.v_head_dim or 0) // tp, h)]
         if m.q_lora_rank:
-            out += [Gemm("attention_proj", t, h, m.q_lora_rank), Gemm("attention_proj", t, m.q_lora_rank, heads * qk // tp)]
+            q_up = heads * qk // tp
+            out += [Gemm("attention_proj", t, h, m.q_lora_rank), Gemm("attention_proj", t, m.q_lora_rank, q_up)]
         else:
             out.append(Gemm("attention_proj", t, h, heads * qk // tp))
     else:
@@ -157,7 +159,7 @@ class KernelTable:
         return max((self.gemms.get(dtype) or self.gemms["bf16"]).values())
 
 
-@lru_cache(maxsize=None)
+@cache
 def shipped(gpu_type: str) -> KernelTable | None:
     """The reference machine's table for this GPU type, where one ships."""
     path = TABLES / f"{gpu_type}.json"
@@ -194,7 +196,8 @@ def _standing_for(t: KernelTable, gpu_type: str, other: str) -> KernelTable:
 def probe_shapes(layouts) -> dict:
     """The probe's input for (model, config, vocab) layouts: every distinct GEMM pass (forward, data
     and weight gradients) and attention shape, BF16 and FP8."""
-    gemm, attn = set(), set()
+    gemm: set[tuple[int, int, int]] = set()
+    attn: set[tuple[int, ...]] = set()
     for m, c, vocab in layouts:
         gs = layer_gemms(m, c, moe=False) + layer_gemms(m, c, moe=True) + [output_gemm(m, c, vocab)]
         for g in gs:

@@ -19,6 +19,7 @@ from moetune.experiment import fit
 from moetune.experiment.config import TrainingConfig, run_args
 from moetune.experiment.constraints import check
 from moetune.experiment.model import ModelArch
+from moetune.experiment.pipeline import chunk_layers, mtp_rank, split_fields, splits
 
 GB = 2**30
 FIXED_GB = 3.0  # CUDA context, NCCL buffers, allocator slack: not in the model's figure
@@ -174,14 +175,15 @@ def attention_scores_bytes(m: ModelArch, c: TrainingConfig, mods: set) -> float:
     return 5 * (m.num_attention_heads / c.tp) * s * s * c.micro_batch
 
 
-def in_flight(c: TrainingConfig, microbatches: int) -> float:
-    """Micro batches whose activations the first pipeline stage holds at its peak, in units of
-    a full stage (1F1B: PP; interleaved: PP x (1 + (PP-1)/(PP x VPP)))."""
+def in_flight(c: TrainingConfig, microbatches: int, stage: int = 0) -> float:
+    """Micro batches whose activations pipeline rank `stage` holds at its peak, in units of a full
+    stage (1F1B: PP - stage; interleaved: the schedule's warm-up chunks over VPP, for the first
+    stage PP x (1 + (PP-1)/(PP x VPP)))."""
     if c.pp == 1:
         return 1.0
     if c.vpp:
-        return c.pp * (1 + (c.pp - 1) / (c.pp * c.vpp))
-    return min(microbatches, c.pp)
+        return ((c.pp - stage - 1) * 2 + (c.vpp - 1) * c.pp + 1) / c.vpp
+    return min(microbatches, c.pp - stage)
 
 
 @dataclass
@@ -223,28 +225,30 @@ def family(m: ModelArch) -> str:
     return m.name.split("_")[0].lower()
 
 
-def first_stage_layers(m: ModelArch, c: TrainingConfig) -> tuple[float, float]:
-    """(dense-MLP layers, MoE layers) on the first pipeline stage: the uneven pipeline's first stage
-    (--decoder-first-pipeline-num-layers) or an even share, the model's leading dense layers first."""
-    if c.pp == 1:
-        n = float(m.num_layers)
-    elif c.first_pp_layers:
-        n = float(c.first_pp_layers)
-    elif c.last_pp_layers:
-        n = (m.num_layers - c.last_pp_layers) / (c.pp - 1)
-    else:
-        n = m.num_layers / c.pp
+def stage_layers(m: ModelArch, c: TrainingConfig, stage: int = 0) -> tuple[float, float]:
+    """(dense-MLP layers, MoE layers) pipeline rank `stage` builds, in any form of split
+    (experiment/pipeline.py), the model's leading dense layers first."""
+    chunks = chunk_layers(m.num_layers, c)
     if m.num_experts <= 1:
-        return n, 0.0
-    first = m.layer_kinds()[:math.ceil(n)]
-    dense = min(float(first.count(0)), n)
-    return dense, n - dense
+        return float(sum(chunks[stage])), 0.0
+    kinds = m.layer_kinds()
+    dense = 0
+    layer = 0
+    for v in range(max(len(r) for r in chunks)):
+        for s, ranks in enumerate(chunks):
+            size = ranks[v] if v < len(ranks) else 0
+            if s == stage:
+                dense += kinds[layer:layer + size].count(0)
+            layer += size
+    return float(dense), float(sum(chunks[stage]) - dense)
 
 
-def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True) -> Estimate:
-    """Peak memory of the first pipeline stage's rank (embedding, most micro batches in flight),
-    as Megatron's `max allocated` reports it (weights, gradients, optimizer states, activations)
-    plus FIXED_GB. Calibrated on the fit lease (docs/memory.md).
+def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True,
+             stage: int | None = None) -> Estimate:
+    """Peak memory of the heaviest pipeline stage's rank (the first holds the embedding and the
+    most micro batches in flight; an uneven split may load another more), as Megatron's `max
+    allocated` reports it (weights, gradients, optimizer states, activations) plus FIXED_GB.
+    Calibrated on the fit lease (docs/memory.md). `stage`: that pipeline rank's, not the heaviest.
     `routing=False` prices every layer as a dense layer of `ffn_hidden_size` spread evenly over the
     stages, with MTP on the stage, the scope of Megatron's own theoretical figure (for comparing
     like with like, not for planning)."""
@@ -252,12 +256,20 @@ def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True) -
         raise TooFewGPUs(c, gpus)
     if not routing:
         return _estimate_dense_scope(m, c, gpus)
+    if stage is not None:
+        return _stage_estimate(m, c, gpus, stage)
+    stages = [_stage_estimate(m, c, gpus, s) for s in range(max(c.pp, 1))]
+    return max(stages, key=lambda e: e.total_gb)
+
+
+def _stage_estimate(m: ModelArch, c: TrainingConfig, gpus: int, stage: int) -> Estimate:
+    """estimate() of pipeline rank `stage`: its layers, the embedding on the first."""
     p = count_params(m, c.tp)
     dp = c.data_parallel(gpus)
     etp = c.etp or c.tp
     edp = gpus // (etp * c.ep * c.pp)
     h, E = m.hidden_size, m.num_experts
-    n_dense, n_moe = first_stage_layers(m, c)
+    n_dense, n_moe = stage_layers(m, c, stage)
     n = n_dense + n_moe
     mla_rep = mla_replicated_params(m)
     attn_split = attention_params(m) - mla_rep
@@ -265,13 +277,16 @@ def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True) -
     dense_mlp = 3 * h * m.ffn_hidden_size
     shared = 3 * h * (m.moe_shared_expert_intermediate_size or 0)
     expert = 3 * h * m.moe_ffn_hidden_size * E if moe else 0
-    dense = (attn_split * n + dense_mlp * n_dense + shared * n_moe + p.embedding) / c.tp
+    dense = (attn_split * n + dense_mlp * n_dense + shared * n_moe + (p.embedding if stage == 0 else 0)) / c.tp
     replicated = (mla_rep + 2 * h) * n + (h * E if moe else 0) * n_moe
     experts = expert * n_moe / (etp * c.ep)
-    if c.pp == 1:  # the only stage: the output layer, the final norm and the MTP layers too
+    if stage == max(c.pp, 1) - 1:  # the last stage: the output layer, the final norm
+        dense += p.embedding / c.tp
+        replicated += h
+    if stage == mtp_rank(c, m.mtp_num_layers):  # the MTP layers where they are built
         mtp = mtp_params(m)
-        dense += (p.embedding + mtp.dense) / c.tp
-        replicated += h + mtp.replicated
+        dense += mtp.dense / c.tp
+        replicated += mtp.replicated
         experts += mtp.experts / (etp * c.ep)
     weights = 2 * (dense + replicated + experts)
     grads = 4 * (dense + replicated + experts)
@@ -284,7 +299,7 @@ def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True) -
     else:
         per_stage = (n_dense * activation_bytes_per_layer(m, c, moe=False)
                      + n_moe * activation_bytes_per_layer(m, c, moe=True))
-    act = per_stage * in_flight(c, microbatches) * ACTIVATION_SCALE.get(family(m), 1.0)
+    act = per_stage * in_flight(c, microbatches, stage) * ACTIVATION_SCALE.get(family(m), 1.0)
     if c.pp == 1:  # logits in fp32 on the only stage
         act += 4 * s * c.micro_batch * padded_vocab(m, c.tp) / c.tp
     notes = []
@@ -397,21 +412,9 @@ def baseline_layout(exp, gpus: int | None = None, gpu_type: str | None = None,
 
 
 def vpp_choices(m: ModelArch, pp: int, most: int = 8) -> list[int]:
-    """Virtual stages per pipeline rank that split the model's layers evenly over PP x VPP chunks."""
-    return [v for v in range(2, most + 1) if pp > 1 and m.num_layers % (pp * v) == 0]
-
-
-def uneven_stages(layers: int, pp: int) -> tuple[int | None, int | None]:
-    """(first, last) stage layers where `layers` do not split evenly over `pp` stages: the middle
-    stages take ceil(layers / pp) each and the first and last share the rest, the first the larger
-    half (61 layers on PP16: 3 + 14x4 + 2, DeepSeek-V3's published split); (None, None) where the
-    layers split evenly or no such split exists."""
-    if pp < 3 or layers % pp == 0:
-        return None, None
-    per = -(-layers // pp)
-    rest = layers - per * (pp - 2)
-    first, last = rest - rest // 2, rest // 2
-    return (first, last) if 1 <= last <= first <= per else (None, None)
+    """Virtual stages per pipeline rank over which Megatron can split the model's layers: evenly,
+    or with uneven first/last stages or the embedding and loss counted (pipeline.split_fields)."""
+    return [v for v in range(2, most + 1) if pp > 1 and splits(m.num_layers, pp, v)]
 
 
 PLAN_TP = (1, 2, 4, 8)  # the TPs plan() tries: within a node's NVLink
@@ -420,7 +423,7 @@ PLAN_MAX_PP = 32  # the most pipeline stages plan() tries
 
 def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int = 20,
          headroom_share: float = PLAN_HEADROOM_SHARE, measured: Measured | None = None,
-         virtual: bool = False, refused: list | None = None, uneven: bool = False) -> list[Layout]:
+         virtual: bool = False, refused: list | None = None, fixed: dict | None = None) -> list[Layout]:
     """Feasible layouts for the experiment's model, least model parallelism first (TP×PP, then
     expert parallelism within NVLink before across it, then the smaller EP), selective recompute
     only where a layout does not fit without it (moe-optimization-workflow.md, Phase 1). A layout
@@ -428,24 +431,34 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
     leaves `headroom_share` of the GPU's memory free, or when its measured peak fits as a fit's does
     (`measured`: qwen3_235b's TP2 PP2 EP128 on an H100 is estimated within 2 % of the 68.9 GB it
     measured, but the estimate's margin is wider than a measurement's). `virtual`: each pipeline
-    with every VPP of vpp_choices too. `refused`: a list that gets, for each candidate left out, the
-    constraint violations that refused it (an empty list: its memory did not fit). `uneven`: a
-    pipeline whose stages cannot split the layers evenly is tried with shorter first and last
-    stages (uneven_stages)."""
+    with every VPP of vpp_choices too. A PP (x VPP) the layers do not divide gets the uneven split
+    Megatron can build (pipeline.split_fields). `refused`: a list that gets, for each candidate
+    left out, the constraint violations that refused it (an empty list: its memory did not fit).
+    `fixed`: TrainingConfig fields every candidate keeps (`moetune plan --pp 8 ...`)."""
+    fixed = fixed or {}
+
+    def keep(field: str, values: list) -> list:
+        return [v for v in values if v == fixed[field]] if field in fixed else values
+
     cluster, world, capacity = plan_cluster(exp, gpus, gpu_type)
     m, base = exp.model, exp.baseline
     out: list[Layout] = []
-    for tp in [t for t in PLAN_TP if world % t == 0]:
-        for pp in [p for p in _divisors(world) if p <= PLAN_MAX_PP and world % (tp * p) == 0]:
-            first, last = uneven_stages(m.num_layers, pp) if uneven else (None, None)
-            for ep, vpp in [(e, v) for e in _divisors(m.num_experts) if e <= 128 and world % (e * pp) == 0
-                            for v in [None] + (vpp_choices(m, pp) if virtual and not first else [])]:
-                for recompute in ((), ("moe_act", "layernorm") if base.grouped_gemm else ("layernorm",)):
+    recomputes: list[tuple[str, ...]] = [(), ("moe_act", "layernorm") if base.grouped_gemm else ("layernorm",)]
+    if "recompute_granularity" in fixed:
+        recomputes = [fixed.get("recompute_modules", ())]
+    for tp in keep("tp", [t for t in PLAN_TP if world % t == 0]):
+        for pp in keep("pp", [p for p in _divisors(world) if p <= PLAN_MAX_PP and world % (tp * p) == 0]):
+            for ep, vpp in [(e, v) for e in keep("ep", [e for e in _divisors(m.num_experts)
+                                                        if e <= 128 and world % (e * pp) == 0])
+                            for v in keep("vpp", [None] + (vpp_choices(m, pp) if virtual or "vpp" in fixed else []))]:
+                for recompute in recomputes:
                     cfg = base.replace(tp=tp, pp=pp, ep=ep, etp=1, sequence_parallel=tp > 1, vpp=vpp,
-                                       first_pp_layers=first, last_pp_layers=last,
+                                       **split_fields(m.num_layers, pp, vpp),
                                        distributed_optimizer=True,
                                        recompute_granularity="selective" if recompute else None,
                                        recompute_modules=recompute)
+                    if fixed:
+                        cfg = cfg.replace(**fixed)
                     violations = check(cfg, m, cluster)
                     if violations:
                         if refused is not None:

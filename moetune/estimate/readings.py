@@ -12,7 +12,8 @@ from moetune.store import NoStore, Store
 
 # the fields a rank's compute and host time depend on: a measurement of a layout stands for
 # another that differs elsewhere only (its batch, dispatcher, overlaps, optimizer)
-COMPUTE_KEYS = ("tp", "pp", "vpp", "first_pp_layers", "last_pp_layers", "cp", "ep", "etp", "sequence_parallel",
+COMPUTE_KEYS = ("tp", "pp", "vpp", "first_pp_layers", "last_pp_layers", "account_for_embedding",
+                "account_for_loss", "pp_layout", "cp", "ep", "etp", "sequence_parallel",
                 "micro_batch", "seq_length", "recompute_granularity", "recompute_modules", "recompute_num_layers",
                 "fp8_format", "fp8_recipe", "cuda_graph_impl", "cuda_graph_modules", "grouped_gemm",
                 "permute_fusion", "transformer_impl", "offload_modules")

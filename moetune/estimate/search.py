@@ -104,12 +104,11 @@ def ranked(exp, layouts: list[Layout], gpus: int | None, gpu_type: str | None,
 
 
 def search(exp, readings: StoreReadings, gpus: int | None = None, gpu_type: str | None = None,
-           order: str = "speed", limit: int = 10, baseline: bool = False, uneven: bool = False) -> Search:
+           order: str = "speed", limit: int = 10, baseline: bool = False, fixed: dict | None = None) -> Search:
     """The feasible layouts (at most `limit`) by `order` ("speed": predicted tokens/s/GPU, VPP
     pipelines among them; "memory": least model parallelism first), the baseline first where it
     fits and the grid does not hold it; `baseline`: the baseline's layout alone, fitting or not
-    (TooFewGPUs where the GPUs cannot hold it). `uneven`: pipelines with shorter first and last
-    stages too where the layers do not split evenly (memory.uneven_stages)."""
+    (TooFewGPUs where the GPUs cannot hold it). `fixed`: fields every candidate keeps (memory.plan)."""
     _, world, capacity = plan_cluster(exp, gpus, gpu_type)
     peaks = measured_peaks(exp, world, readings)
 
@@ -127,7 +126,7 @@ def search(exp, readings: StoreReadings, gpus: int | None = None, gpu_type: str 
     speed = order == "speed"
     refused: list[list] = []
     layouts = plan(exp, gpus, gpu_type, limit=10**6 if speed else limit, measured=measured, virtual=speed,
-                   refused=refused, uneven=uneven)
+                   refused=refused, fixed=fixed)
     # the baseline is a candidate too, where it fits and the search's grid does not hold it
     if base is not None and base.fits and all(layout_key(lay.config.to_dict()) != layout_key(
             base.config.to_dict()) for lay in layouts):

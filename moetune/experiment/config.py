@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from moetune.experiment.model import ModelArch
+from moetune.experiment.pipeline import LayoutError, layout_stages
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
 FLEX_BACKENDS = ("deepep", "hybridep")
@@ -39,6 +40,16 @@ class TrainingConfig:
     """Uneven pipeline: layers of the first stage; None: an even share."""
     last_pp_layers: int | None = None
     """Uneven pipeline: layers of the last stage; None: an even share."""
+    account_for_embedding: bool = False
+    """Count the embedding as a layer when splitting the layers over the stages (the first stage
+    then builds one decoder layer fewer); off by default."""
+    account_for_loss: bool = False
+    """Count the loss (output layer) as a layer when splitting the layers over the stages (the last
+    stage then builds one decoder layer fewer); off by default."""
+    pp_layout: str | None = None
+    """An explicit pipeline layout (--pipeline-model-parallel-layout: E embedding, t decoder layer,
+    m MTP layer, L loss, | between stages, (...)*n repeats; PP x VPP stages); None: none. VPP is
+    the layout's stages over PP, and vpp is kept equal to it."""
     cp: int = 1
     """Context-parallel size: ranks a sequence is split over; 1 is no split."""
     ep: int = 1
@@ -124,6 +135,11 @@ class TrainingConfig:
     profile_step_end: int = 13
     """The step at which tracing stops (not traced)."""
 
+    def __post_init__(self) -> None:
+        # an explicit layout names the virtual stages: vpp follows it where not given
+        if self.pp_layout and self.vpp is None:
+            object.__setattr__(self, "vpp", layout_vpp(self.pp_layout, self.pp))
+
     # -- identity --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -181,6 +197,8 @@ class TrainingConfig:
         elif not model and self.seq_length:
             argv += ["--seq-length", str(self.seq_length)]
         for spec in FLAGS:
+            if spec.field == "vpp" and self.pp_layout:
+                continue  # the layout names the virtual stages; Megatron takes one or the other
             argv += spec.render(getattr(self, spec.field))
         if self.recompute_granularity == "full":
             argv += ["--recompute-method", "uniform"]
@@ -206,6 +224,7 @@ class TrainingConfig:
             j = i + 1
             while j < len(argv) and not argv[j].startswith("--"):
                 j += 1
+            spec = spec or by_flag.get(FLAG_ALIASES.get(tok, ""))
             if spec:
                 values[spec.field] = spec.parse(argv[i + 1:j])
             elif tok == "--seq-length" and i + 1 < len(argv):
@@ -264,6 +283,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("vpp", "--num-virtual-stages-per-pipeline-rank", "int"),
     Flag("first_pp_layers", "--decoder-first-pipeline-num-layers", "int"),
     Flag("last_pp_layers", "--decoder-last-pipeline-num-layers", "int"),
+    Flag("account_for_embedding", "--account-for-embedding-in-pipeline-split", "switch"),
+    Flag("account_for_loss", "--account-for-loss-in-pipeline-split", "switch"),
+    Flag("pp_layout", "--pipeline-model-parallel-layout", "str"),
     Flag("cp", "--context-parallel-size", "int", 1),
     Flag("ep", "--expert-model-parallel-size", "int", 1, always=True),
     Flag("etp", "--expert-tensor-parallel-size", "int"),
@@ -305,6 +327,21 @@ FLAGS: tuple[Flag, ...] = (
     Flag("profile_step_start", "--profile-step-start", "int", always=True),
     Flag("profile_step_end", "--profile-step-end", "int", always=True),
 )
+
+
+# older spellings Megatron still reads, parsed into the field of the flag moetune renders
+FLAG_ALIASES = {"--cuda-graph-scope": "--cuda-graph-modules"}
+
+
+def layout_vpp(layout: str, pp: int) -> int | None:
+    """The virtual stages per rank an explicit layout names (its stages over PP; None for one, or
+    where the layout cannot be read: the constraint table says why)."""
+    try:
+        stages = layout_stages(layout)
+    except LayoutError:
+        return None
+    vpp = stages // max(pp, 1)
+    return vpp if vpp > 1 and stages % max(pp, 1) == 0 else None
 
 
 def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:

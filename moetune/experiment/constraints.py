@@ -15,8 +15,10 @@ from moetune.experiment.config import (
     OFFLOAD_MODULES,
     RECOMPUTE_MODULES,
     TrainingConfig,
+    layout_vpp,
 )
 from moetune.experiment.model import ModelArch
+from moetune.experiment.pipeline import layout_problem, layout_stages, split_problem
 from moetune.experiment.schema import Cluster
 
 WORKFLOW = "moe-optimization-workflow.md"
@@ -24,6 +26,9 @@ OVERLAP = "moe-comm-overlap.txt"
 DISPATCH = "moe-dispatcher-selection.txt"
 README = "megatron-core-moe-readme.md"
 MEGATRON = "Megatron-LM argument validation (megatron/training/arguments.py, TransformerConfig)"
+ATTENTION = "Megatron-LM megatron/core/transformer/attention.py (whole heads per query group)"
+ROUTER = "Megatron-LM megatron/core/transformer/moe/moe_utils.py (torch.topk over the experts)"
+LAYOUT = "Megatron-LM megatron/core/transformer/pipeline_parallel_layer_layout.py"
 DEVICE = "../shared/device-notes.md (seen on the GPU machine)"
 GPU_SHEETS = "NVIDIA data sheets (FP8 tensor cores from Hopper on)"
 DROPLESS_GRAPH_MODULES = ("attn", "moe_router", "moe_preprocess")
@@ -54,12 +59,23 @@ class Env:
     def dp(self, c: TrainingConfig) -> int:
         return self.gpus // max(1, c.tp * c.pp * c.cp)
 
-    def pp_layers(self, c: TrainingConfig) -> int:
-        """Layers split evenly over the middle pipeline stages."""
-        return self.m.num_layers - (c.first_pp_layers or 0) - (c.last_pp_layers or 0)
 
-    def even_stages(self, c: TrainingConfig) -> int:
-        return c.pp - (1 if c.first_pp_layers else 0) - (1 if c.last_pp_layers else 0)
+
+def _split_conflict(c: TrainingConfig) -> str:
+    """The pipeline-split flags set together that Megatron takes only one at a time ('' where none)."""
+    uneven = [f for f, on in (("--decoder-first-pipeline-num-layers", c.first_pp_layers is not None),
+                              ("--decoder-last-pipeline-num-layers", c.last_pp_layers is not None)) if on]
+    accounted = [f for f, on in (("--account-for-embedding-in-pipeline-split", c.account_for_embedding),
+                                 ("--account-for-loss-in-pipeline-split", c.account_for_loss)) if on]
+    if c.pp_layout and (uneven or accounted):
+        return " and ".join(["--pipeline-model-parallel-layout", *uneven, *accounted])
+    if uneven and accounted:
+        return " and ".join(uneven + accounted)
+    return ""
+
+
+def _layout_problem(c: TrainingConfig, e: Env) -> str | None:
+    return layout_problem(c.pp_layout or "", max(c.pp, 1), e.m.num_layers, e.m.mtp_num_layers)
 
 
 def _te(c: TrainingConfig, e: Env) -> bool:
@@ -93,15 +109,32 @@ RULES: tuple[Rule, ...] = (
     ("expert_folding", WORKFLOW, lambda c, e: e.gpus % ((c.etp or c.tp) * c.ep * c.pp) != 0,
      lambda c, e: f"parallel folding needs ETP×EP×EDP×PP = world size: ETP×EP×PP = {c.etp or c.tp}×{c.ep}×"
                   f"{c.pp} = {(c.etp or c.tp) * c.ep * c.pp} must divide the GPU count {e.gpus}"),
+    ("pipeline_split_conflict", MEGATRON, lambda c, e: bool(_split_conflict(c)),
+     lambda c, e: f"{_split_conflict(c)} cannot be set together; give one form of pipeline split"),
+    ("pipeline_layout_invalid", LAYOUT,
+     lambda c, e: bool(c.pp_layout) and bool(_layout_problem(c, e)),
+     lambda c, e: f"{_layout_problem(c, e)}"),
+    ("pipeline_layout_vpp_conflict", MEGATRON,
+     lambda c, e: bool(c.pp_layout) and not _layout_problem(c, e) and c.vpp != layout_vpp(c.pp_layout or "", c.pp),
+     lambda c, e: f"--num-virtual-stages-per-pipeline-rank {c.vpp} conflicts with the layout's "
+                  f"{layout_stages(c.pp_layout or '')} stages over PP {c.pp}; leave VPP to the layout"),
     ("layers_not_divisible_by_pp", MEGATRON,
-     lambda c, e: e.even_stages(c) > 0 and e.pp_layers(c) % (e.even_stages(c) * (c.vpp or 1)) != 0,
-     "the layers must split evenly over PP×VPP stages; change PP/VPP or set first/last stage layers"),
-    ("uneven_pp_without_pp", MEGATRON, lambda c, e: (c.first_pp_layers or c.last_pp_layers) and c.pp == 1,
+     lambda c, e: not _split_conflict(c) and bool(split_problem(e.m.num_layers, c)),
+     lambda c, e: str(split_problem(e.m.num_layers, c))),
+    ("uneven_pp_without_pp", MEGATRON,
+     lambda c, e: (c.first_pp_layers is not None or c.last_pp_layers is not None) and c.pp == 1,
      "first/last pipeline stage layers need PP > 1"),
     ("experts_not_divisible_by_ep", MEGATRON, lambda c, e: e.m.num_experts % c.ep != 0,
      lambda c, e: f"the number of experts ({e.m.num_experts}) must be divisible by EP ({c.ep})"),
     ("heads_not_divisible_by_tp", MEGATRON, lambda c, e: e.m.num_attention_heads % c.tp != 0,
      lambda c, e: f"attention heads ({e.m.num_attention_heads}) must be divisible by TP ({c.tp})"),
+    ("heads_not_divisible_by_query_groups", ATTENTION,
+     lambda c, e: e.m.num_attention_heads % e.m.num_query_groups != 0,
+     lambda c, e: f"attention heads ({e.m.num_attention_heads}) must be divisible by query groups "
+                  f"({e.m.num_query_groups})"),
+    ("topk_exceeds_experts", ROUTER, lambda c, e: e.m.moe_router_topk > e.m.num_experts,
+     lambda c, e: f"router top-k ({e.m.moe_router_topk}) must not exceed the number of experts "
+                  f"({e.m.num_experts})"),
     ("query_groups_not_divisible_by_tp", MEGATRON, lambda c, e: e.m.num_query_groups % c.tp != 0,
      lambda c, e: f"query groups ({e.m.num_query_groups}) must be divisible by TP ({c.tp}); lower TP"),
     ("global_batch_not_divisible", MEGATRON,

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from moetune.errors import MoetuneError
 from moetune.experiment.config import TrainingConfig
+from moetune.experiment.pipeline import chunk_layers, mtp_rank
 
 FIT_ITERS = 3  # Megatron reports memory after iteration 2, when the optimizer states exist
 FAKE_GROUP_ARGS = ("--fake-process-group",)
@@ -131,40 +132,35 @@ class Stage:
 
 
 def stage_layer_counts(num_layers: int, config: TrainingConfig) -> list[int]:
-    """Decoder layers per pipeline stage as Megatron splits them: the uneven pipeline's first and
-    last stages (--decoder-first/last-pipeline-num-layers) as set, the rest evenly."""
-    pp = max(config.pp, 1)
-    if pp == 1:
-        return [num_layers]
-    ends = {0: config.first_pp_layers, pp - 1: config.last_pp_layers}
-    fixed = {s: n for s, n in ends.items() if n is not None}
-    rest = [s for s in range(pp) if s not in fixed]
-    share, extra = divmod(num_layers - sum(fixed.values()), max(len(rest), 1))
-    # Megatron refuses a split that does not divide; the remainder goes to the later stages here
-    even = {s: share + (i >= len(rest) - extra) for i, s in enumerate(rest)}
-    return [fixed.get(s, even.get(s, 0)) for s in range(pp)]
+    """Decoder layers per pipeline stage as Megatron splits them, in each form of split
+    (experiment/pipeline.py: even, uneven first/last stages, embedding/loss accounted, a layout)."""
+    return [sum(ranks) for ranks in chunk_layers(num_layers, config)]
 
 
 def pipeline_stages(model, config: TrainingConfig) -> list[Stage]:
     """Each stage's layers, MoE layers and micro-batches in flight, from the layout and where the
     model's dense layers are (model.layer_kinds). Interleaved (VPP): stage s builds virtual
-    stages s, s + PP, ... of its layers / VPP each, so the dense layers sit in the first chunks in
-    order. MTP layers are built on the last stage (megatron-core's default placement), MoE where
-    the model's layers are."""
-    pp, vpp = max(config.pp, 1), max(config.vpp or 1, 1)
-    counts = stage_layer_counts(model.num_layers, config)
+    stages s, s + PP, ... so the dense layers sit in the first chunks in order. MTP layers are
+    built where the layout puts them, else on the last stage (megatron-core's default placement),
+    MoE where the model's layers are."""
+    pp = max(config.pp, 1)
+    chunks = chunk_layers(model.num_layers, config)
+    vpp = max(len(ranks) for ranks in chunks)
+    counts = [sum(ranks) for ranks in chunks]
     kinds = model.layer_kinds()
     moe = [0] * pp
     layer = 0
     for chunk in range(vpp):
         for s in range(pp):
-            size = counts[s] // vpp + (chunk < counts[s] % vpp)
+            size = chunks[s][chunk] if chunk < len(chunks[s]) else 0
             if model.num_experts > 1:
                 moe[s] += sum(kinds[layer:layer + size])
             layer += size
     mtp = model.mtp_num_layers
-    counts[-1] += mtp
-    moe[-1] += mtp if model.num_experts > 1 else 0
+    where = mtp_rank(config, mtp)
+    if where is not None:
+        counts[where] += mtp
+        moe[where] += mtp if model.num_experts > 1 else 0
     return [Stage(s, counts[s], moe[s], pp - s) for s in range(pp)]
 
 
@@ -219,6 +215,7 @@ def pipeline_layout(config: TrainingConfig) -> tuple:
     """What decides which layers and micro-batches a pipeline rank holds: trials equal in it run
     the same stage on the same rank."""
     return (config.tp, config.pp, config.vpp, config.first_pp_layers, config.last_pp_layers,
+            config.account_for_embedding, config.account_for_loss, config.pp_layout,
             config.cp, config.ep, config.etp)
 
 

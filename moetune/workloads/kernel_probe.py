@@ -80,29 +80,28 @@ def gemm_rows(torch, timer: Timer, shapes, dtypes) -> list[dict]:
     return rows
 
 
-def attention_rows(torch, timer: Timer, shapes) -> list[dict]:
+def _attention_row(torch, timer: Timer, b: int, s: int, heads: int, groups: int, d: int) -> dict:
     import torch.nn.functional as F
-    rows = []
-    for b, s, heads, groups, d in shapes:
-        q = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        kv = [torch.randn(b, groups, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2)]
-        grad = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16)
-        gqa = {"enable_gqa": True} if groups != heads else {}
+    q = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, groups, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    grad = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16)
+    gqa = {"enable_gqa": True} if groups != heads else {}
 
-        def fwd():
-            with torch.no_grad():
-                return F.scaled_dot_product_attention(q, kv[0], kv[1], is_causal=True, **gqa)
+    def fwd():
+        with torch.no_grad():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
 
-        def both():
-            out = F.scaled_dot_product_attention(q, kv[0], kv[1], is_causal=True, **gqa)
-            torch.autograd.backward(out, grad)
-        f_us, fb_us = timer.per_call_us(fwd), timer.per_call_us(both)
-        flop = 4 * b * heads * s * s * d * 0.5  # QK^T and PV, causal half
-        rows.append({"kind": "attention", "batch": b, "seq": s, "heads": heads, "groups": groups, "dim": d,
-                     "fwd_us": round(f_us, 2), "bwd_us": round(fb_us - f_us, 2),
-                     "tflop_s": round(3 * flop / fb_us / 1e6, 2)})
-        del q, kv, grad
-    return rows
+    def both():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+        torch.autograd.backward(out, grad)
+    f_us, fb_us = timer.per_call_us(fwd), timer.per_call_us(both)
+    flop = 4 * b * heads * s * s * d * 0.5  # QK^T and PV, causal half
+    return {"kind": "attention", "batch": b, "seq": s, "heads": heads, "groups": groups, "dim": d,
+            "fwd_us": round(f_us, 2), "bwd_us": round(fb_us - f_us, 2), "tflop_s": round(3 * flop / fb_us / 1e6, 2)}
+
+
+def attention_rows(torch, timer: Timer, shapes) -> list[dict]:
+    return [_attention_row(torch, timer, *shape) for shape in shapes]
 
 
 def data_rows(torch, timer: Timer) -> list[dict]:

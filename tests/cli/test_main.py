@@ -140,7 +140,8 @@ def test_plan_baseline_on_too_few_gpus(tmp_path):
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.strip() == "moetune plan: deepseek_v3's baseline needs 1024 GPUs (or a multiple); 256 given"
     for fmt in ("text", "json"):  # does not fit: 1 in both formats
-        assert moetune("plan", "qwen3_235b", "--baseline", "--format", fmt, cwd=tmp_path).returncode == 1
+        assert moetune("plan", "qwen3_235b", "--baseline", "--format", fmt, "--pp", "2", "--vpp", "1",
+                       "--recompute", "none", cwd=tmp_path).returncode == 1  # the former baseline
 
 
 @pytest.mark.parametrize("argv", [("plan", "deepseek_v3", "--format", "json"),
@@ -394,3 +395,24 @@ def test_a_tune_its_preflight_stopped_says_no_trial_ran_and_why(tmp_path, monkey
     out = capsys.readouterr()
     assert "?" not in out.out and "report: r.md" in out.out
     assert out.err == f"moetune tune: study moe_proxy: no trial ran; stopped: {why}\n"
+
+
+def test_tune_refuses_a_baseline_that_does_not_fit_unless_forced(tmp_path, capsys, monkeypatch):
+    """A baseline the estimate says does not fit is one line, exit 2, before any folder or job:
+    the plan's fitting layouts offered; --force goes on (here to the tuner, stood in for)."""
+    from tests.cli.test_render import _former_qwen3_235b
+
+    from moetune.cli import main as cli
+    from moetune.tune import loop
+    monkeypatch.chdir(tmp_path)
+    path = str(_former_qwen3_235b(tmp_path))
+    capsys.readouterr()
+    assert cli.main(["tune", path, "--runs", "runs", "--out", "reports"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "does not fit by the estimate" in line and "--force" in line and "fitting layouts" in line
+    assert not (tmp_path / "runs").exists()
+    ran = []
+    monkeypatch.setattr(loop, "tune", lambda exp, store, **kw: ran.append(exp.name) or {"study": "x"})
+    monkeypatch.setattr(cli, "_write_reports", lambda args, study: ("r.md", "r.html"))
+    cli.main(["tune", path, "--runs", "runs", "--out", "reports", "--force"])
+    assert ran == ["qwen3_235b"] and "warning: " in capsys.readouterr().err

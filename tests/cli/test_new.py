@@ -28,7 +28,7 @@ def test_writes_an_experiment_of_the_model_with_the_fastest_fitting_baseline(cap
     shipped = load_experiment("qwen3_30b_a3b").model
     assert exp.name == "q3" and exp.model == type(shipped)(**{**shipped.to_dict(), "name": "q3"})
     assert (exp.cluster.nodes, exp.cluster.gpus_per_node, exp.cluster.gpu_type, exp.cluster.world) == (2, 8, "H100", 16)
-    best = search(exp, StoreReadings(None), limit=1, uneven=True).layouts[0]
+    best = search(exp, StoreReadings(None), limit=1).layouts[0]
     assert exp.baseline == best.config
     assert estimate(exp.model, exp.baseline, 16).total_gb < 80
     text = out.read_text()

@@ -11,6 +11,9 @@ from moetune.store import Store
 from tests.conftest import proxy_variant
 
 QWEN_BASELINE_MEASURED_GB = 85919.27 / 1024  # benchmarks/fit_lease: rank 0 on one H200, max allocated
+# qwen3_235b's former baseline, TP2 PP2 EP32 without recompute (the fit lease's layout), which an
+# H100 cannot hold: the layout flags give it back
+OLD_QWEN = ["--pp", "2", "--vpp", "1", "--recompute", "none"]
 
 
 def _json(capsys, argv):
@@ -20,10 +23,10 @@ def _json(capsys, argv):
 
 
 def test_baseline_listed_though_it_does_not_fit_an_h100(capsys, no_store):
-    """--baseline lists qwen3_235b's baseline on 256 H100s with fits false, its estimate within 10 %
-    of the fit lease's measured peak, exit 1; the full plan leaves it out."""
+    """--baseline lists qwen3_235b's former baseline on 256 H100s with fits false, its estimate within
+    10 % of the fit lease's measured peak, exit 1; the full plan leaves it out."""
     rc, rows = _json(capsys, ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--baseline",
-                              "--format", "json"])
+                              "--format", "json", *OLD_QWEN])
     assert rc == 1 and len(rows) == 1  # does not fit: the same exit code as the text
     (row,) = rows
     assert {k: row["config"][k] for k in ("tp", "pp", "ep")} == {"tp": 2, "pp": 2, "ep": 32}
@@ -37,13 +40,14 @@ def test_baseline_listed_though_it_does_not_fit_an_h100(capsys, no_store):
     assert rows and all(r["fits"] for r in rows)
     assert not any(r["config"]["tp"] == 2 and r["config"]["pp"] == 2 and r["config"]["ep"] == 32 for r in rows)
     # on an H200 the same baseline fits
-    _, (row,) = _json(capsys, ["plan", "qwen3_235b", "--gpu-type", "H200", "--baseline", "--format", "json"])
+    _, (row,) = _json(capsys, ["plan", "qwen3_235b", "--gpu-type", "H200", "--baseline", "--format", "json",
+                               *OLD_QWEN])
     assert row["fits"] is True and row["capacity_gb"] == 141.0
 
 
 def test_baseline_text_says_it_does_not_fit(capsys, no_store):
     """The text form names the baseline's layout and GPUs and ends saying it does NOT fit."""
-    assert main(["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--baseline"]) == 1
+    assert main(["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--baseline", *OLD_QWEN]) == 1
     out = capsys.readouterr().out.strip()
     assert out.startswith("qwen3_235b baseline TP2 PP2 EP32 on 256x H100") and out.endswith("does NOT fit")
 
@@ -56,17 +60,19 @@ def test_measured_gb_from_the_store(capsys, tmp_path, monkeypatch):
     exp = load_experiment("qwen3_235b")
     store = Store()
     study = store.create_study("fit-qwen", exp.model.name, {"cluster": exp.cluster.model_dump()})
-    fit = exp.baseline.replace(capacity_factor=1.0, pad_to_capacity=True, train_iters=3)  # as the fit ran
+    old = exp.baseline.replace(pp=2, vpp=None, account_for_embedding=False, account_for_loss=False,
+                               recompute_granularity=None, recompute_modules=())
+    fit = old.replace(capacity_factor=1.0, pad_to_capacity=True, train_iters=3)  # as the fit ran
     t = store.add_trial(study.id, fit.to_dict(), fit.config_hash())
     store.update_trial(t.id, state="completed", peak_memory_gb=QWEN_BASELINE_MEASURED_GB)
-    other = exp.baseline.replace(tp=4, ep=64)  # another layout: its figure must not be taken
+    other = old.replace(tp=4, ep=64)  # another layout: its figure must not be taken
     t2 = store.add_trial(study.id, other.to_dict(), other.config_hash())
     store.update_trial(t2.id, state="completed", peak_memory_gb=1.0)
-    _, (row,) = _json(capsys, ["plan", "qwen3_235b", "--baseline", "--format", "json"])
+    _, (row,) = _json(capsys, ["plan", "qwen3_235b", "--baseline", "--format", "json", *OLD_QWEN])
     assert row["measured_gb"] == pytest.approx(QWEN_BASELINE_MEASURED_GB, abs=0.01)
     assert row["estimate_gb"] == pytest.approx(row["measured_gb"], rel=0.10)
     # at another GPU count the measurement is not this layout's (the optimizer shards differ)
-    _, (row,) = _json(capsys, ["plan", "qwen3_235b", "--gpus", "128", "--baseline", "--format", "json"])
+    _, (row,) = _json(capsys, ["plan", "qwen3_235b", "--gpus", "128", "--baseline", "--format", "json", *OLD_QWEN])
     assert "measured_gb" not in row
 
 
@@ -88,8 +94,10 @@ def test_a_layout_measured_to_fit_is_planned_though_its_estimate_is_not(capsys, 
     headroom fits, so plan lists it (without recompute) with its measurement."""
     from moetune.paths import ROOT
     db = str(ROOT / "benchmarks" / "one_gpu_tuning" / "moetune.db")
-    argv = ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--format", "json", "--limit", "100"]
-    layout = lambda r: (r["config"]["tp"], r["config"]["pp"], r["config"]["ep"], tuple(r["config"]["recompute_modules"]))
+    argv = ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--format", "json", "--limit", "1000"]
+    def layout(r):  # without virtual stages, as measured
+        c = r["config"]
+        return (c["tp"], c["pp"], c["ep"], tuple(c["recompute_modules"])) if c["vpp"] is None else None
     _, alone = _json(capsys, argv)
     assert (2, 2, 128, ()) not in map(layout, alone)
     _, rows = _json(capsys, ["--db", db] + argv)

@@ -127,3 +127,32 @@ def test_gpus_on_a_cluster_without_gpus_is_one_line(capsys, tmp_path, no_store):
     assert main(["predict", exp, "--gpus", "2"]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "cluster.gpus_per_node is 0" in err and "Traceback" not in err
+
+
+def test_a_changed_pp_does_not_inherit_the_baselines_uneven_split(capsys, no_store):
+    """deepseek_v3's baseline splits 61 layers over PP 16 as first 3, last 2: `--pp 8` says so and
+    prices the split Megatron takes at PP 8 (6 and 7 at the ends, 8 a middle stage), not the PP-16
+    one; the split flags set it outright, and one Megatron refuses is the rule's one line, exit 2."""
+    capsys.readouterr()
+    assert main(["predict", "deepseek_v3", "--pp", "8", "--format", "json"]) == 0
+    out = capsys.readouterr()
+    d = json.loads(out.out)
+    assert (d["config"]["first_pp_layers"], d["config"]["last_pp_layers"]) == (6, 7)
+    assert "(first 3, last 2 layers) is for PP16; recomputed: first 6, last 7 layers" in out.err
+    work = d["inputs"]["slowest_stage_work"]
+    assert work["layers"] <= 8  # no stage holds more than a middle stage's 8 (+ the MTP layer on the last)
+    layout = _json(capsys, ["predict", "deepseek_v3", "--pp", "8", "--pp-layout", "Et*3|(tt|)*29m|L", "--format",
+                            "json"])
+    assert layout["config"]["vpp"] == 4 and layout["config"]["first_pp_layers"] is None
+    capsys.readouterr()
+    assert main(["predict", "deepseek_v3", "--pp", "8", "--first-pp-layers", "3", "--last-pp-layers", "2"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "layers_not_divisible_by_pp: the 56 middle layers must split evenly over 6 middle stages" in line
+
+
+def test_vpp_1_means_no_virtual_stages(capsys, no_store):
+    """qwen3_235b's baseline has VPP 4: `--vpp 1` prices it without virtual stages (and so without
+    the embedding and loss split that VPP 4 needed, recomputed for PP 8 alone)."""
+    d = _json(capsys, ["predict", "qwen3_235b", "--vpp", "1", "--format", "json"])
+    assert d["config"]["vpp"] is None
+    assert (d["config"]["first_pp_layers"], d["config"]["last_pp_layers"]) == (11, 11)

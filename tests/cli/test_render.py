@@ -140,3 +140,31 @@ def test_extra_args_reach_the_command_quoted_and_predict_notes_them(tmp_path, ca
     assert "note: extra_args not priced: --moe-aux-loss-coeff 0.01" in plain
     assert main(["predict", "mixtral_8x7b"]) == 0
     assert "extra_args" not in capsys.readouterr().out
+
+
+def _former_qwen3_235b(tmp_path: Path) -> Path:
+    """experiments/qwen3_235b.yaml with its former baseline, TP2 PP2 EP32 without recompute, which
+    does not fit an H100 by the estimate (87.9 of 80 GB)."""
+    import yaml
+    data = yaml.safe_load((REPO / "experiments" / "qwen3_235b.yaml").read_text())
+    for key in ("vpp", "account_for_embedding", "account_for_loss", "recompute_granularity", "recompute_modules"):
+        data["baseline"].pop(key)
+    data["baseline"]["pp"] = 2
+    path = tmp_path / "former.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_baseline_that_does_not_fit_is_said_before_it_is_written(tmp_path, capsys):
+    """render writes what it was asked for, but first says in one line that the baseline does not
+    fit by the estimate and which of the plan's layouts do; the shipped baseline fits, and is not
+    warned about."""
+    from moetune.cli.main import main
+    assert main(["render", str(_former_qwen3_235b(tmp_path)), "--out", str(tmp_path / "a")]) == 0
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("moetune render: warning: ") and "the baseline TP2 PP2 EP32" in line
+    assert "does not fit by the estimate (87.9 of 80 GB" in line
+    assert "fitting layouts (moetune plan qwen3_235b): TP" in line
+    assert (tmp_path / "a" / "job.sbatch").exists()
+    assert main(["render", "qwen3_235b", "--out", str(tmp_path / "b")]) == 0
+    assert capsys.readouterr().err == ""

@@ -56,3 +56,28 @@ def test_a_change_reads_as_text():
     assert diff_text(a.diff(b)) == ("micro_batch 2 -> 4, recompute_granularity none -> selective, "
                                     "recompute_modules none -> moe_act,layernorm")
 
+
+
+def test_pipeline_layout_names_the_virtual_stages():
+    """An explicit layout renders without --num-virtual-stages-per-pipeline-rank (Megatron takes one
+    or the other) and reads back with VPP its stages over PP: DeepSeek-V3's 32 stages at PP 8 are 4."""
+    cfg = TrainingConfig(pp=8, pp_layout="Et*3|(tt|)*29m|L", account_for_loss=False)
+    assert cfg.vpp == 4
+    argv = cfg.to_args()
+    assert "--num-virtual-stages-per-pipeline-rank" not in argv
+    assert argv[argv.index("--pipeline-model-parallel-layout") + 1] == "Et*3|(tt|)*29m|L"
+    assert TrainingConfig.from_args(argv) == cfg
+    split = TrainingConfig(pp=8, vpp=4, account_for_embedding=True, account_for_loss=True)
+    argv = split.to_args()
+    assert {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"} <= set(argv)
+    assert TrainingConfig.from_args(argv) == split
+
+
+def test_cuda_graph_scope_reads_as_the_modules():
+    """--cuda-graph-scope, the name before megatron-core 0.18 (which Megatron still takes), reads as
+    --cuda-graph-modules does."""
+    old = TrainingConfig.from_args(["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn",
+                                    "moe_router", "moe_preprocess"])
+    new = TrainingConfig.from_args(["--cuda-graph-impl", "transformer_engine", "--cuda-graph-modules", "attn",
+                                    "moe_router", "moe_preprocess"])
+    assert old == new and old.cuda_graph_modules == ("attn", "moe_router", "moe_preprocess")

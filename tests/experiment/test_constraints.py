@@ -199,3 +199,53 @@ def test_every_message_is_one_line_text():
     for changes, cluster, _ in CASES:
         for v in check(OK.replace(**changes), MODEL, Cluster(**{**H100, **cluster})):
             assert isinstance(v.message, str) and v.message and "\n" not in v.message, v.code
+
+
+DEEPSEEK_LAYOUT = "Et*3|(tt|)*29m|L"
+
+
+@pytest.mark.parametrize("changes", [
+    {"pp": 8, "vpp": 4, "ep": 64, "pp_layout": DEEPSEEK_LAYOUT},  # vpp as the layout names it
+    {"pp": 8, "ep": 64, "pp_layout": DEEPSEEK_LAYOUT},
+    {"pp": 8, "ep": 64, "first_pp_layers": 6, "last_pp_layers": 7},
+    {"pp": 16, "ep": 64, "first_pp_layers": 3, "last_pp_layers": 2},
+], ids=["layout-vpp4", "layout", "first-last-pp8", "first-last-pp16"])
+def test_nvidia_uneven_pipelines_pass_for_deepseek_v3(changes):
+    """The uneven forms Megatron takes for DeepSeek-V3's 61 layers pass the table on its 1024 GPUs."""
+    e = load_experiment("deepseek_v3")
+    changes = {"first_pp_layers": None, "last_pp_layers": None, **changes}
+    assert check(e.baseline.replace(**changes), e.model, e.cluster) == []
+
+
+def test_qwen3_235b_embedding_and_loss_accounted_passes_and_even_pp8_does_not():
+    """94 layers at PP 8 VPP 4 pass with the embedding and the loss counted (96 = 32 × 3); without
+    them the message says the count and the forms that would split it."""
+    e = load_experiment("qwen3_235b")
+    assert check(e.baseline, e.model, e.cluster) == []
+    (v,) = check(e.baseline.replace(account_for_embedding=False, account_for_loss=False), e.model, e.cluster)
+    assert v.code == "layers_not_divisible_by_pp" and v.message.startswith("94 layers must split evenly over "
+                                                                            "PP×VPP = 8×4 stages")
+
+
+@pytest.mark.parametrize("changes, code", [
+    ({"pp_layout": DEEPSEEK_LAYOUT, "first_pp_layers": 3}, "pipeline_split_conflict"),
+    ({"first_pp_layers": 3, "last_pp_layers": 2, "account_for_loss": True}, "pipeline_split_conflict"),
+    ({"pp_layout": DEEPSEEK_LAYOUT, "vpp": 2}, "pipeline_layout_vpp_conflict"),
+    ({"pp_layout": "Et*3|(tt|)*29|L"}, "pipeline_layout_invalid"),
+    ({"pp_layout": "Et;rm -rf|L"}, "pipeline_layout_invalid"),
+])
+def test_pipeline_split_refusals(changes, code):
+    """Two forms of split at once, a VPP the layout contradicts, a layout that misses the MTP layer
+    or holds characters no layout has: each refused by its own rule."""
+    e = load_experiment("deepseek_v3")
+    cfg = e.baseline.replace(**{"first_pp_layers": None, "last_pp_layers": None, "pp": 8, "ep": 64, **changes})
+    assert code in [v.code for v in check(cfg, e.model, e.cluster)]
+
+
+@pytest.mark.parametrize("model, code", [({"num_query_groups": 5}, "heads_not_divisible_by_query_groups"),
+                                         ({"moe_router_topk": 32}, "topk_exceeds_experts")])
+def test_model_shapes_megatron_cannot_build(model, code):
+    """16 heads over 5 query groups, top-32 of 16 experts: refused, each by its rule."""
+    from dataclasses import replace
+    assert [v.code for v in check(OK.replace(tp=1, sequence_parallel=False), replace(MODEL, **model),
+                                  Cluster(**H100))] == [code]

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.megatron,
 
 # The exact H100 layouts the production experiments render (world = TP×PP×DP = ETP×EP×EDP×PP).
 LAYOUTS = {
-    "qwen3_235b": (256, dict(tp=2, pp=2, ep=32, etp=1)),
+    "qwen3_235b": (256, dict(tp=2, pp=8, vpp=4, ep=32, etp=1, account_for_embedding=True, account_for_loss=True)),
     "qwen3_30b_a3b": (16, dict(tp=1, pp=1, ep=16, etp=1)),
     "deepseek_v3": (1024, dict(tp=2, pp=16, ep=64, etp=1, first_pp_layers=3, last_pp_layers=2)),
     "mixtral_8x7b": (64, dict(tp=1, pp=4, ep=8, etp=1)),
@@ -36,6 +36,35 @@ def test_production_models_accepted_by_megatron():
     argvs = [exps[n].baseline.to_args(exps[n].model) + run_args() for n in LAYOUTS]
     results = mv.validate(argvs, [g for g, _ in LAYOUTS.values()])
     assert dict(zip(LAYOUTS, results)) == {n: None for n in LAYOUTS}
+
+
+# The uneven pipelines NVIDIA runs, as moetune renders them: (experiment, changes to its baseline)
+UNEVEN = [
+    ("deepseek_v3", dict(pp=8, vpp=None, pp_layout="Et*3|(tt|)*29m|L", first_pp_layers=None, last_pp_layers=None)),
+    ("deepseek_v3", dict(pp=8, first_pp_layers=6, last_pp_layers=7)),
+    ("qwen3_235b", dict(pp=8, vpp=None, account_for_embedding=False, account_for_loss=False, first_pp_layers=11,
+                        last_pp_layers=11)),
+    ("qwen3_235b", {}),  # PP 8 VPP 4, the embedding and the loss counted
+]
+# ... and near misses both refuse
+UNEVEN_REFUSED = [
+    ("deepseek_v3", dict(pp=8)),  # first 3, last 2 leave 56 layers for 6 middle stages
+    # no MTP layer: 31 stages, which PP 8 does not divide
+    ("deepseek_v3", dict(pp=8, vpp=None, pp_layout="Et*3|(tt|)*29|L", first_pp_layers=None, last_pp_layers=None)),
+    ("qwen3_235b", dict(account_for_loss=False)),  # 95 over 32 virtual stages
+]
+
+
+def test_uneven_pipelines_moetune_renders_pass_megatron():
+    """Megatron's validate_args and TransformerConfig take each uneven form as moetune renders it,
+    which moetune's table passes; the near misses both refuse."""
+    exps = {n: load_experiment(n) for n, _ in UNEVEN + UNEVEN_REFUSED}
+    cases = [(exps[n], exps[n].baseline.replace(**ch)) for n, ch in UNEVEN + UNEVEN_REFUSED]
+    results = mv.validate([c.to_args(e.model) + run_args() for e, c in cases], [e.cluster.gpus for e, _ in cases])
+    ours = [[v.code for v in check(c, e.model, e.cluster)] for e, c in cases]
+    assert results[:len(UNEVEN)] == [None] * len(UNEVEN) and ours[:len(UNEVEN)] == [[]] * len(UNEVEN)
+    for (name, changes), theirs, mine in list(zip(UNEVEN + UNEVEN_REFUSED, results, ours, strict=True))[len(UNEVEN):]:
+        assert theirs and mine, (name, changes, theirs, mine)
 
 
 def test_what_megatron_refuses_moetune_refuses():
