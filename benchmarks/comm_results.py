@@ -1,6 +1,6 @@
-"""The communication sweep's table: each run of benchmarks/device/comm.sh (NAME.log and
-NAME.sqlite[.xz] in a folder) analysed by moetune (its wall, the all-to-all's exposed time split into
-waiting and transfer), its judged step (the steady iterations' median, decide/judge.py) beside what
+"""The communication sweep's table: each run of benchmarks/device/comm.sh (NAME.log[.xz] and
+NAME.sqlite[.xz] in a folder; without the trace, the log's figures alone) analysed by moetune (its
+wall, the all-to-all's exposed time split into waiting and transfer), its judged step (the steady iterations' median, decide/judge.py) beside what
 `moetune predict` says for the same config on the same GPU type, with no measurement in the store.
 
     python benchmarks/comm_results.py RUNS_DIR EXPERIMENT --gpu-type H200 --machine WORDS --out FILE.json
@@ -50,6 +50,10 @@ def trace_of(folder: Path, name: str, scratch: Path) -> Path | None:
 
 def row(folder: Path, name: str, env: dict, cfg, exp, gpu_type: str, scratch: Path) -> dict | None:
     log = folder / f"{name}.log"
+    if not log.is_file() and (folder / f"{name}.log.xz").is_file():
+        log = scratch / f"{name}.log"
+        with lzma.open(folder / f"{name}.log.xz") as src, open(log, "wb") as dst:
+            shutil.copyfileobj(src, dst)
     if not log.is_file():
         return None
     trace = trace_of(folder, name, scratch)

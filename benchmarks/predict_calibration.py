@@ -28,6 +28,7 @@ BANK = ROOT / "data" / "trial_bank" / "bank.jsonl"
 # the calibration probe (workloads/link_probe.py) run four times on the H100 device machine, in one call
 REFERENCE_RUNS = ROOT / "benchmarks" / "calibration_h100"
 OUT = ROOT / "benchmarks" / "results" / "predict_calibration.json"
+SWEEP = ROOT / "benchmarks" / "results" / "comm_2gpu.json"  # the multi-GPU sweep (benchmarks/comm_results.py)
 # the bank's one-GPU studies of production models ran on the H100 device machine (16 CPU cores,
 # docs/benchmarks.md); the moe_proxy entries on the H200 pair (16 cores a GPU)
 STUDIES = {"qwen3_30b_a3b-1gpu": ("qwen3_30b_a3b", "H100"), "qwen3_235b-1gpu": ("qwen3_235b", "H100")}
@@ -98,6 +99,7 @@ def one_gpu_rows(b: dict) -> list[dict]:
             "attention_efficiency": None if graphed else attention / (attention_ms / 1e3) / (g.bf16_tflops * 1e12),
             "hbm_efficiency": None if graphed else w.bytes * mb / (elementwise_ms / 1e3) / (g.hbm_tb_s * 1e12),
             "kernels_per_layer": None if graphed else m["kernels_per_step"] / mb / w.layers,
+            "local_experts": max(1, model.num_experts // max(c.ep, 1)),
             "host_us_per_kernel": (1e3 * m["step_time_ms"] / m["kernels_per_step"]
                                    if m["gpu_busy_share"] < HOST_BOUND_BUSY else None),
         })
@@ -136,6 +138,34 @@ def reference(folder: Path = REFERENCE_RUNS) -> dict:
     return {k: {"value": round(statistics.median(v), 4), "runs": [round(x, 4) for x in v]} for k, v in per_run.items()}
 
 
+def sweep_launches() -> list[tuple[str, int, float]]:
+    """(run, local experts, launches a step per micro-batch and layer) of the multi-GPU sweep's plain
+    baseline (benchmarks/comm_results.py's record; no CUDA graphs)."""
+    if not SWEEP.is_file():
+        return []
+    rec = json.loads(SWEEP.read_text())
+    exp = load_experiment(rec["experiment"])
+    m, c = exp.model, exp.baseline
+    mb = c.global_batch // c.micro_batch // c.data_parallel(rec["gpus"])
+    return [(f"{SWEEP.name}:{r['name']}", m.num_experts // c.ep, r["kernels_per_step"] / mb / m.num_layers)
+            for r in rec["sweep"] if r["name"].endswith("_baseline") and "slow" not in r["name"]]
+
+
+def launches(rows: list[dict]) -> dict:
+    """kernels_per_layer and kernels_per_local_expert: launches a micro-batch and layer against the
+    experts a rank holds (TE's grouped GEMM launches each one's GEMMs), least squares over the
+    un-graphed one-GPU trials and the sweep's baseline."""
+    pts = [(r["trial"], r["local_experts"], r["kernels_per_layer"]) for r in rows if r["kernels_per_layer"]]
+    pts += sweep_launches()
+    xs, ys = [p[1] for p in pts], [p[2] for p in pts]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    trials = [p[0] for p in pts]
+    return {"kernels_per_layer": {"value": round(my - slope * mx, 4), "trials": trials},
+            "kernels_per_local_expert": {"value": round(slope, 4), "trials": trials,
+                                         "points": [[p[1], round(p[2], 2)] for p in pts]}}
+
+
 def calibrate() -> dict:
     b = bank()
     rows = one_gpu_rows(b)
@@ -145,7 +175,8 @@ def calibrate() -> dict:
     off, on = (per_step(b[n]) for n in GRAPHS_PAIR)
     bf16, fp8 = (per_step(b[n]) for n in TE_PAIR)
     rates = {k: {"value": med(k), "trials": used(k)} for k in
-             ("attention_efficiency", "hbm_efficiency", "kernels_per_layer", "host_us_per_kernel")}
+             ("attention_efficiency", "hbm_efficiency", "host_us_per_kernel")}
+    rates.update(launches(rows))
     curve = used("unit")
     rates["gemm_efficiency"] = {"value": round(top, 4), "trials": curve}
     rates["gemm_half_gflop"] = {"value": round(half, 3), "trials": curve}

@@ -13,6 +13,7 @@ import host_runahead  # noqa: E402
 import predict_calibration  # noqa: E402
 
 CALIBRATED = ("gemm_efficiency", "gemm_half_gflop", "attention_efficiency", "hbm_efficiency", "kernels_per_layer",
+              "kernels_per_local_expert",
               "host_us_per_kernel", "cuda_graph_te_launches_removed", "fp8_launch_factor", "fp8_matrix_time_factor")
 
 
