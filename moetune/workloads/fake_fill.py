@@ -109,6 +109,11 @@ def _active() -> bool:
     return _state["fake"]
 
 
+def _no_grad():
+    import torch
+    return torch.no_grad()
+
+
 def _wrapped(name: str, original, fill):
     signature = inspect.signature(original)
 
@@ -119,7 +124,8 @@ def _wrapped(name: str, original, fill):
             return result
         arguments = signature.bind(*args, **kwargs).arguments
         if name not in _backend_fills() or _split_sizes(arguments):
-            fill(arguments)
+            with _no_grad():  # as a backend writes: below autograd, into leaves too
+                fill(arguments)
         return result
 
     call._moetune_original = original  # type: ignore[attr-defined]
@@ -131,9 +137,10 @@ def _batch(original, irecv):
     def call(p2p_op_list):
         result = original(p2p_op_list)
         if _active():
-            for op in p2p_op_list:
-                if op.op is irecv:
-                    _random(op.tensor)
+            with _no_grad():
+                for op in p2p_op_list:
+                    if op.op is irecv:
+                        _random(op.tensor)
         return result
 
     call._moetune_original = original  # type: ignore[attr-defined]

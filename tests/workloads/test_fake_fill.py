@@ -50,7 +50,7 @@ pair = dist.new_group([0, 1])
 torch.manual_seed(0)
 
 def stats(t):
-    f = t.float()
+    f = t.detach().float()
     return {"shape": list(t.shape), "dtype": str(t.dtype), "zeros": bool((f == 0).all()),
             "mean": f.mean().item(), "std": f.std().item()}
 
@@ -82,6 +82,8 @@ def calls():
     out["irecv"] = (o, True)
     o = torch.zeros(64, 32, dtype=torch.bfloat16); dist.recv(o, src=1)
     out["recv"] = (o, True)
+    o = torch.zeros(64, 32, requires_grad=True); dist.recv(o, src=1)  # a leaf: written below autograd
+    out["recv_leaf"] = (o, True)
     o, shape = torch.zeros(64, 32), torch.zeros(3, dtype=torch.long)
     ops = [dist.P2POp(dist.irecv, o, 1), dist.P2POp(dist.isend, x, 1), dist.P2POp(dist.irecv, shape, 1)]
     for req in dist.batch_isend_irecv(ops):
@@ -137,7 +139,7 @@ SHAPES = {"all_to_all_single": [64, 32], "all_to_all_single_v": [96, 32], "all_t
           "all_to_all_single_counts": [8], "all_to_all": [64, 32], "all_gather_into_tensor": [256, 32],
           "_all_gather_base": [256, 32], "all_gather": [256, 32], "reduce_scatter_tensor": [16, 32],
           "_reduce_scatter_base": [16, 32], "reduce_scatter": [16, 32], "irecv": [64, 32], "recv": [64, 32],
-          "batch_isend_irecv": [64, 32], "batch_isend_irecv_int": [3]}
+          "recv_leaf": [64, 32], "batch_isend_irecv": [64, 32], "batch_isend_irecv_int": [3]}
 INTS = {"all_to_all_single_counts": "torch.int64", "batch_isend_irecv_int": "torch.int64"}
 BF16 = {"all_to_all_single_bf16", "recv"}
 
