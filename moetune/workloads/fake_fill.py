@@ -172,8 +172,10 @@ def _group_rank(arguments: dict) -> int:
 
 
 def _split_sizes(arguments: dict) -> bool:
-    """Whether an all-to-all was given split sizes (the probe only covers equal splits)."""
-    return bool(arguments.get("output_split_sizes") or arguments.get("input_split_sizes"))
+    """Whether an all-to-all was given split sizes (the probe only covers equal splits). Megatron's
+    dropless dispatcher passes numpy arrays, whose truth value is not defined: their length is."""
+    return any(arguments.get(key) is not None and len(arguments[key]) > 0
+               for key in ("output_split_sizes", "input_split_sizes"))
 
 
 def _fill_all_to_all_single(a: dict) -> None:

@@ -37,6 +37,7 @@ def test_turned_off_it_says_so_and_wraps_nothing(capsys):
 # backend stays the backend's). One JSON line of findings.
 _RUN = r'''
 import importlib.util, inspect, json, sys, warnings
+import numpy as np
 import torch, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 warnings.simplefilter("ignore")
@@ -62,6 +63,10 @@ def calls():
     out["all_to_all_single"] = (o, torch.equal(o, x))
     o = torch.zeros(96, 32); dist.all_to_all_single(o, x, output_split_sizes=[24] * 4, input_split_sizes=[16] * 4)
     out["all_to_all_single_v"] = (o, torch.equal(o[:64], x) and torch.equal(o[64:], x[:32]))
+    # split sizes as Megatron's dropless dispatcher passes them: numpy arrays
+    o = torch.zeros(96, 32)
+    dist.all_to_all_single(o, x, output_split_sizes=np.array([24] * 4), input_split_sizes=np.array([16] * 4))
+    out["all_to_all_single_numpy"] = (o, torch.equal(o[:64], x) and torch.equal(o[64:], x[:32]))
     o = torch.zeros(64, 32, dtype=torch.bfloat16); dist.all_to_all_single(o, x.bfloat16(), group=pair)
     out["all_to_all_single_bf16"] = (o, torch.equal(o, x.bfloat16()))
     o = torch.zeros(8, dtype=torch.long); dist.all_to_all_single(o, counts)
@@ -135,11 +140,12 @@ def filled():
     return _marked(_venv(_RUN, str(MODULE)))
 
 
-SHAPES = {"all_to_all_single": [64, 32], "all_to_all_single_v": [96, 32], "all_to_all_single_bf16": [64, 32],
-          "all_to_all_single_counts": [8], "all_to_all": [64, 32], "all_gather_into_tensor": [256, 32],
-          "_all_gather_base": [256, 32], "all_gather": [256, 32], "reduce_scatter_tensor": [16, 32],
-          "_reduce_scatter_base": [16, 32], "reduce_scatter": [16, 32], "irecv": [64, 32], "recv": [64, 32],
-          "recv_leaf": [64, 32], "batch_isend_irecv": [64, 32], "batch_isend_irecv_int": [3]}
+SHAPES = {"all_to_all_single": [64, 32], "all_to_all_single_v": [96, 32], "all_to_all_single_numpy": [96, 32],
+          "all_to_all_single_bf16": [64, 32], "all_to_all_single_counts": [8], "all_to_all": [64, 32],
+          "all_gather_into_tensor": [256, 32], "_all_gather_base": [256, 32], "all_gather": [256, 32],
+          "reduce_scatter_tensor": [16, 32], "_reduce_scatter_base": [16, 32], "reduce_scatter": [16, 32],
+          "irecv": [64, 32], "recv": [64, 32], "recv_leaf": [64, 32], "batch_isend_irecv": [64, 32],
+          "batch_isend_irecv_int": [3]}
 INTS = {"all_to_all_single_counts": "torch.int64", "batch_isend_irecv_int": "torch.int64"}
 BF16 = {"all_to_all_single_bf16", "recv"}
 
