@@ -4,12 +4,18 @@ one after another. Per layout: NAME.log; a line per layout to results.jsonl (pea
 reserved from Megatron's memory report after iteration 2, the iteration times, OOM); a table last.
 
     python3 benchmarks/device/fit.py OUTDIR [NAME ...]     (default: every layout)
+    python3 benchmarks/device/fit.py --ab ROOT             (the fill A/B's table: ROOT/fill{0,1}_rN)
+
+FIT_EXTRA_ARGS (Megatron flags, appended: the later of a repeated flag wins) changes every run's
+argv; MOETUNE_FILL_FAKE=0 runs with the skipped collectives' outputs unfilled (workloads/fake_fill.py).
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -20,6 +26,7 @@ MEM = re.compile(r"\(after (\d+) iterations\) memory \(MB\) \| allocated: ([\d.]
                  r" \| reserved: ([\d.]+) \| max reserved: ([\d.]+)")
 ITER = re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*([\d.]+)")
 OOM = re.compile(r"CUDA out of memory|OutOfMemoryError")
+FILL = re.compile(r"^moetune: fake process group: (filling|outputs of skipped collectives left unfilled)", re.M)
 TIMEOUT_S = int(os.environ.get("FIT_TIMEOUT_S", "420"))
 
 
@@ -29,7 +36,9 @@ def summarize(name: str, text: str, rc: int, wall: float) -> dict:
     iters = [(int(i), float(ms)) for i, ms in ITER.findall(text)]
     err = next((l.strip()[:200] for l in text.splitlines()
                 if "Error" in l and not l.lstrip().startswith("warn")), None)
+    fill = FILL.search(text)
     return {"name": name, "rc": rc, "wall_s": round(wall, 1), "oom": bool(OOM.search(text)),
+            "filled": None if fill is None else fill[1] == "filling",
             "mem_after_iter": last[0] if last else None,
             "max_allocated_mb": last[2] if last else None, "max_reserved_mb": last[4] if last else None,
             "iteration_ms": [ms for _, ms in iters], "error": None if rc == 0 else err}
@@ -46,7 +55,8 @@ def main(argv: list[str]) -> int:
             continue
         env = dict(os.environ, **lay["env"], WORLD_SIZE=str(lay["world_size"]), RANK=str(lay["rank"]),
                    LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29555")
-        cmd = [sys.executable, "-u", "moetune/workloads/train_moe.py", *lay["argv"]]
+        cmd = [sys.executable, "-u", "moetune/workloads/train_moe.py", *lay["argv"],
+               *shlex.split(os.environ.get("FIT_EXTRA_ARGS", ""))]
         log = out / f"{lay['name']}.log"
         t0 = time.time()
         with open(log, "w") as f:
@@ -71,5 +81,24 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def ab_table(root: Path, skip: int = 2) -> int:
+    """Per layout and fill setting, the median step after the first `skip` of each run, and the
+    change that filling makes (fill1 against fill0, every round pooled)."""
+    steps: dict[tuple[str, bool], list[float]] = {}
+    for path in sorted(root.glob("fill*_r*/results.jsonl")):
+        for row in map(json.loads, path.read_text().splitlines()):
+            if row["rc"] == 0 and row["filled"] is not None:
+                steps.setdefault((row["name"], row["filled"]), []).extend(row["iteration_ms"][skip:])
+    print(f"{'layout':<30} {'unfilled ms':>11} {'filled ms':>9} {'change':>7}  (median step, after {skip})")
+    for name in sorted({n for n, _ in steps}):
+        off, on = steps.get((name, False)), steps.get((name, True))
+        a, b = (statistics.median(v) if v else None for v in (off, on))
+        change = f"{(b / a - 1) * 100:+.1f}%" if a and b else "-"
+        print(f"{name:<30} {a or 0:>11.0f} {b or 0:>9.0f} {change:>7}")
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--ab"]:
+        sys.exit(ab_table(Path(sys.argv[2])))
     sys.exit(main(sys.argv[1:]))

@@ -7,6 +7,10 @@
 #   bash benchmarks/device/fit.sh start [NAME ...]   # set up, then the runs in their own session
 #                                                    # (they outlive the call; logs in /tmp/fit-work)
 #   bash benchmarks/device/fit.sh wait SECONDS       # until they end or SECONDS pass; packs into $OUT
+#   bash benchmarks/device/fit.sh ab [NAME ...]      # the fill A/B (default qwen3_30b_a3b's baseline
+#       and plan): each layout with MOETUNE_FILL_FAKE=0 and =1, alternating, ROUNDS (2) times, a step
+#       of 4 micro-batches, 10 iterations; `wait` as above, then the table:
+#       python3 benchmarks/device/fit.py --ab /tmp/fit-work/logs (or the packed fit_logs.tar.xz's logs)
 # A call ends well inside its 600 s limit; the next `wait` call goes on while the machine is warm.
 # The runs start from a copy of the code in /tmp/fit-repo: a run started while the device tool
 # re-sends the working tree (the next call) failed at start from inside it ("Intel oneMKL FATAL
@@ -24,9 +28,7 @@ pack() {
   tail -n 20 "$W/driver.log"
 }
 
-case "${1:-}" in
-  start)
-    shift
+setup() {
     t0=$SECONDS
     if ! python3 -c 'import megatron.core' 2>/dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
@@ -39,9 +41,28 @@ case "${1:-}" in
 "megatron-core", megatron.core.__version__, "TE", te.__version__)'
     rm -rf "$W" /tmp/fit-repo && mkdir -p "$W/logs" /tmp/fit-repo
     cp -a moetune benchmarks /tmp/fit-repo/ || exit 1
+}
+
+case "${1:-}" in
+  start)
+    shift
+    setup
     (cd /tmp/fit-repo && PYTHONPATH="/tmp/site-gpu:/tmp/site:/tmp/fit-repo" setsid bash -c \
       'python3 benchmarks/device/fit.py "$0/logs" "$@" > "$0/driver.log" 2>&1; touch "$0/done"' \
       "$W" "$@" < /dev/null > /dev/null 2>&1 &)
+    echo "started"
+    ;;
+  ab)
+    shift
+    [ $# -gt 0 ] || set -- qwen3_30b_a3b-baseline-r0 qwen3_30b_a3b-plan-r0
+    setup
+    # world 16, EP 16: 16 data-parallel ranks, so a global batch of 64 is 4 micro-batches a step
+    (cd /tmp/fit-repo && PYTHONPATH="/tmp/site-gpu:/tmp/site:/tmp/fit-repo" \
+      FIT_EXTRA_ARGS="--train-iters 10 --global-batch-size 64 --profile-step-start 11 --profile-step-end 11" \
+      setsid bash -c 'for r in $(seq "${ROUNDS:-2}"); do for f in 0 1; do
+          MOETUNE_FILL_FAKE=$f python3 benchmarks/device/fit.py "$0/logs/fill${f}_r$r" "$@"; done; done \
+        > "$0/driver.log" 2>&1; python3 benchmarks/device/fit.py --ab "$0/logs" >> "$0/driver.log"
+        touch "$0/done"' "$W" "$@" < /dev/null > /dev/null 2>&1 &)
     echo "started"
     ;;
   wait)
@@ -50,5 +71,5 @@ case "${1:-}" in
     [ -f "$W/done" ] && echo "fit: all done" || echo "fit: still running"
     pack
     ;;
-  *) echo "usage: $0 start [NAME ...] | wait SECONDS"; exit 2 ;;
+  *) echo "usage: $0 start [NAME ...] | ab [NAME ...] | wait SECONDS"; exit 2 ;;
 esac

@@ -6,7 +6,8 @@ iteration in an NVTX range `iteration N`, and opens the profiler's capture range
 (cudaProfilerStart/Stop) around iterations --profile-step-start..--profile-step-end (inclusive,
 numbered as the log numbers them), so `nsys profile --capture-range=cudaProfilerApi` records only
 the steady steps. Megatron's own `--profile` is not used: it turns on per-op autograd NVTX ranges,
-which make traces large.
+which make traces large. Under --fake-process-group (one rank of a layout on one GPU) the outputs
+of the skipped collectives are filled with real-looking data first (fake_fill.py beside it).
 
 Two shapes of Megatron's `pretrain` are served, told apart by its signature, not by a version:
   "0.19"   pretrain(cfg, datasets, model_type, forward_step): Megatron builds the GPT model from
@@ -310,9 +311,21 @@ def _forward_step():
 ARGS_DEFAULTS = {"tokenizer_type": "NullTokenizer"}
 
 
+def _fill_fake_buffers(argv: list[str]) -> bool:
+    """Under --fake-process-group, fill what the skipped collectives would have written
+    (fake_fill.py beside this file; the image lacks moetune, so it is loaded by its path). Before
+    Megatron is imported: megatron-core binds torch.distributed's gather functions at import."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_fill.py")
+    spec = importlib.util.spec_from_file_location("moetune_fake_fill", path)
+    fill = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fill)
+    return fill.install_for(argv)
+
+
 def main() -> int:
     if CHECK in sys.argv[1:]:
         return check()
+    _fill_fake_buffers(sys.argv[1:])
     report, m = probe()
     if report["entry"] != "ok":
         print(f"moetune: this Megatron cannot run the entry: {report['entry']}; {report['fix']}",
