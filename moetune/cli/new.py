@@ -180,9 +180,9 @@ def _main(argv: list[str], db: str | None) -> int:
                                 "or from a Megatron command line (after --, or in FILE), its baseline that "
                                 "command line's layout.")
     p.add_argument("name", help="the experiment's name (letters, digits, '.', '_', '-')")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--from-hf", metavar="PATH", help="the model's Hugging Face config.json")
-    source.add_argument("--from-megatron", nargs="?", const="", metavar="FILE",
+    origin = p.add_mutually_exclusive_group(required=True)
+    origin.add_argument("--from-hf", metavar="PATH", help="the model's Hugging Face config.json")
+    origin.add_argument("--from-megatron", nargs="?", const="", metavar="FILE",
                         help="a Megatron command line: in FILE (one line or `\\` continued, a torchrun "
                              "prefix allowed), else the arguments after --")
     p.add_argument("--gpus", type=positive_int, default=None,

@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from moetune.experiment.config import APEX_LESS_FLAGS, FLAG_ALIASES, FLAGS, TE_LESS_FLAGS, TrainingConfig
-from moetune.experiment.extra_args import controlled_flags
+from moetune.experiment.extra_args import controlled_flags, model_switches
 from moetune.experiment.measuring import MEASURING
 from moetune.experiment.model import ModelArch
 from moetune.experiment.schema import ConfigError, one_line
@@ -147,6 +147,7 @@ def import_argv(argv: list[str], name: str, where: str = "the Megatron command l
     controlled = controlled_flags()
     config_flags = {f.flag for f in FLAGS} | set(FLAG_ALIASES) | {"--seq-length"}
     model_flags = _model_flags()
+    switches = model_switches()
     kept: list[str] = []
     extra: list[str] = []
     dropped: list[tuple[str, str]] = []
@@ -166,6 +167,8 @@ def import_argv(argv: list[str], name: str, where: str = "the Megatron command l
             continue  # what moetune renders itself: nothing to say
         elif flag in IMPLIED:
             dropped.append((text, IMPLIED[flag]))
+        elif flag in model_flags and flag not in switches and len(values) != 1:
+            refused.append(f"{flag} needs a value" if not values else f"{text} (one value only)")
         elif flag in model_flags or flag in config_flags:
             kept += [flag, *values]
         elif flag in controlled:  # rendered from a field: --recompute-method, offloading's switch
