@@ -130,15 +130,18 @@ def _shipped_argv(exp):
 
 @pytest.mark.parametrize("shipped", list_experiments())
 def test_from_megatron_round_trips_every_shipped_experiment(shipped, capsys, no_store, tmp_path):
-    """A shipped experiment's baseline argv back through `new --from-megatron`: the model and the
-    baseline equal the original's field for field, but the fields the measuring flags set (dropped:
-    a real run's --train-iters is not a trial's), which take moetune's defaults."""
+    """`moetune render`'s command line of a shipped experiment's baseline (its command.txt: the
+    trial's `python -u train_moe.py ARGS`) back through `new --from-megatron FILE`: the model and
+    the baseline equal the original's field for field, but the fields the measuring flags set
+    (dropped: a real run's --train-iters is not a trial's), which take moetune's defaults."""
     exp = load_experiment(shipped)
+    assert main(["render", shipped, "--out", str(tmp_path / "job")]) == 0
     out = tmp_path / "rt.yaml"
     cl = exp.cluster
-    assert main(["new", shipped, "--from-megatron", "--gpus", str(cl.world), "--gpus-per-node",
-                 str(cl.gpus_per_node), "--gpu-type", cl.gpu_type, "--out", str(out), "--",
-                 *_shipped_argv(exp)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["new", shipped, "--from-megatron", str(tmp_path / "job" / "command.txt"), "--gpus", str(cl.world),
+                 "--gpus-per-node", str(cl.gpus_per_node), "--gpu-type", cl.gpu_type, "--out", str(out)]) == 0, \
+        capsys.readouterr().err
     new = load_experiment(out)
     # the model is named by the new experiment (a shipped one may name it after its family)
     assert new.model == replace(exp.model, name=shipped) and new.extra_args == []
