@@ -285,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
         "guidance's constraints (moetune check [--gpus N --gpu-type T] -- ARGS...)", True)
     add("new", cmd_new, "write an experiment YAML for a MoE model from its Hugging Face config.json, "
         "its baseline the fastest fitting layout (moetune new NAME --from-hf PATH [--gpus N --gpu-type T] "
-        "[--out FILE])", True)
+        "[--out FILE]), or from a Megatron command line (moetune new NAME --from-megatron [FILE] [-- ARGS...])",
+        True)
     add("analyze", cmd_analyze, "classify the wall of nsys traces and/or a training log "
         "(moetune analyze PATH... [--log FILE] [--format text|json|markdown])", True)
     add("export", cmd_export, "a study's tuned configuration to paste: Megatron arguments, Megatron-Bridge "

@@ -2,7 +2,13 @@
 an experiment YAML for any MoE model whose family moetune models (experiment/hf_import.py): the
 model section from the config, a cluster section for the GPUs named, and as baseline the fastest
 fitting layout `moetune plan` finds. Nothing is written where the config cannot be modelled whole
-or no layout fits."""
+or no layout fits.
+
+`moetune new NAME --from-megatron [FILE] [-- ARGS...]`: the experiment of a Megatron command line
+(experiment/megatron_import.py): its model, its layout and fixes as the baseline, the flags moetune
+does not model as extra_args; the measuring flags dropped, named in a comment. The cluster is the
+launcher's world where a torchrun prefix names it, else --gpus. Nothing is written where the
+command line cannot be modelled whole or the constraint table refuses its layout."""
 from __future__ import annotations
 
 import argparse
@@ -15,10 +21,12 @@ from typing import Any
 
 import yaml
 
-from moetune.cli.common import exit_code, positive_int
+from moetune.cli.common import exit_code, positive_int, refusal_line
 from moetune.estimate import StoreReadings
 from moetune.estimate.search import search
+from moetune.experiment import constraints, extra_args, megatron_import
 from moetune.experiment import gpus as gpu_table
+from moetune.experiment import megatron_validate as megatron
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.hf_import import model_from_hf, not_carried, read_config
 from moetune.experiment.schema import Cluster, ConfigError, Experiment, check_name
@@ -85,20 +93,110 @@ def render(name: str, source: Path, exp: Experiment, headline: dict | None, worl
     ])
 
 
+def render_imported(name: str, source: str, exp: Experiment, dropped: list[tuple[str, str]]) -> str:
+    """The YAML text of an experiment imported from a Megatron command line, its comments naming
+    the source and each flag not carried with why."""
+    c, cl = exp.baseline, exp.cluster
+    base = {k: v for k, v in c.to_dict().items() if v != TrainingConfig().to_dict()[k]}
+    dump = lambda d: yaml.safe_dump(d, sort_keys=False, default_flow_style=False, width=100)  # noqa: E731
+    flat = lambda text: " ".join(str(text).splitlines())  # noqa: E731  # a newline would end the comment
+    return "".join([
+        f"# {name}: imported by `moetune new --from-megatron` from {flat(source)}.\n",
+        *(["# not carried (moetune's trials set their own, or render it from another field):\n"] if dropped else []),
+        *(f"#   {flat(flag)}: {flat(why)}\n" for flag, why in dropped),
+        f"name: {name}\n",
+        f"description: {exp.description}\n",
+        dump({"model": _model_dump(exp.model)}),
+        f"# {cl.world}x {cl.gpu_type}; partition, account and image are the site's: edit them\n",
+        dump({"cluster": _cluster_dump(cl)}),
+        f"# the command line's layout and fixes: TP{c.tp} PP{c.pp} EP{c.ep}\n",
+        dump({"baseline": base}),
+        *([("# flags moetune does not model: passed through as written, not priced\n"),
+           dump({"extra_args": list(exp.extra_args)})] if exp.extra_args else []),
+    ])
+
+
+def from_megatron(args: argparse.Namespace, name: str, out: Path, after: list[str] | None) -> int:
+    """`moetune new --from-megatron`: write the experiment of the command line in args.from_megatron
+    (a file) or `after` (the words after --); ConfigError (one line) where it cannot be."""
+    if args.seq_length or args.global_batch:
+        raise ConfigError("--seq-length and --global-batch go with --from-hf; --from-megatron takes the "
+                          "command line's --seq-length and --global-batch-size")
+    if args.from_megatron and after:
+        raise ConfigError(f"--from-megatron {args.from_megatron} and arguments after --: give one command line")
+    if args.from_megatron:
+        words, source = megatron_import.read_command_file(args.from_megatron), json.dumps(args.from_megatron)
+    elif after:
+        words, source = after, "the command line after --"
+    else:
+        raise ConfigError("--from-megatron: give a file of the command line, or its arguments after --")
+    where = f"--from-megatron {args.from_megatron}" if args.from_megatron else "the Megatron arguments"
+    got = megatron_import.import_argv(words, name, where)
+    gpus, per_node = args.gpus, args.gpus_per_node
+    if got.world:
+        nodes, on_node = got.world
+        if (gpus and gpus != nodes * on_node) or (per_node and per_node != on_node):
+            raise ConfigError(f"--gpus {gpus}, --gpus-per-node {per_node}: the command line's launcher runs "
+                              f"{nodes} node(s) of {on_node}; give those or leave them out")
+        gpus, per_node = nodes * on_node, on_node
+    gpus = gpus or 8
+    cluster = cluster_for(name, gpus, args.gpu_type, per_node)
+    baseline = got.baseline
+    if not got.batch_given:  # Megatron's own: one micro batch on each data-parallel rank
+        baseline = baseline.replace(global_batch=baseline.micro_batch * max(baseline.data_parallel(gpus), 1))
+    try:
+        kept = extra_args.check(got.extra_args, f"{where}: extra_args")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    refused = constraints.check(baseline, got.model, cluster)
+    if refused:
+        raise ConfigError(f"{where} on {gpus}x {args.gpu_type}: {refusal_line(refused)}; nothing written")
+    unknown = megatron.unknown_flags(kept)
+    if unknown:  # a newer Megatron may have them: said, and validated again where a trial uses them
+        print(f"moetune new: warning: not in the recorded Megatron's options: {', '.join(unknown)}",
+              file=sys.stderr)
+    exp = Experiment(name=name, description=f"{name} on {gpus} {args.gpu_type}, from a Megatron command line",
+                     model=got.model, cluster=cluster, baseline=baseline, extra_args=kept)
+    write(out, render_imported(name, source, exp, got.dropped))
+    m, c = got.model, baseline
+    print(f"{out}: {name}, {m.num_layers} layers, {m.num_experts} experts top-{m.moe_router_topk}; baseline TP{c.tp} "
+          f"PP{c.pp} EP{c.ep} on {gpus}x {args.gpu_type}; {len(kept)} extra_args words, "
+          f"{len(got.dropped)} flags dropped")
+    return 0
+
+
+def write(out: Path, text: str) -> None:
+    """`text` into `out` (its folder made); ConfigError (one line) where it cannot be written."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot write it ({e.strerror or e})") from None
+
+
 def _main(argv: list[str], db: str | None) -> int:
     p = argparse.ArgumentParser(prog="moetune new", description="Write an experiment YAML for a MoE model from its "
-                                "Hugging Face config.json, its baseline the fastest fitting layout the plan finds.")
+                                "Hugging Face config.json, its baseline the fastest fitting layout the plan finds; "
+                                "or from a Megatron command line (after --, or in FILE), its baseline that "
+                                "command line's layout.")
     p.add_argument("name", help="the experiment's name (letters, digits, '.', '_', '-')")
-    p.add_argument("--from-hf", required=True, metavar="PATH", help="the model's Hugging Face config.json")
-    p.add_argument("--gpus", type=positive_int, default=8, help="GPUs of the cluster (default 8)")
+    origin = p.add_mutually_exclusive_group(required=True)
+    origin.add_argument("--from-hf", metavar="PATH", help="the model's Hugging Face config.json")
+    origin.add_argument("--from-megatron", nargs="?", const="", metavar="FILE",
+                        help="a Megatron command line: in FILE (one line or `\\` continued, a torchrun "
+                             "prefix allowed), else the arguments after --")
+    p.add_argument("--gpus", type=positive_int, default=None,
+                   help="GPUs of the cluster (default 8; --from-megatron: the torchrun prefix's world)")
     p.add_argument("--gpu-type", choices=gpu_table.GPU_TYPES, default="H100", help="default H100")
     p.add_argument("--gpus-per-node", type=positive_int, default=None, help="default 8 (4 on GB200/GB300)")
-    p.add_argument("--seq-length", type=positive_int, default=4096, help="tokens per sequence (default 4096)")
+    p.add_argument("--seq-length", type=positive_int, default=None,
+                   help="--from-hf: tokens per sequence (default 4096)")
     p.add_argument("--global-batch", type=positive_int, default=None,
-                   help="sequences per step (default 8 a GPU, at least 256)")
+                   help="--from-hf: sequences per step (default 8 a GPU, at least 256)")
     p.add_argument("--out", default=None, help="the YAML written (default experiments/NAME.yaml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing --out file")
-    args = p.parse_args(argv)
+    megatron_argv = argv[argv.index("--") + 1:] if "--" in argv else None
+    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     name = check_name(args.name, "NAME")
     out = Path(args.out or Path("experiments") / f"{name}.yaml")
     if out.suffix not in (".yaml", ".yml"):
@@ -106,12 +204,17 @@ def _main(argv: list[str], db: str | None) -> int:
     if out.is_dir() or (out.exists() and not args.force):
         raise ConfigError(f"--out {out}: {'a folder' if out.is_dir() else 'exists'}; give another path"
                           + ("" if out.is_dir() else " or --force to overwrite it"))
+    if args.from_megatron is not None:
+        return from_megatron(args, name, out, megatron_argv)
+    if megatron_argv is not None:
+        raise ConfigError("arguments after -- are a Megatron command line: give --from-megatron with them")
+    gpus = args.gpus or 8
     source = Path(args.from_hf)
     config = read_config(source)
-    model = model_from_hf(config, name, args.seq_length, where=str(source))
-    cluster = cluster_for(name, args.gpus, args.gpu_type, args.gpus_per_node)
-    batch = args.global_batch or default_global_batch(args.gpus)
-    exp = Experiment(name=name, description=f"{name} on {args.gpus} {args.gpu_type}", model=model,
+    model = model_from_hf(config, name, args.seq_length or 4096, where=str(source))
+    cluster = cluster_for(name, gpus, args.gpu_type, args.gpus_per_node)
+    batch = args.global_batch or default_global_batch(gpus)
+    exp = Experiment(name=name, description=f"{name} on {gpus} {args.gpu_type}", model=model,
                      cluster=cluster, baseline=TrainingConfig(global_batch=batch, **BASE))
     found = search(exp, StoreReadings(db), limit=1)
     if not found.layouts:
@@ -120,12 +223,7 @@ def _main(argv: list[str], db: str | None) -> int:
                           "nothing written")
     best = found.layouts[0]
     exp = exp.model_copy(update={"baseline": best.config})
-    text = render(name, source, exp, found.headline(best), found.world, not_carried(config))
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-    except OSError as e:
-        raise ConfigError(f"--out {out}: cannot write it ({e.strerror or e})") from None
+    write(out, render(name, source, exp, found.headline(best), found.world, not_carried(config)))
     c = best.config
     print(f"{out}: {name}, {model.num_layers} layers, {model.num_experts} experts top-{model.moe_router_topk}; "
           f"baseline TP{c.tp} PP{c.pp} EP{c.ep} on {found.world}x {args.gpu_type} ({best.memory_gb:.1f} GB/GPU)")

@@ -13,9 +13,8 @@ from moetune.experiment.fit import FAKE_GROUP_ARGS
 from moetune.experiment.model import ModelArch
 
 
-def _every_model_flag() -> list[str]:
-    """Every flag ModelArch.to_args can render: those of a model with every option on, and of one
-    with none."""
+def _model_samples() -> list[str]:
+    """The argv ModelArch.to_args renders for a model with every option on, then for one with none."""
     full = ModelArch(name="all", num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
                      ffn_hidden_size=64, moe_ffn_hidden_size=32, num_experts=4, moe_router_topk=2, vocab_size=128,
                      seq_length=64, kv_channels=32, moe_shared_expert_intermediate_size=32, first_dense_layers=1,
@@ -30,7 +29,19 @@ def _every_model_flag() -> list[str]:
                       ffn_hidden_size=64, moe_ffn_hidden_size=32, num_experts=4, moe_router_topk=2, vocab_size=128,
                       seq_length=64)
     # the plain model's too: flags an option turns off (--swiglu, --disable-bias-linear)
-    return [token for token in full.to_args() + plain.to_args() if token.startswith("--")]
+    return full.to_args() + plain.to_args()
+
+
+def _every_model_flag() -> list[str]:
+    """Every flag ModelArch.to_args can render."""
+    return [token for token in _model_samples() if token.startswith("--")]
+
+
+def model_switches() -> set[str]:
+    """The model flags that take no value (a flag or the end follows them in to_args)."""
+    argv = _model_samples()
+    pairs = zip(argv, argv[1:] + ["--"], strict=True)
+    return {t for t, after in pairs if t.startswith("--") and after.startswith("--")}
 
 
 def controlled_flags() -> dict[str, str]:

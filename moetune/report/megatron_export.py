@@ -3,8 +3,9 @@ flag-by-flag diff against the baseline with the decision and evidence behind eac
 (`diff_text`); report/export.py is the front, report/bridge.py the Megatron-Bridge overrides.
 
 The trials ran with what a measurement needs and a real run must not keep (mock data, a short run,
-nsys's window, a stand-in learning rate): `MEASURING_FLAGS` is the one table of those flags, each
-with why, and `PLACEHOLDERS` the lines a real run fills in where the trials had a stand-in."""
+nsys's window, a stand-in learning rate): `MEASURING_FLAGS` (experiment/measuring.py) is the one
+table of those flags, each with why, and `PLACEHOLDERS` the lines a real run fills in where the
+trials had a stand-in."""
 from __future__ import annotations
 
 import shlex
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from moetune.errors import MoetuneError
 from moetune.experiment.config import FLAGS, TE_LESS_FLAGS, TrainingConfig, run_args
 from moetune.experiment.environment import ENV_RULES, config_env
+from moetune.experiment.measuring import MEASURING
 from moetune.experiment.schema import Experiment
 from moetune.report.gather import TrialView, gather, is_baseline
 from moetune.report.overview import headline
@@ -23,51 +25,6 @@ from moetune.trial.framework import TrialContext
 class ExportError(MoetuneError):
     """A study or trial that cannot be exported (none such, never completed); one line, exit 2."""
 
-
-@dataclass(frozen=True)
-class MeasuringFlag:
-    """A flag the trials ran with that a real run does not keep."""
-    flag: str
-    """The Megatron flag, as the trials' argv has it."""
-    why: str
-    """Why a measurement sets it and a real run leaves it out."""
-
-
-MEASURING_FLAGS: tuple[MeasuringFlag, ...] = (
-    MeasuringFlag("--mock-data", "synthetic tokens: a step's time does not depend on the data"),
-    MeasuringFlag("--tokenizer-type", "NullTokenizer reads no tokenizer file; mock data needs none"),
-    MeasuringFlag("--tokenizer-model", "the tokenizer is the run's, not the measurement's"),
-    MeasuringFlag("--vocab-file", "the tokenizer is the run's, not the measurement's"),
-    MeasuringFlag("--merge-file", "the tokenizer is the run's, not the measurement's"),
-    MeasuringFlag("--data-path", "the trials read mock data"),
-    MeasuringFlag("--split", "the mock data's train/valid/test split"),
-    MeasuringFlag("--train-iters", "a trial is a few steps: enough to warm up and time the steady ones"),
-    MeasuringFlag("--lr", "a stand-in: the learning rate does not change a step's time"),
-    MeasuringFlag("--min-lr", "a stand-in schedule's floor"),
-    MeasuringFlag("--lr-decay-style", "a stand-in schedule"),
-    MeasuringFlag("--lr-warmup-iters", "a stand-in schedule"),
-    MeasuringFlag("--weight-decay", "a stand-in: the optimizer's hyperparameters are the model owner's"),
-    MeasuringFlag("--clip-grad", "a stand-in: the optimizer's hyperparameters are the model owner's"),
-    MeasuringFlag("--init-method-std", "a stand-in initialisation: the trials start from random weights"),
-    MeasuringFlag("--log-interval", "every step logged: the tuner judges by each step's time"),
-    MeasuringFlag("--log-throughput", "the per-step throughput line the tuner reads"),
-    MeasuringFlag("--eval-iters", "evaluation off while measuring"),
-    MeasuringFlag("--eval-interval", "evaluation off while measuring"),
-    MeasuringFlag("--profile", "nsys's capture range: profiling only"),
-    MeasuringFlag("--profile-step-start", "the first step nsys traces: profiling only"),
-    MeasuringFlag("--profile-step-end", "the step nsys stops at: profiling only"),
-    MeasuringFlag("--profile-ranks", "the ranks nsys traces: profiling only"),
-    MeasuringFlag("--fake-process-group", "a one-GPU measurement of one rank alone; a real run has all its ranks"),
-    MeasuringFlag("--moe-router-force-load-balancing",
-                  "static routing for a benchmark: a real run routes by its router (expect the imbalance "
-                  "the trials did not see)"),
-    MeasuringFlag("--save", "the trials save no checkpoint"),
-    MeasuringFlag("--load", "the trials load no checkpoint"),
-    MeasuringFlag("--save-interval", "the trials save no checkpoint"),
-    MeasuringFlag("--exit-interval", "a measurement's stop"),
-    MeasuringFlag("--exit-duration-in-mins", "a measurement's stop"),
-)
-MEASURING = {m.flag: m for m in MEASURING_FLAGS}
 
 # what a real run must set where the trials had a stand-in (or nothing): (flag, metavar, what)
 PLACEHOLDERS: tuple[tuple[str, str, str], ...] = (
@@ -194,7 +151,7 @@ def megatron_text(c: Chosen) -> str:
     lines = [f"# moetune export: {_title(c)}",
              f"# Measured on {world} GPU{'s' if world != 1 else ''} ({c.exp.cluster.gpu_type}); data parallel "
              f"{config.data_parallel(world) or '?'} there.",
-             "# Left out (the trials' measuring flags; moetune/report/megatron_export.py MEASURING_FLAGS):"]
+             "# Left out (the trials' measuring flags; moetune/experiment/measuring.py MEASURING_FLAGS):"]
     lines += ["#   " + one_line(f"{shlex.join([flag, *values])}: {MEASURING[flag].why}") for flag, values in dropped]
     lines += ["# Fill in the placeholder lines at the end, uncommenting them top to bottom (each ends in \\):"]
     lines += [f"#   {flag} {meta}: {what}" for flag, meta, what in PLACEHOLDERS]

@@ -2,6 +2,8 @@
 model is the config's, whose cluster is the GPUs named and whose baseline is the fastest fitting
 layout of the plan's search; a config moetune cannot model, a bad name or path, an existing file or
 GPUs nothing fits on: one line, exit 2, nothing written."""
+import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,8 @@ from moetune.cli.main import main
 from moetune.estimate import StoreReadings
 from moetune.estimate.memory import estimate
 from moetune.estimate.search import search
-from moetune.experiment.schema import load_experiment
+from moetune.experiment.config import TrainingConfig
+from moetune.experiment.schema import list_experiments, load_experiment
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "hf_configs"
 
@@ -112,3 +115,105 @@ def test_keys_not_carried_are_named_in_the_yaml(no_store, tmp_path):
     for key in ("rope_scaling", "quantization_config", "bos_token_id", "aux_loss_alpha"):
         assert key in comment
     assert "hidden_size" not in comment.split("not carried")[1]
+
+
+# -- --from-megatron ----------------------------------------------------------------------------
+
+MEASURED_FIELDS = ("train_iters", "profile_step_start", "profile_step_end", "force_balance")
+
+
+def _shipped_argv(exp):
+    """The argv a trial of the experiment's baseline runs: the model, the config, the measuring part."""
+    from moetune.experiment.config import run_args
+    return exp.baseline.to_args(exp.model, has_apex=exp.cluster.has_apex is not False) + run_args()
+
+
+@pytest.mark.parametrize("shipped", list_experiments())
+def test_from_megatron_round_trips_every_shipped_experiment(shipped, capsys, no_store, tmp_path):
+    """`moetune render`'s command line of a shipped experiment's baseline (its command.txt: the
+    trial's `python -u train_moe.py ARGS`) back through `new --from-megatron FILE`: the model and
+    the baseline equal the original's field for field, but the fields the measuring flags set
+    (dropped: a real run's --train-iters is not a trial's), which take moetune's defaults."""
+    exp = load_experiment(shipped)
+    assert main(["render", shipped, "--out", str(tmp_path / "job")]) == 0
+    out = tmp_path / "rt.yaml"
+    cl = exp.cluster
+    capsys.readouterr()
+    assert main(["new", shipped, "--from-megatron", str(tmp_path / "job" / "command.txt"), "--gpus", str(cl.world),
+                 "--gpus-per-node", str(cl.gpus_per_node), "--gpu-type", cl.gpu_type, "--out", str(out)]) == 0, \
+        capsys.readouterr().err
+    new = load_experiment(out)
+    # the model is named by the new experiment (a shipped one may name it after its family)
+    assert new.model == replace(exp.model, name=shipped) and new.extra_args == []
+    assert (new.cluster.world, new.cluster.gpus_per_node, new.cluster.gpu_type) == (cl.world, cl.gpus_per_node,
+                                                                                    cl.gpu_type)
+    assert {k: v for k, v in new.baseline.diff(exp.baseline).items() if k not in MEASURED_FIELDS} == {}
+    default = TrainingConfig()
+    assert all(getattr(new.baseline, f) == getattr(default, f) for f in MEASURED_FIELDS)
+
+
+def test_from_megatron_unknown_flags_go_to_extra_args_measuring_flags_dropped(capsys, no_store, tmp_path):
+    """Flags moetune does not model pass through in order with their values; the run's data,
+    tokenizer, schedule and checkpoints are dropped, each named in the YAML's comment."""
+    exp = load_experiment("mixtral_8x7b")
+    argv = [t for t in _shipped_argv(exp) if t not in ("--mock-data",)]
+    argv += ["--attention-dropout", "0.0", "--data-path", "1.0", "/data/a_text", "--save", "/ckpt",
+             "--use-flash-attn", "--lr", "3e-4", "--no-check-for-nan-in-loss-and-grad"]
+    out = tmp_path / "m.yaml"
+    assert main(["new", "m", "--from-megatron", "--gpus", "64", "--out", str(out), "--", *argv]) == 0
+    new = load_experiment(out)
+    assert new.extra_args == ["--attention-dropout", "0.0", "--use-flash-attn", "--no-check-for-nan-in-loss-and-grad"]
+    comment = "\n".join(line for line in out.read_text().splitlines() if line.startswith("#"))
+    for dropped in ("--data-path 1.0 /data/a_text", "--save /ckpt", "--lr 3e-4", "--train-iters 20"):
+        assert dropped in comment
+    assert "/data/a_text" not in out.read_text().split("name: m\n")[1]
+    assert new.baseline.tp == exp.baseline.tp and new.baseline.ep == exp.baseline.ep
+
+
+@pytest.mark.parametrize("continued", [False, True])
+def test_from_megatron_file_with_torchrun_prefix(continued, capsys, no_store, tmp_path):
+    """A file of the command line, one line or `\\` continued one flag a line, with a torchrun
+    prefix: the cluster is the launcher's world (8 nodes of 8), the model and baseline the argv's."""
+    exp = load_experiment("mixtral_8x7b")
+    prefix = ["torchrun", "--nnodes=8", "--nproc-per-node", "8", "--rdzv-endpoint", "host:29500",
+              "pretrain_gpt.py"]
+    words = [shlex.quote(w) for w in prefix + _shipped_argv(exp)]
+    text = (" \\\n    ".join(words) if continued else " ".join(words)) + "\n"
+    src = tmp_path / "run.sh"
+    src.write_text("# our launch\n" + text)
+    out = tmp_path / "f.yaml"
+    assert main(["new", "f", "--from-megatron", str(src), "--out", str(out)]) == 0, capsys.readouterr().err
+    new = load_experiment(out)
+    assert (new.cluster.nodes, new.cluster.gpus_per_node) == (8, 8)
+    assert new.model == type(exp.model)(**{**exp.model.to_dict(), "name": "f"}) and new.extra_args == []
+    assert new.baseline.replace(train_iters=exp.baseline.train_iters) == exp.baseline
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--tensor-model-parallel-size", "3"], "the constraint table refuses this layout"),
+    (["--normalization", "LayerNorm"], "LayerNorm"),
+    (["--fp16"], "FP16"),
+    (["--num-layers"], "--num-layers needs a value"),
+])
+def test_from_megatron_refusals_are_one_line_exit_2(args, says, capsys, no_store, tmp_path):
+    """A layout the constraint table refuses (TP 3 does not divide 32 heads), a model moetune
+    cannot price, a flag with no value: one line, exit 2, nothing written."""
+    exp = load_experiment("mixtral_8x7b")
+    argv = _shipped_argv(exp)
+    for flag in args[:1]:  # replace the flag where the shipped argv has it
+        if flag in argv:
+            i = argv.index(flag)
+            argv = argv[:i] + argv[i + 2:]
+    out = tmp_path / "x.yaml"
+    assert main(["new", "x", "--from-megatron", "--gpus", "64", "--out", str(out), "--", *argv, *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("moetune new: ") and says in err
+    assert not out.exists()
+
+
+def test_from_megatron_launcher_world_and_gpus_disagree(capsys, no_store, tmp_path):
+    """--gpus other than the torchrun prefix's world: one line naming both, exit 2."""
+    argv = ["torchrun", "--nproc-per-node", "8", "pretrain_gpt.py", *_shipped_argv(load_experiment("qwen3_30b_a3b"))]
+    assert main(["new", "q", "--from-megatron", "--gpus", "16", "--out", str(tmp_path / "q.yaml"), "--", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "1 node(s) of 8" in err and "--gpus 16" in err
