@@ -65,7 +65,7 @@ class Model:
         got = self._price(config, False)
         return got[0] if got else None
 
-    def priced(self, config: TrainingConfig) -> tuple[dict[str, float], Band] | None:
+    def priced(self, config: TrainingConfig) -> tuple[dict[str, float], Band | None] | None:
         """(terms() of `config`, its prediction's band), or None where the model cannot price it."""
         return self._price(config, True)
 
