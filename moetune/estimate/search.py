@@ -112,6 +112,8 @@ def banded(exp, layouts: list[Layout], predicted: dict[int, dict], gpus: int | N
         if head is None:
             continue
         b = price(exp, lay.config, readings, gpus, gpu_type, with_band=True).band
+        if b is None:
+            continue
         head.update(step_time_low_ms=round(b.low_ms, 1), step_time_high_ms=round(b.high_ms, 1),
                     band_rows=[r.name for r in b.dominant()])
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moetune.estimate import comm, flops, kernels
+from moetune.estimate.band import Band
 from moetune.estimate.memory import attention_params, min_gpus, padded_vocab
 from moetune.estimate.rates import Rates
 from moetune.experiment import gpus
@@ -57,7 +58,7 @@ class Prediction:
     inputs: dict = field(default_factory=dict)
     rates: dict = field(default_factory=dict)
     assumptions: tuple[str, ...] = ASSUMPTIONS
-    band: Any = None  # band.Band: the step low to high over the rates' spread, where asked for (price)
+    band: Band | None = None  # the step low to high over the rates' spread, where asked for (price)
 
     def to_dict(self) -> dict:
         r = lambda v: round(v, 3) if isinstance(v, float) else v  # noqa: E731
