@@ -122,16 +122,22 @@ def _main(argv: list[str], db: str | None = None) -> int:
     order = ("fastest predicted first (tokens/s/GPU, routing assumed balanced)" if args.order == "speed" else
              "least model parallelism first, the baseline first where the search does not hold it")
     print(f"{exp.name} on {world}x {gpu_type} ({capacity:.0f} GB each, {source}): {len(layouts)} feasible layouts "
-          f"shown (--limit {args.limit}), {order}")
+          f"shown (--limit {args.limit}), {order}"
+          + ("; the band: each rate at the ends of its spread, added in quadrature (docs/prediction.md)"
+             if args.order == "speed" else ""))
     # the column fits its names
     rw = max([18] + [len(",".join(lay.config.recompute_modules)) for lay in layouts])
     print(f"{'TP':>3} {'PP':>3} {'VPP':>3} {'EP':>4} {'recompute':<{rw}} {'GB/GPU':>7} {'measured':>8} "
-          f"{'tok/s/GPU':>9}")
+          f"{'tok/s/GPU':>9} {'ms/step (band)':>22}  band mostly from")
     for lay in layouts:
         c = lay.config
         seen = f"{lay.measured_gb:>8.1f}" if lay.measured_gb is not None else f"{'-':>8}"
-        speed = (found.headline(lay) or {}).get("tokens_per_s_per_gpu")
+        head = found.headline(lay) or {}
+        speed = head.get("tokens_per_s_per_gpu")
+        step = (f"{head['step_time_ms']:.0f} ({head['step_time_low_ms']:.0f}-{head['step_time_high_ms']:.0f})"
+                if "step_time_low_ms" in head else "-")
+        rows = ", ".join(head.get("band_rows") or []) or "-"
         note = (f"  ({split_text(c)})" if split_text(c) else "") + ("  baseline" if lay is base else "")
         print(f"{c.tp:>3} {c.pp:>3} {c.vpp or '-':>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<{rw}} "
-              f"{lay.memory_gb:>7.1f} {seen} {speed if speed is not None else '-':>9}{note}")
+              f"{lay.memory_gb:>7.1f} {seen} {speed if speed is not None else '-':>9} {step:>22}  {rows}{note}")
     return code

@@ -127,11 +127,14 @@ def render_text(name: str, c: TrainingConfig, p: Prediction, extra_args: list[st
               + f" EP{c.ep} ETP{c.etp or c.tp} CP{c.cp}, "
               f"micro batch {c.micro_batch}, global batch {c.global_batch}, "
               f"{p.inputs['ep_a2a_per_layer'].get('dispatcher', 'no')} dispatcher, {i['precision']}")
-    lines = [f"{name} {layout} on {i['world']}x {i['gpu_type']}: {p.step_time_ms:.0f} ms a step, "
+    band = f" ({p.band.low_ms:.0f}-{p.band.high_ms:.0f})" if p.band is not None else ""
+    lines = [f"{name} {layout} on {i['world']}x {i['gpu_type']}: {p.step_time_ms:.0f}{band} ms a step, "
              f"{p.tokens_per_s_per_gpu:.0f} tokens/s/GPU (compute: {p.compute_source})",
              f"  {'term':<16} {'ms/step':>10} {'share':>6}"]
     for k, v in p.terms.items():
         lines.append(f"  {k:<16} {v:>10.1f} {v / p.step_time_ms:>6.1%}")
+    if p.band is not None:
+        lines.append(band_line(p.band))
     lines.append(f"  {i['micro_batches']} micro-batches a step, bubble fraction {i['bubble_fraction']:.3f}; "
                  "routing assumed balanced")
     if "calibration" in i:
@@ -143,6 +146,13 @@ def render_text(name: str, c: TrainingConfig, p: Prediction, extra_args: list[st
         lines.append(f"  note: extra_args not priced: {' '.join(extra_args)} (passed to Megatron as written; "
                      "the prediction is of the model without them)")
     return "\n".join(lines)
+
+
+def band_line(b) -> str:
+    """The band in words: its ends and the rows that move it most, each with its kind and moves."""
+    rows = "; ".join(f"{r.name} ({r.kind}) -{r.down_ms:.0f}/+{r.up_ms:.0f}" for r in b.dominant())
+    return (f"  band {b.low_ms:.0f}-{b.high_ms:.0f} ms: each rate at the ends of its spread, added in quadrature"
+            + (f"; most from {rows}" if rows else "; no rate moves it"))
 
 
 def main(argv: list[str], db: str | None = None) -> int:
@@ -181,7 +191,7 @@ def _main(argv: list[str], db: str | None = None) -> int:
     for note in notes:
         print(f"moetune predict: {note}", file=sys.stderr)
     try:
-        pred = price(exp, config, StoreReadings(db), a.gpus, a.gpu_type, a.compute)
+        pred = price(exp, config, StoreReadings(db), a.gpus, a.gpu_type, a.compute, with_band=True)
     except ValueError as e:
         return _fail(str(e))
     if a.format == "json":

@@ -231,7 +231,7 @@ def compute_ms(w: StageWork, c: TrainingConfig, gpu_type: str, rates: Rates,
     BF16 time (casts included)."""
     g = gpus.GPUS[gpu_type]
     if table is not None:
-        measured = table_ms(w, c, table)
+        measured = {k: v / rates["kernel_table_rate"] for k, v in table_ms(w, c, table).items()}
         if "attention" not in measured:
             attention = sum(v for k, v in w.flops.items() if k in ATTENTION)
             measured["attention"] = 1e3 * attention / (g.bf16_tflops * 1e12 * rates["attention_efficiency"])

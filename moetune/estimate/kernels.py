@@ -123,6 +123,8 @@ class KernelTable:
         self.source = source
         self.gemms: dict[str, dict[tuple[int, int, int], float]] = {}
         self.attention: dict[tuple[int, int, int, int, int], tuple[float, float]] = {}
+        # a shape's nearest measured one, found once: a layout is priced many times (plan, a band)
+        self._nearest: dict[tuple, float] = {}
         for r in record.get("rows", []):
             if r.get("kind") == "gemm" and r.get("tflop_s", 0) > 0:
                 self.gemms.setdefault(r["dtype"], {})[(r["m"], r["k"], r["n"])] = float(r["tflop_s"])
@@ -137,7 +139,11 @@ class KernelTable:
         rows = self.gemms.get(dtype) or self.gemms["bf16"]
         if (m, k, n) in rows:
             return rows[(m, k, n)]
-        return rows[min(rows, key=lambda s: _log_distance(s, (max(m, 1), max(k, 1), max(n, 1))))]
+        key = (m, k, n, dtype)
+        if key not in self._nearest:
+            want = (max(m, 1), max(k, 1), max(n, 1))
+            self._nearest[key] = rows[min(rows, key=lambda s: _log_distance(s, want))]
+        return self._nearest[key]
 
     def gemm_us(self, m: int, k: int, n: int, dtype: str = "bf16") -> float:
         return 2 * m * k * n / self.gemm_tflops(m, k, n, dtype) / 1e6

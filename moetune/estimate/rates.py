@@ -63,6 +63,8 @@ COMPUTE: tuple[Rate, ...] = (
          "other kernel time (norms, activations, permutation, casts, optimizer), the same trials' median"),
     Rate("use_kernel_table", 1, "switch", "1: GEMMs and attention priced from the GPU type's measured kernel "
          "table where one ships (estimate/kernels.py); 0: by the rows above, to compare the two"),
+    Rate("kernel_table_rate", 1.0, "share", "measured by moetune: the kernel table's rates as its probe timed "
+         "them (1); what a prediction's band moves them by"),
     Rate("fp8_matrix_time_factor", 1.1228, "share", f"{_MEASURED}: FP8 GEMM and cast time over BF16 GEMM "
          "time, trial bank te_gg_fp8 against te_gg (H200, moe_proxy shapes)"),
 )

@@ -103,6 +103,21 @@ def ranked(exp, layouts: list[Layout], gpus: int | None, gpu_type: str | None,
     return sorted(layouts, key=lambda lay: -predicted.get(id(lay), {}).get("tokens_per_s_per_gpu", -1)), predicted
 
 
+def banded(exp, layouts: list[Layout], predicted: dict[int, dict], gpus: int | None, gpu_type: str | None,
+           readings: StoreReadings) -> None:
+    """Each shown layout's headline with its band (band.py: the low and high step and the rows that
+    make it), priced for these alone: a band costs a few dozen prices."""
+    for lay in layouts:
+        head = predicted.get(id(lay))
+        if head is None:
+            continue
+        b = price(exp, lay.config, readings, gpus, gpu_type, with_band=True).band
+        if b is None:
+            continue
+        head.update(step_time_low_ms=round(b.low_ms, 1), step_time_high_ms=round(b.high_ms, 1),
+                    band_rows=[r.name for r in b.dominant()])
+
+
 def search(exp, readings: StoreReadings, gpus: int | None = None, gpu_type: str | None = None,
            order: str = "speed", limit: int = 10, baseline: bool = False, fixed: dict | None = None) -> Search:
     """The feasible layouts (at most `limit`) by `order` ("speed": predicted tokens/s/GPU, VPP
@@ -135,4 +150,5 @@ def search(exp, readings: StoreReadings, gpus: int | None = None, gpu_type: str 
     if speed:
         layouts, predicted = ranked(exp, layouts, gpus, gpu_type, readings)
         layouts = layouts[:limit]
+        banded(exp, layouts, predicted, gpus, gpu_type, readings)
     return Search(layouts, base, world, capacity, predicted, refused)

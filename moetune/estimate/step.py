@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moetune.estimate import comm, flops, kernels
+from moetune.estimate.band import Band
 from moetune.estimate.memory import attention_params, min_gpus, padded_vocab
 from moetune.estimate.rates import Rates
 from moetune.experiment import gpus
@@ -57,6 +58,7 @@ class Prediction:
     inputs: dict = field(default_factory=dict)
     rates: dict = field(default_factory=dict)
     assumptions: tuple[str, ...] = ASSUMPTIONS
+    band: Band | None = None  # the step low to high over the rates' spread, where asked for (price)
 
     def to_dict(self) -> dict:
         r = lambda v: round(v, 3) if isinstance(v, float) else v  # noqa: E731
@@ -66,7 +68,8 @@ class Prediction:
                 "compute_source": self.compute_source,
                 "inputs": {k: ({kk: r(vv) for kk, vv in v.items()} if isinstance(v, dict) else r(v))
                            for k, v in self.inputs.items()},
-                "rates": self.rates, "assumptions": list(self.assumptions)}
+                "rates": self.rates, "assumptions": list(self.assumptions),
+                **({"band": self.band.to_dict()} if self.band is not None else {})}
 
 
 def stage_params(m: ModelArch, c: TrainingConfig, layers: int, moe_layers: int, first: bool,

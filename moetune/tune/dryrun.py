@@ -96,7 +96,7 @@ def first_moves(exp: Experiment, wall: str, rules: list, one_gpu: bool, readings
     """The proposals the loop would make on a baseline whose trace shows `wall` and nothing else
     known (no metric), in the loop's order; left out: those refused by the constraints, those
     `lacking(config)` names a reason for (the demo's bank), and layout moves predicted slower than
-    the baseline's `base_ms` beyond the noise (the loop skips them)."""
+    the baseline's `base_ms` beyond their band and the noise (the loop skips them)."""
     analysis: dict = {"wall": wall, "confidence": None, "evidence": [], "metrics": {"combined": {}}, "log": {}}
     props = rules_mod.proposals(analysis, exp.baseline, exp.model, exp.cluster, exp.tuning,
                                 check=check, rules=rules)
@@ -108,15 +108,16 @@ def first_moves(exp: Experiment, wall: str, rules: list, one_gpu: bool, readings
     if not rank_moves:
         return props
 
-    def model_ms(cfg):
+    def model(cfg):
         try:
-            return price(exp, cfg, readings).step_time_ms
+            return price(exp, cfg, readings, with_band=True)
         except (ValueError, KeyError, ZeroDivisionError):
             return None
-    ms = {p.rule.id: model_ms(p.config) for p in props if predicted.moves_layout(p.rule)}
+    priced = {p.rule.id: model(p.config) for p in props if predicted.moves_layout(p.rule)}
+    ms = {rid: q.band.expected_ms() if q else None for rid, q in priced.items()}
     rel = exp.tuning.noise_threshold
-    return [p for p in predicted.ranked(props, ms)
-            if not (base_ms and ms.get(p.rule.id) and predicted.slower(ms[p.rule.id], base_ms, rel))]
+    return [p for p in predicted.ranked(props, ms) if not (base_ms and (q := priced.get(p.rule.id))
+            and predicted.slower(q.step_time_ms, base_ms, rel, q.band.low_ms))]
 
 
 def dry_run(exp: Experiment, readings: StoreReadings | None = None, *, max_trials=None,

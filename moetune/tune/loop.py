@@ -260,9 +260,9 @@ class Tuner:
         props = self._measurable(props)
         if not self.rank_moves:
             return self._propose(st, inc, analysis, props)
-        terms = {p.rule.id: self.model.terms(p.config) for p in props if p.ok and predicted.moves_layout(p.rule)}
-        model_ms = {rid: sum(t.values()) if t else None for rid, t in terms.items()}
-        return self._propose(st, inc, analysis, predicted.ranked(props, model_ms), terms)
+        terms, bands = self.model.moves(props)
+        model_ms = {rid: predicted.expected_ms(t, bands.get(rid)) for rid, t in terms.items()}
+        return self._propose(st, inc, analysis, predicted.ranked(props, model_ms), terms, bands)
 
     def _measurable(self, props: list) -> list:
         """In a one-GPU study, the proposals whose rule one rank alone can show (rules.yaml one_gpu)."""
@@ -281,10 +281,11 @@ class Tuner:
         return self._propose(st, parent, analysis, props)
 
     def _propose(self, st: StudyState, parent, analysis: dict, props: list,
-                 model_terms: dict | None = None) -> bool:
+                 model_terms: dict | None = None, bands: dict | None = None) -> bool:
         """Add the trial of the first proposal not tried from this parent, not barred, not refused,
-        not run before and not predicted slower (`model_terms`: rule id -> the model's step of its
-        config by parts, or None, for the layout moves); record every one passed over."""
+        not run before and not predicted slower beyond its band (`model_terms`: rule id -> the
+        model's step of its config by parts, or None, for the layout moves; `bands`: rule id -> its
+        prediction's band); record every one passed over."""
         config = TrainingConfig.from_dict(parent.config)
         corr = predicted.study_correction(self.store, self.study.id) if model_terms else None
         tried = st.tried.get(parent.config_hash, set())
@@ -319,11 +320,12 @@ class Tuner:
             if lacking:
                 self.decide("skip", lacking, rule=rid, **ev)
                 continue
-            forecast = self._forecast(parent, p.config, (model_terms or {}).get(rid), corr)
+            forecast = self._forecast(parent, p.config, (model_terms or {}).get(rid), corr, (bands or {}).get(rid))
             if forecast and forecast["slower"]:
-                self.decide("skip", f"predicted {forecast['step_time_ms']:.1f} ms a step against the "
-                            f"incumbent's {forecast['incumbent_ms']:.1f} ms, slower beyond the noise "
-                            f"({self.rel_noise:.0%})", rule=rid, prediction=forecast, **ev)
+                self.decide("skip", f"predicted {forecast['step_time_ms']:.1f} ms a step "
+                            f"({forecast['step_time_low_ms']:.1f}-{forecast['step_time_high_ms']:.1f}) against "
+                            f"the incumbent's {forecast['incumbent_ms']:.1f} ms: slower beyond the band and "
+                            f"the noise ({self.rel_noise:.0%})", rule=rid, prediction=forecast, **ev)
                 continue
             trial = self.store.add_trial(self.study.id, p.config.to_dict(), h, parent_id=parent.id,
                                          fix=rid)
@@ -337,22 +339,24 @@ class Tuner:
         return False
 
     def _forecast(self, parent, config: TrainingConfig, terms: dict | None,
-                  corr: predicted.TermCorrection | None) -> dict | None:
+                  corr: predicted.TermCorrection | None, band=None) -> dict | None:
         """A layout move's prediction against the incumbent (None: not priced): the model's step
         (`terms`, by parts) corrected part by part by the study's trials (`corr`:
-        predicted.study_correction), the incumbent's judged step, whether it is slower beyond the
-        noise, and the GPU-hours its trial would cost."""
+        predicted.study_correction), its band (the model's band, `band`, scaled alike), the
+        incumbent's judged step, whether it is slower beyond the band and the noise, and the
+        GPU-hours its trial would cost."""
         if terms is None or corr is None:
             return None
         ms = corr.apply(terms)
+        banded = predicted.banded(ms, band)
         inc = self.store.metrics(parent.id).get("judged_step_time_ms") or parent.step_time_ms
         if not inc:
             return None
         minutes = time_minutes(self.exp.cluster.time_limit)
         return {"step_time_ms": round(ms, 3), "model_ms": round(sum(terms.values()), 3),
                 "model_terms_ms": {g: round(v, 3) for g, v in terms.items()}, "correction": corr.to_dict(),
-                "incumbent_ms": inc, "noise_threshold": self.rel_noise,
-                "slower": predicted.slower(ms, inc, self.rel_noise),
+                **banded, "incumbent_ms": inc, "noise_threshold": self.rel_noise,
+                "slower": predicted.slower(ms, inc, self.rel_noise, banded["step_time_low_ms"]),
                 "gpu_hours": round(predicted.gpu_hours(self.gpus, ms, config.train_iters, minutes), 6),
                 "gpu_hours_basis": f"{self.gpus} GPUs x predicted step x {config.train_iters} "
                                    f"iterations, at most the {minutes}-minute time limit"}

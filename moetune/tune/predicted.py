@@ -9,8 +9,10 @@ model from what its trials measured.
     correction(pairs)                the study's scale: median measured / model of its completed trials
     term_correction(rows)            the study's correction of each part (TermCorrection)
     study_correction(store, study_id) both, from the completed trials' metrics in the store, read once
-    ranked(props, model_ms)          layout moves re-ordered by predicted step time in the slots they held
-    slower(predicted, incumbent, rel) predicted slower than the incumbent by more than the noise?
+    Model(...).priced(cfg)           the parts and the prediction's band (estimate/band.py)
+    ranked(props, model_ms)          layout moves re-ordered by expected step time in the slots they held
+    slower(predicted, incumbent, rel, low) slower beyond the band: even the move's fast end is slower
+                                     than the incumbent's slow end (its judged step plus the noise)?
     gpu_hours(gpus, ms, iters, limit) what a skipped trial would have cost
 
 The study corrects the model part by part: a trial's trace splits its judged step into exposed
@@ -29,6 +31,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from moetune.estimate import StoreReadings, price
+from moetune.estimate.band import Band
 from moetune.estimate.memory import plan_cluster
 from moetune.experiment.config import TrainingConfig
 
@@ -59,12 +62,26 @@ class Model:
     def terms(self, config: TrainingConfig) -> dict[str, float] | None:
         """The model's step of `config` by TERM_GROUPS (ms each), or None: a layout the model cannot
         price (its GPU count does not divide, a CPU stand-in's cluster without GPUs)."""
+        got = self._price(config, False)
+        return got[0] if got else None
+
+    def priced(self, config: TrainingConfig) -> tuple[dict[str, float], Band | None] | None:
+        """(terms() of `config`, its prediction's band), or None where the model cannot price it."""
+        return self._price(config, True)
+
+    def moves(self, props: list) -> tuple[dict, dict]:
+        """({rule id: terms() or None}, {rule id: band}) of the layout moves among the proposals."""
+        priced = {p.rule.id: self.priced(p.config) for p in props if p.ok and moves_layout(p.rule)}
+        return ({rid: q[0] if q else None for rid, q in priced.items()},
+                {rid: q[1] for rid, q in priced.items() if q})
+
+    def _price(self, config: TrainingConfig, with_band: bool) -> tuple[dict[str, float], Band | None] | None:
         self.readings.refresh()  # the study records fits and calibrations as it runs
         try:
-            t = price(self.experiment, config, self.readings).terms
+            p = price(self.experiment, config, self.readings, with_band=with_band)
         except (ValueError, KeyError, ZeroDivisionError):
             return None
-        return {g: sum(t[k] for k in keys) for g, keys in TERM_GROUPS.items()}
+        return {g: sum(p.terms[k] for k in keys) for g, keys in TERM_GROUPS.items()}, p.band
 
 
 def correction(pairs: list[tuple[float, float]]) -> tuple[float, int]:
@@ -133,8 +150,9 @@ def study_correction(store, study_id: int) -> TermCorrection:
 
 def ranked(props: list, model_ms: dict) -> list:
     """The proposals with the layout moves among them sorted by predicted step time (fastest
-    first; unpriced ones after, in table order), each in one of the slots layout moves held, so
-    the other moves keep the table's place. `model_ms`: rule id -> predicted ms or None."""
+    first, so the largest expected gain first; unpriced ones after, in table order), each in one
+    of the slots layout moves held, so the other moves keep the table's place. `model_ms`: rule
+    id -> predicted (expected: expected_ms) ms or None."""
     slots = [i for i, p in enumerate(props) if moves_layout(p.rule)]
     order = sorted((props[i] for i in slots),
                    key=lambda p: (model_ms.get(p.rule.id) is None, model_ms.get(p.rule.id) or 0.0))
@@ -144,9 +162,28 @@ def ranked(props: list, model_ms: dict) -> list:
     return out
 
 
-def slower(predicted_ms: float, incumbent_ms: float, rel_noise: float) -> bool:
-    """Predicted slower than the incumbent by more than the judge's relative noise threshold."""
-    return predicted_ms > incumbent_ms * (1 + rel_noise)
+def slower(predicted_ms: float, incumbent_ms: float, rel_noise: float, low_ms: float | None = None) -> bool:
+    """Slower beyond the band: the move's optimistic end (`low_ms`, its band's low end; the
+    prediction itself where it has no band) is still slower than the incumbent's pessimistic end,
+    its measured step plus the judge's relative noise threshold. A move the model thinks slower by
+    less than its own uncertainty is worth a trial."""
+    return (predicted_ms if low_ms is None else low_ms) > incumbent_ms * (1 + rel_noise)
+
+
+def banded(ms: float, band: Band | None) -> dict:
+    """A corrected prediction's band: the model's band scaled as the prediction was (its ends over
+    the model's step), and the rows that dominate it; the prediction alone without a band."""
+    low, high = band.relative() if band is not None else (1.0, 1.0)
+    return {"step_time_low_ms": round(ms * low, 3), "step_time_high_ms": round(ms * high, 3),
+            "band_rows": [r.name for r in band.dominant()] if band is not None else []}
+
+
+def expected_ms(terms: dict[str, float] | None, band: Band | None) -> float | None:
+    """What a move is expected to take, to rank moves by expected gain over the incumbent: the
+    band's expected step (Band.expected_ms) where it has one, else the model's step."""
+    if terms is None:
+        return None
+    return band.expected_ms() if band is not None else sum(terms.values())
 
 
 def gpu_hours(gpus: int, step_ms: float, iterations: int, limit_minutes: int) -> float:

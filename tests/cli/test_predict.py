@@ -156,3 +156,24 @@ def test_vpp_1_means_no_virtual_stages(capsys, no_store):
     d = _json(capsys, ["predict", "qwen3_235b", "--vpp", "1", "--format", "json"])
     assert d["config"]["vpp"] is None
     assert (d["config"]["first_pp_layers"], d["config"]["last_pp_layers"]) == (11, 11)
+
+
+def test_predict_and_plan_show_the_band_and_the_rows_that_dominate_it(capsys, no_store):
+    """predict: the step with its low-high band on the first line and the dominant rows (text),
+    the band with every row's ends and moves (JSON); plan: each shown layout's band and rows. A
+    fitted compute leaves the compute rows out of the band (the measurement replaces them)."""
+    d = _json(capsys, ["predict", "qwen3_235b", "--format", "json"])
+    b = d["band"]
+    assert b["low_ms"] < d["step_time_ms"] < b["high_ms"] and len(b["dominant"]) == 3
+    assert set(b["dominant"]) <= set(b["rows"]) and all(r["kind"] for r in b["rows"].values())
+    assert main(["predict", "qwen3_235b"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"({b['low_ms']:.0f}-{b['high_ms']:.0f}) ms a step" in out[0]
+    band_line = next(line for line in out if line.strip().startswith("band "))
+    assert all(name in band_line for name in b["dominant"])
+    rows = _json(capsys, ["plan", "qwen3_235b", "--limit", "3", "--format", "json"])
+    for r in rows:
+        p = r["predicted"]
+        assert p["step_time_low_ms"] < p["step_time_ms"] < p["step_time_high_ms"] and len(p["band_rows"]) == 3
+    fitted = _json(capsys, ["--db", ONE_GPU_DB, "predict", "qwen3_30b_a3b", "--format", "json", "--compute", "fit"])
+    assert not {"kernel_table_rate", "attention_efficiency"} & set(fitted["band"]["rows"])

@@ -259,3 +259,58 @@ def test_the_model_reads_what_the_study_records_after_it_was_built(tmp_path):
     assert before is not None and after is not None
     assert after["compute"] != pytest.approx(before["compute"], rel=1e-3)
     assert after["comm"] == pytest.approx(before["comm"])  # only compute is measured
+
+
+def _propose_against(tmp: Path, incumbent_ms: float, config: TrainingConfig, terms, band):
+    """The loop's proposal step on one layout move (`config`, its model parts and band) from a
+    baseline trial whose judged step is `incumbent_ms`: the decision it records."""
+    from moetune.tune.state import StudyState
+    exp = load_experiment(str(_experiment(tmp, True)))
+    store = Store(str(tmp / "s.sqlite"))
+    t = tuner.Tuner(exp, store, executor="local", runs_root=tmp / "runs", study_name="band", progress=False)
+    parent = store.add_trial(t.study.id, exp.baseline.to_dict(), exp.baseline.config_hash())
+    store.set_metrics(parent.id, {"judged_step_time_ms": incumbent_ms})
+    prop = Proposal(_rule("halve_ep", {"ep": {"div": 2}}), config)
+    added = t._propose(StudyState(), store.trial(parent.id), {"wall": "communication"}, [prop],
+                       {"halve_ep": terms}, {"halve_ep": band})
+    return added, store.decisions(t.study.id)[-1]
+
+
+def test_a_move_slower_inside_its_band_is_tried_and_one_slower_beyond_it_skipped(tmp_path):
+    """The skip rule reads the band: a move the model prices 5 % slower than the incumbent (the
+    2 % noise rule alone would skip it) is tried while its band's fast end is not slower than the
+    incumbent plus the noise; against an incumbent faster than that fast end by more than the
+    noise it is skipped, its band in the decision's evidence."""
+    exp = load_experiment(str(_experiment(tmp_path, True)))
+    config = next(c for c in sweep(exp) if c.ep == exp.baseline.ep // 2)
+    terms, band = predicted.Model(exp).priced(config)
+    ms = sum(terms.values())
+    assert band.low_ms < ms / 1.05  # the band is wider than the 5 % the move is slower by
+    assert predicted.slower(ms, ms / 1.05, NOISE)  # the noise rule alone would skip it
+
+    (tmp_path / "inside").mkdir()
+    added, d = _propose_against(tmp_path / "inside", ms / 1.05, config, terms, band)
+    assert added and d.kind == "apply"
+    f = d.evidence["prediction"]
+    assert not f["slower"] and f["step_time_low_ms"] < f["incumbent_ms"] * (1 + NOISE) < f["step_time_ms"]
+
+    (tmp_path / "beyond").mkdir()
+    added, d = _propose_against(tmp_path / "beyond", band.low_ms / 1.05, config, terms, band)
+    assert not added and d.kind == "skip" and "beyond the band" in d.reason
+    f = d.evidence["prediction"]
+    assert f["slower"] and f["step_time_low_ms"] > f["incumbent_ms"] * (1 + NOISE)
+    assert f["band_rows"] == [r.name for r in band.dominant()]
+
+
+def test_moves_are_ranked_by_their_expected_step_within_the_band():
+    """Of two moves the model prices alike, the one whose band reaches further up is expected to
+    take longer and is ranked after the other; without a band the model's step ranks them."""
+    from moetune.estimate.band import Band
+    c = TrainingConfig()
+    props = [Proposal(_rule("wide", {"ep": 2}), c), Proposal(_rule("narrow", {"etp": 1}), c)]
+    terms = {"compute": 100.0}
+    wide, narrow = Band(100.0, 90.0, 160.0), Band(100.0, 90.0, 115.0)
+    ms = {"wide": predicted.expected_ms(terms, wide), "narrow": predicted.expected_ms(terms, narrow)}
+    assert ms["wide"] == pytest.approx(350 / 3) and ms["narrow"] == pytest.approx(305 / 3)
+    assert [p.rule.id for p in predicted.ranked(props, ms)] == ["narrow", "wide"]
+    assert predicted.expected_ms(terms, None) == 100.0 and predicted.expected_ms(None, wide) is None
