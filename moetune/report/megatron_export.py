@@ -15,6 +15,7 @@ from moetune.errors import MoetuneError
 from moetune.experiment.config import FLAGS, TE_LESS_FLAGS, TrainingConfig, run_args
 from moetune.experiment.environment import ENV_RULES, config_env
 from moetune.experiment.measuring import MEASURING
+from moetune.experiment.megatron_import import groups
 from moetune.experiment.schema import Experiment
 from moetune.report.gather import TrialView, gather, is_baseline
 from moetune.report.overview import headline
@@ -95,17 +96,6 @@ def choose(store: Store, study_name: str, number: int | None = None) -> Chosen:
                               "export a completed trial (`moetune status` lists them)")
     exp = TrialContext(store, view.trial.id).exp
     return Chosen(study, exp, views, view, views[0], best is view)
-
-
-def groups(argv: list[str]) -> list[tuple[str, list[str]]]:
-    """An argv as (flag, its values) in order; a flag's values are the tokens up to the next flag."""
-    out: list[tuple[str, list[str]]] = []
-    for token in argv:
-        if token.startswith("--") or not out:
-            out.append((token, []))
-        else:
-            out[-1][1].append(token)
-    return out
 
 
 def measured_argv(exp: Experiment, config: TrainingConfig) -> list[str]:
