@@ -120,7 +120,7 @@ def test_the_command_refuses_an_unknown_trace_reader_in_one_line():
 # workloads and the two probes inside the job (the preflight reports what the job got), and
 # Megatron's parse in its own venv (each checked job's environment set as the job has it).
 READERS = {"moetune/analysis/settings.py", "moetune/settings.py",
-           "moetune/workloads/train_moe.py", "moetune/workloads/cpu_workload.py",
+           "moetune/workloads/train_moe.py", "moetune/workloads/fake_fill.py", "moetune/workloads/cpu_workload.py",
            "moetune/workloads/preflight_probe.py", "moetune/workloads/link_probe.py", "moetune/experiment/megatron_child.py"}
 OS_ENV = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 
