@@ -217,8 +217,7 @@ def table_ms(w: StageWork, c: TrainingConfig, table: ktable.KernelTable) -> dict
     a = w.attention
     if attention and a is not None and table.attention:
         fwd, bwd = table.attention_us(a)
-        flop = 3 * 4 * a.batch * a.heads * a.seq ** 2 * a.dim * CAUSAL  # forward and backward, measured
-        ms["attention"] = attention / (flop / ((fwd + bwd) * 1e-6)) * 1e3
+        ms["attention"] = attention / (3 * a.forward_flop() / ((fwd + bwd) * 1e-6)) * 1e3
     return ms
 
 
@@ -230,12 +229,12 @@ def compute_ms(w: StageWork, c: TrainingConfig, gpu_type: str, rates: Rates,
     recomputed FLOPs at the stage's mean rate; FP8 GEMMs take `fp8_matrix_time_factor` times their
     BF16 time (casts included)."""
     g = gpus.GPUS[gpu_type]
-    if table is not None:
+    attention = sum(v for k, v in w.flops.items() if k in ATTENTION)
+    out = {"attention": 1e3 * attention / (g.bf16_tflops * 1e12 * rates["attention_efficiency"]),
+           "elementwise": 1e3 * w.bytes / (g.hbm_tb_s * 1e12 * rates["hbm_efficiency"])}
+    if table is not None:  # what it measured replaces the GEMMs, and attention where it has rows
         measured = {k: v / rates["kernel_table_rate"] for k, v in table_ms(w, c, table).items()}
-        if "attention" not in measured:
-            attention = sum(v for k, v in w.flops.items() if k in ATTENTION)
-            measured["attention"] = 1e3 * attention / (g.bf16_tflops * 1e12 * rates["attention_efficiency"])
-        return {**measured, "elementwise": 1e3 * w.bytes / (g.hbm_tb_s * 1e12 * rates["hbm_efficiency"])}
+        return {"gemm": measured["gemm"], "grouped_gemm": measured["grouped_gemm"], **out, **measured}
     peak = g.bf16_tflops * 1e12
     # FP8 as measured against BF16 (GEMMs and their casts), not the data sheet's FP8 peak
     fp8 = rates["fp8_matrix_time_factor"] if c.fp8_format else 1.0
@@ -248,7 +247,4 @@ def compute_ms(w: StageWork, c: TrainingConfig, gpu_type: str, rates: Rates,
     done = sum(w.flops[k] for k in kinds)
     if w.flops.get("recompute") and done:
         gemm_s += w.flops["recompute"] * (gemm_s + grouped_s) / done
-    attention = sum(v for k, v in w.flops.items() if k in ATTENTION)
-    return {"gemm": 1e3 * fp8 * gemm_s, "grouped_gemm": 1e3 * fp8 * grouped_s,
-            "attention": 1e3 * attention / (g.bf16_tflops * 1e12 * rates["attention_efficiency"]),
-            "elementwise": 1e3 * w.bytes / (g.hbm_tb_s * 1e12 * rates["hbm_efficiency"])}
+    return {"gemm": 1e3 * fp8 * gemm_s, "grouped_gemm": 1e3 * fp8 * grouped_s, **out}

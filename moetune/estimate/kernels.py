@@ -11,6 +11,7 @@ that GPU was measured to reach.
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import dataclass
@@ -98,6 +99,10 @@ class Attention:
     groups: int
     dim: int
 
+    def forward_flop(self) -> float:
+        """Forward FLOPs: the score and value products, half the score matrix under the causal mask."""
+        return 4 * self.batch * self.heads * self.seq ** 2 * self.dim * 0.5
+
 
 def attention_shape(m: ModelArch, c: TrainingConfig) -> Attention:
     """TP splits the heads; CP the queries (taken as its share of the sequence); MLA as one head dim,
@@ -157,13 +162,9 @@ class KernelTable:
         if not self.attention:
             raise KeyError("no attention rows")
         near = min(self.attention, key=lambda s: _log_distance(s[1:], key[1:]) + _log_distance(s[:1], key[:1]))
-        scale = (a.batch * a.heads * a.seq ** 2 * a.dim) / (near[0] * near[2] * near[1] ** 2 * near[4])
+        scale = a.forward_flop() / Attention(*near).forward_flop()
         f, b = self.attention[near]
         return f * scale, b * scale
-
-    def max_tflops(self, dtype: str = "bf16") -> float:
-        return max((self.gemms.get(dtype) or self.gemms["bf16"]).values())
-
 
 @cache
 def shipped(gpu_type: str) -> KernelTable | None:
@@ -188,15 +189,11 @@ def table_for(gpu_type: str) -> KernelTable | None:
         same = (h.generation, h.bf16_tflops, h.fp8_tflops) == (g.generation, g.bf16_tflops, g.fp8_tflops)
         table = shipped(other) if other != gpu_type and same else None
         if table:
-            return _standing_for(table, gpu_type, other)
+            standing = copy.copy(table)  # its rows and nearest-shape cache shared, its source its own
+            standing.source = (f"{table.source} (an {other}'s, standing for the {gpu_type}: the same tensor cores "
+                               "and peaks)")
+            return standing
     return None
-
-
-def _standing_for(t: KernelTable, gpu_type: str, other: str) -> KernelTable:
-    out = KernelTable.__new__(KernelTable)
-    out.__dict__.update(t.__dict__)
-    out.source = f"{t.source} (an {other}'s, standing for the {gpu_type}: the same tensor cores and peaks)"
-    return out
 
 
 def probe_shapes(layouts) -> dict:
