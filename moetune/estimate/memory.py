@@ -20,6 +20,7 @@ from moetune.experiment.config import TrainingConfig, run_args
 from moetune.experiment.constraints import check
 from moetune.experiment.model import ModelArch
 from moetune.experiment.pipeline import chunk_layers, mtp_rank, split_fields, splits
+from moetune.estimate import activations
 
 GB = 2**30
 FIXED_GB = 3.0  # CUDA context, NCCL buffers, allocator slack: not in the model's figure
@@ -127,52 +128,8 @@ def bytes_per_param(shards: int, c: TrainingConfig) -> float:
 
 
 def activation_bytes_per_layer(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
-    """One layer, one micro batch, on one GPU (bf16 activations saved for backward)."""
-    s = (c.seq_length or m.seq_length) / c.cp
-    b, h = c.micro_batch, m.hidden_size
-    tp = c.tp
-    sp = tp if c.sequence_parallel else 1
-    d = m.kv_channels or h // m.num_attention_heads
-    q = m.num_attention_heads * d
-    kv = 2 * m.num_query_groups * d
-    mods = set(c.recompute_modules) | set(c.offload_modules)
-    layernorm = 0 if ({"layernorm", "attn_norm", "mlp_norm"} & mods) else 2 * 2 * s * b * h / sp
-    qkv_in = 0 if "qkv_linear" in c.offload_modules else 2 * s * b * h / sp
-    # Q, K, V and the output (which the projection keeps as its input), and the softmax statistics.
-    # Recomputing core_attn keeps the checkpoint's inputs (Q, K, V) and the output all the same:
-    # under fused attention it frees only the statistics (unfused: the score matrix too, below).
-    # Mixtral 8x7B at PP 4, micro batch 2 with core_attn recompute ran out of memory on an H100
-    # (over 79.8 GiB) where dropping Q, K, V and the output would estimate 76.3.
-    stats = 0 if "core_attn" in mods else 4 * s * b * m.num_attention_heads / tp
-    core = 2 * s * b * (q + kv + q) / tp + stats
-    proj_in = 0 if "attn_proj" in c.offload_modules else 2 * s * b * q / tp
-    residual = 2 * s * b * h / sp
-    attn = layernorm + qkv_in + core + proj_in + residual + attention_scores_bytes(m, c, mods)
-    if not moe:
-        mlp = 0 if "mlp" in mods else 2 * s * b * (h / sp + 3 * m.ffn_hidden_size / tp)
-        return attn + mlp
-    if "moe" in mods:
-        return attn + 2 * s * b * h / sp
-    tokens = s * b * m.moe_router_topk / sp  # tokens an EP rank holds after dispatch (balanced)
-    f = m.moe_ffn_hidden_size / (c.etp or c.tp)
-    act = 0 if "moe_act" in mods else 2 * tokens * f  # SwiGLU output, kept for fc2
-    fc1_in = 0 if "expert_fc1" in mods else 2 * tokens * h  # the permuted tokens, kept for fc1
-    experts = 2 * tokens * h + fc1_in + 2 * tokens * 2 * f + act  # dispatched in, permuted, fc1 out, act
-    router = 4 * s * b * m.num_experts / sp
-    shared = 0
-    if m.moe_shared_expert_intermediate_size and "shared_experts" not in mods:
-        shared = 2 * s * b * 3 * m.moe_shared_expert_intermediate_size / tp
-    return attn + experts + router + shared
-
-
-def attention_scores_bytes(m: ModelArch, c: TrainingConfig, mods: set) -> float:
-    """Unfused (local) attention keeps the score matrix for backward: softmax output (2 B), dropout
-    mask (1 B) and dropout output (2 B) per head and query-key pair, 5·a·s²·b (Korthikanti et al.
-    2022, Table 2). Flash/fused attention (Transformer Engine) keeps none of it."""
-    if c.transformer_impl != "local" or "core_attn" in mods:
-        return 0.0
-    s = (c.seq_length or m.seq_length) / c.cp
-    return 5 * (m.num_attention_heads / c.tp) * s * s * c.micro_batch
+    """One layer, one micro batch, on one GPU (the tensors saved for backward: estimate/activations.py)."""
+    return activations.layer_bytes(m, c, moe)
 
 
 def in_flight(c: TrainingConfig, microbatches: int, stage: int = 0) -> float:
@@ -210,21 +167,6 @@ class Estimate:
                 "fixed_gb": self.fixed_gb, "total_gb": round(self.total_gb, 3)}
 
 
-# Activations saved for backward, measured over computed (fit lease on one H200, rank 0 of ten
-# production layouts, docs/memory.md), per model family: the per-tensor count above is the textbook
-# one (Korthikanti et al. 2022); Megatron with Transformer Engine, grouped GEMM and the alltoall
-# dispatcher keeps fewer copies of the routed tokens than it counts (fewest where top-k and expert
-# count are large: Qwen3), and MLA's cache of the compressed latents is not modelled (DeepSeek).
-# A family not measured keeps the count as it is (1.0; moe_proxy is checked against the trial bank).
-ACTIVATION_SCALE = {"qwen3": 0.84, "mixtral": 0.96, "deepseek": 1.0}
-
-
-def family(m: ModelArch) -> str:
-    """The model family a measured term belongs to: the name up to the first '_' (qwen3_235b →
-    qwen3, deepseek_v3 → deepseek)."""
-    return m.name.split("_")[0].lower()
-
-
 def stage_layers(m: ModelArch, c: TrainingConfig, stage: int = 0) -> tuple[float, float]:
     """(dense-MLP layers, MoE layers) pipeline rank `stage` builds, in any form of split
     (experiment/pipeline.py), the model's leading dense layers first."""
@@ -248,7 +190,7 @@ def estimate(m: ModelArch, c: TrainingConfig, gpus: int, routing: bool = True,
     """Peak memory of the heaviest pipeline stage's rank (the first holds the embedding and the
     most micro batches in flight; an uneven split may load another more), as Megatron's `max
     allocated` reports it (weights, gradients, optimizer states, activations) plus FIXED_GB.
-    Calibrated on the fit lease (docs/memory.md). `stage`: that pipeline rank's, not the heaviest.
+    Checked against the fit lease (docs/memory.md). `stage`: that pipeline rank's, not the heaviest.
     `routing=False` prices every layer as a dense layer of `ffn_hidden_size` spread evenly over the
     stages, with MTP on the stage, the scope of Megatron's own theoretical figure (for comparing
     like with like, not for planning)."""
@@ -299,9 +241,16 @@ def _stage_estimate(m: ModelArch, c: TrainingConfig, gpus: int, stage: int) -> E
     else:
         per_stage = (n_dense * activation_bytes_per_layer(m, c, moe=False)
                      + n_moe * activation_bytes_per_layer(m, c, moe=True))
-    act = per_stage * in_flight(c, microbatches, stage) * ACTIVATION_SCALE.get(family(m), 1.0)
-    if c.pp == 1:  # logits in fp32 on the only stage
-        act += 4 * s * c.micro_batch * padded_vocab(m, c.tp) / c.tp
+    held = in_flight(c, microbatches, stage)
+    act = per_stage * held
+    if stage == 0:
+        act += activations.embedding_bytes(m, c) * held
+    if n_moe and c.recompute_granularity != "full":  # one MoE layer's working copies, while it runs
+        act += activations.moe_transient_bytes(m, c)
+    if stage == max(c.pp, 1) - 1:  # the loss on the last stage, one micro batch at a time there
+        act += activations.logits_bytes(m, c, padded_vocab(m, c.tp))
+    if stage == mtp_rank(c, m.mtp_num_layers):
+        act += activations.mtp_bytes(m, c, padded_vocab(m, c.tp)) * in_flight(c, microbatches, stage)
     notes = []
     if c.recompute_granularity == "full":
         notes.append("full recompute: one checkpoint per layer")

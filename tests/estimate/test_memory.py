@@ -1,9 +1,8 @@
 """estimate/memory.py, the memory estimate: published parameter counts, what each knob saves, the
 plan's order, agreement with Megatron's own theoretical figure on weights and optimizer states, and
-the estimate against measured peaks: moe_proxy's trial bank runs (a family the activation scale was
-not fitted on), and the fit lease's ten production layouts (rank 0 on one H200, megatron-core 0.19.2
-`--fake-process-group`, TE 2.20.2; benchmarks/fit_lease/, docs/memory.md) both in sample and each
-held out of the scale's fit."""
+the estimate against measured peaks: moe_proxy's trial bank runs, and every measured rank of the fit
+lease's ten production layouts (on one H200, megatron-core 0.19.2 `--fake-process-group`, TE 2.20.2;
+benchmarks/fit_lease/, docs/memory.md), with activations counted from the architecture, no scale."""
 import json
 import re
 from pathlib import Path
@@ -15,7 +14,7 @@ from moetune.analysis.logs import parse_log, read_log_text
 from moetune.estimate import memory
 from moetune.experiment.config import TrainingConfig, run_args
 from moetune.experiment.schema import load_experiment
-from moetune.estimate.memory import ACTIVATION_SCALE, count_params, estimate, family, mtp_params, plan
+from moetune.estimate.memory import count_params, estimate, mtp_params, plan
 
 PUBLISHED_B = {"qwen3_235b": 235, "qwen3_30b_a3b": 30.5, "mixtral_8x7b": 46.7, "mixtral_8x22b": 141,
                "deepseek_v3": 671 + 14}  # DeepSeek-V3: 671 B main model + 14 B MTP module
@@ -184,7 +183,8 @@ def test_plan_cli_errors(capsys):
 
 
 FIT = Path(__file__).resolve().parents[2] / "benchmarks" / "fit_lease"
-LAYOUTS = [l for l in json.loads((FIT / "layouts.json").read_text()) if l["rank"] == 0]
+ALL_RANKS = json.loads((FIT / "layouts.json").read_text())
+LAYOUTS = [l for l in ALL_RANKS if l["rank"] == 0]
 STATE = re.compile(r"\(after 2 iterations\) memory \(MB\) \| allocated: ([\d.]+)")
 
 
@@ -199,56 +199,29 @@ def test_ten_layouts_five_models():
     assert len(LAYOUTS) == 10 and len({l["model"] for l in LAYOUTS}) == 5
 
 
-@pytest.mark.parametrize("lay", LAYOUTS, ids=lambda l: l["name"])
-def test_fit_lease_estimate_within_10_percent_of_measured_peak(lay):
-    """In sample: with the activation scale fitted on these same ten layouts, the estimate of each
-    is within 10 % of its measured peak, and the model state alone within 10 % of the measured one."""
+@pytest.mark.parametrize("lay", ALL_RANKS, ids=lambda l: l["name"])
+def test_fit_lease_estimate_within_5_percent_of_measured_peak(lay):
+    """Every measured rank (rank 0 and each last stage's first rank), with the activations counted
+    tensor by tensor and no fitted scale: within 5 % of its measured peak (DeepSeek-V3's last
+    stage, within 12 %: 3.4 GiB more stays allocated there after the step than its model state
+    counts, docs/memory.md), and on rank 0 the model state alone within 10 % of the measured one."""
     exp = load_experiment(lay["model"])
-    # measured on rank 0: the first stage's estimate, which an uneven split may leave lighter
-    est = estimate(exp.model, TrainingConfig.from_dict(lay["config"]), lay["world_size"], stage=0)
+    cfg = TrainingConfig.from_dict(lay["config"])
+    stage = 0 if lay["rank"] == 0 else cfg.pp - 1
+    est = estimate(exp.model, cfg, lay["world_size"], stage=stage)
     peak, state = _measured(lay["name"])
-    assert est.model_state_gb + est.activations_gb == pytest.approx(peak, rel=0.10)
-    assert est.model_state_gb == pytest.approx(state, rel=0.10)  # the model state alone, too
+    rel = 0.12 if lay["name"] == "deepseek_v3-baseline-r960" else 0.05
+    assert est.model_state_gb + est.activations_gb == pytest.approx(peak, rel=rel)
+    if lay["rank"] == 0:
+        assert est.model_state_gb == pytest.approx(state, rel=0.10)  # the model state alone, too
 
 
-def test_measured_terms_are_per_family_not_per_layout():
-    """One activation scale per model family measured (three), each a fraction near one."""
-    models = {l["model"] for l in LAYOUTS}
-    assert set(ACTIVATION_SCALE) == {family(load_experiment(m).model) for m in models}
-    assert len(ACTIVATION_SCALE) == 3 and all(0.7 < v <= 1.0 for v in ACTIVATION_SCALE.values())
-
-
-def _terms(lay):
-    """(everything but the scaled activations, the activations the scale multiplies), in GiB:
-    the estimate taken with the family's scale at 0 and at 1."""
-    exp = load_experiment(lay["model"])
-    cfg, fam = TrainingConfig.from_dict(lay["config"]), family(exp.model)
-    out = []
-    for scale in (0.0, 1.0):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(memory, "ACTIVATION_SCALE", {fam: scale})
-            e = estimate(exp.model, cfg, lay["world_size"], stage=0)  # rank 0's, as measured
-        out.append(e.model_state_gb + e.activations_gb)
-    return fam, out[0], out[1] - out[0]
-
-
-def test_estimate_on_layouts_held_out_of_the_activation_fit():
-    """Out of sample: each of the ten layouts is held out in turn, its family's activation scale
-    refitted on the family's other layouts (the mean of their measured-over-computed ratios, which
-    gives back the table's 0.84 and 0.96 for qwen3 and mixtral), and the held-out layout estimated
-    with it. The qwen3 and mixtral families (three layouts left to fit on) stay within 3 % of the
-    measured peak, inside the 10 % the in-sample test claims. DeepSeek-V3 has two layouts, so its
-    scale is fitted on one: held out, its baseline is 11.1 % over (the plan -2.9 %). The honest
-    out-of-sample bound is therefore 12 %, not 10 %, and it is set there."""
-    rows = {lay["name"]: (*_terms(lay), _measured(lay["name"])[0]) for lay in LAYOUTS}
-    errors = {}
-    for name, (fam, fixed, act, peak) in rows.items():
-        ratios = [(p - f) / a for n, (fm, f, a, p) in rows.items() if fm == fam and n != name]
-        errors[name] = (fixed + sum(ratios) / len(ratios) * act) / peak - 1
-    assert max(map(abs, errors.values())) <= 0.12, errors
-    assert errors["deepseek_v3-baseline-r0"] == pytest.approx(0.111, abs=0.005)
-    assert all(abs(e) <= 0.03 for n, e in errors.items() if not n.startswith("deepseek")), errors
-
+def test_no_fitted_activation_scale():
+    """The activations carry no per-family factor: two models that differ only in name estimate the same."""
+    exp = load_experiment("qwen3_30b_a3b")
+    renamed = type(exp.model)(**{**exp.model.to_dict(), "name": "unseen_family"})
+    assert not hasattr(memory, "ACTIVATION_SCALE")
+    assert estimate(renamed, exp.baseline, 16).activations_gb == estimate(exp.model, exp.baseline, 16).activations_gb
 
 
 def test_biases_and_sinks_add_their_parameters():

@@ -1,0 +1,100 @@
+"""estimate/activations.py: each activation term is the tensor Megatron-Core keeps, so switching a
+module's recompute or offload, or an architecture feature, moves the count by exactly that tensor."""
+import pytest
+
+from moetune.estimate import activations as act
+from moetune.estimate.memory import estimate
+from moetune.experiment.model import ModelArch
+from moetune.experiment.schema import load_experiment
+
+
+def _qwen():
+    e = load_experiment("qwen3_30b_a3b")
+    return e.model, e.baseline
+
+
+def test_moe_act_recompute_frees_exactly_the_activation_output():
+    """Recomputing moe_act drops fc2's input, the activation's output (routed copies x moe_ffn, bf16);
+    fc1's output stays, the checkpoint's input."""
+    m, c = _qwen()
+    on = c.replace(recompute_granularity="selective", recompute_modules=("moe_act",))
+    freed = act.layer_bytes(m, c, moe=True) - act.layer_bytes(m, on, moe=True)
+    assert freed == 2 * act.routed_tokens(m, c) * m.moe_ffn_hidden_size
+    # offloading moe_act moves fc1's output, twice as wide (gate and up halves), and not the same tensor
+    off = c.replace(offload_modules=("moe_act",))
+    assert act.layer_bytes(m, c, moe=True) - act.layer_bytes(m, off, moe=True) == 2 * freed
+
+
+def test_layernorm_recompute_frees_the_pre_mlp_norm_output_only():
+    """Under TE the input norm is fused into the QKV projection; layernorm recompute redoes the MoE
+    layer's separate pre-MLP norm: one hidden-width bf16 tensor of the sequence-parallel tokens."""
+    m, c = _qwen()
+    on = c.replace(recompute_granularity="selective", recompute_modules=("layernorm",))
+    tokens = (c.seq_length or m.seq_length) * c.micro_batch / c.tp
+    assert act.layer_bytes(m, c, moe=True) - act.layer_bytes(m, on, moe=True) == 2 * tokens * m.hidden_size
+    assert act.layer_bytes(m, on, moe=False) == act.layer_bytes(m, c, moe=False)  # dense: fused, nothing
+
+
+def test_routed_tokens_are_kept_once_not_per_copy_made():
+    """Of the routed copies (permuted, dispatched, sorted) only the experts' input is saved: the
+    layer's count grows by one hidden-width copy per routed token when top-k grows, plus the
+    activation's tensors, not by three."""
+    m, c = _qwen()
+    wider = ModelArch(**{**m.to_dict(), "moe_router_topk": 2 * m.moe_router_topk})
+    per_copy = act.moe_bytes(wider, c) - act.moe_bytes(m, c)
+    t = act.routed_tokens(m, c)
+    expected_experts = t * (2 * m.hidden_size + 2 * 2 * m.moe_ffn_hidden_size + 2 * m.moe_ffn_hidden_size + 4)
+    router = act.router_bytes(wider, c) - act.router_bytes(m, c)
+    assert per_copy == pytest.approx(expected_experts + router)
+    # the working copies freed when the layer returns are counted once a stage, not per micro batch
+    assert act.moe_transient_bytes(m, c) == 4 * 2 * t * m.hidden_size
+
+
+def test_sliding_window_and_sinks_keep_the_same_activations_under_fused_attention():
+    """A sliding window masks scores fused attention never stores; a learnable sink is a parameter.
+    Neither changes what a layer saves (nor, unfused, the full score matrix local attention builds)."""
+    m, c = _qwen()
+    windowed = ModelArch(**{**m.to_dict(), "window_size": 128, "window_attn_skip_freq": 2,
+                            "softmax_type": "learnable"})
+    assert act.attention_bytes(windowed, c) == act.attention_bytes(m, c)
+    local = c.replace(transformer_impl="local")
+    assert act.attention_bytes(windowed, local) == act.attention_bytes(m, local) > act.attention_bytes(m, c)
+
+
+def test_qk_norm_keeps_the_unnormed_query_and_key():
+    """QK layernorm keeps its inputs: one more query-width and one more key-width tensor."""
+    m, c = _qwen()
+    plain = ModelArch(**{**m.to_dict(), "qk_layernorm": False})
+    tokens = (c.seq_length or m.seq_length) * c.micro_batch
+    d = m.kv_channels or m.hidden_size // m.num_attention_heads
+    width = (m.num_attention_heads + m.num_query_groups) * d / c.tp
+    assert act.attention_bytes(m, c) - act.attention_bytes(plain, c) == 2 * tokens * width
+
+
+def test_mla_up_proj_recompute_drops_the_per_head_q_k_v():
+    """DeepSeek-V3: recomputing MLA's up-projections frees Q, K, V of every head (2·(qk+rope) + v
+    per head), keeping the compressed latents and the gathered RoPE key; the latents are not split
+    by TP, so they do not shrink with it."""
+    e = load_experiment("deepseek_v3")
+    m, c = e.model, e.baseline.replace(recompute_granularity=None, recompute_modules=())
+    on = c.replace(recompute_granularity="selective", recompute_modules=("mla_up_proj",))
+    tokens = (c.seq_length or m.seq_length) * c.micro_batch
+    heads = m.num_attention_heads / c.tp
+    qkv = 2 * tokens * heads * (2 * (m.qk_head_dim + m.qk_pos_emb_head_dim) + m.v_head_dim)
+    assert act.mla_bytes(m, c) - act.mla_bytes(m, on) == qkv - 2 * tokens * m.qk_pos_emb_head_dim
+    latents = act.mla_bytes(m, on) - act.mla_bytes(m, on.replace(recompute_modules=("mla_up_proj", "attn_proj")))
+    assert latents == 0  # attn_proj is an offload module: recomputing it frees nothing
+
+
+def test_last_stage_carries_the_loss_and_mtp():
+    """The loss (fp32 softmax and bf16 logits over the vocabulary shard) and the MTP layer sit on the
+    last stage: its estimate minus the same layers priced without them is exactly those terms."""
+    e = load_experiment("deepseek_v3")
+    m, c = e.model, e.baseline
+    last = estimate(m, c, e.cluster.gpus, stage=c.pp - 1).activations_gb
+    bare = ModelArch(**{**m.to_dict(), "mtp_num_layers": 0})
+    no_mtp = estimate(bare, c, e.cluster.gpus, stage=c.pp - 1).activations_gb
+    from moetune.estimate.memory import GB, padded_vocab
+    assert (last - no_mtp) * GB == pytest.approx(act.mtp_bytes(m, c, padded_vocab(m, c.tp)))
+    tokens = (c.seq_length or m.seq_length) * c.micro_batch
+    assert act.logits_bytes(m, c, 1000) - act.logits_bytes(m, c, 0) == 6 * tokens * 1000 / c.tp
