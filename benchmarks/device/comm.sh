@@ -3,8 +3,9 @@
 # stops at 600 s; the machine stays while calls follow each other within its idle time). From the
 # repo root, with .whl, .devlib and .deps (tecarry, the DeepEP archive) carried:
 #   bash benchmarks/device/comm.sh start EXPERIMENT NAME ...   # TE and DeepEP built side by side, then
-#        each named run of benchmarks/device/comm_sweep.py in the order named (run.sh sweep: every
-#        rank under nsys, slimmed and xz'd), then the calibration's probe on every GPU (calibrate.sh)
+#        the calibration's link probe (calibrate.sh) on 2 GPUs and on every GPU, then each named run
+#        of benchmarks/device/comm_sweep.py in the order named (run.sh sweep: every rank under nsys,
+#        slimmed and xz'd)
 #   bash benchmarks/device/comm.sh wait SECONDS   # until it ends or SECONDS pass; the runs finished
 #        since the last call move into $OUT, packed (pack.sh: at most 8 files come back)
 set -u
@@ -26,8 +27,13 @@ case "${1:-}" in
     rm -rf "$W/code" && mkdir -p "$W/code" && cp -a moetune benchmarks experiments .devlib "$W/code"/ || exit 1
     cd "$W/code" || exit 1
     setsid nohup bash -c 'R=$1 exp=$2; shift 2
+        # the link probe first (a minute; the size curves every rate of the links reads), on 2
+        # GPUs and on all of them, then the runs
+        n=$(nvidia-smi -L | wc -l)
+        [ "$n" -gt 2 ] && OUT=$R/calibration2 bash benchmarks/device/calibrate.sh 2 > "$R/calibration2.txt" 2>&1
+        OUT=$R/calibration bash benchmarks/device/calibrate.sh "$n" > "$R/calibration.txt" 2>&1
+        touch "$R/probed"
         OUT=$R bash benchmarks/device/run.sh sweep "$exp" "$@"
-        OUT=$R/calibration bash benchmarks/device/calibrate.sh
         touch "$R/ended"' comm "$R" "$exp" "$@" > "$W/runner.log" 2>&1 < /dev/null &
     echo "runs started: $*"
     ;;
@@ -41,7 +47,9 @@ case "${1:-}" in
       n=$(basename "$j" .json); mv "$R/$n".* "$OUT"/
     done
     [ -d "$R/setup" ] && mv "$R/setup" "$OUT"/
-    [ -e "$R/ended" ] && [ -d "$R/calibration" ] && mv "$R/calibration" "$OUT"/
+    if [ -e "$R/probed" ]; then  # once: the probe's folders leave with the first call after it
+      for d in calibration calibration2; do [ -d "$R/$d" ] && mv "$R/$d" "$R/$d.txt" "$OUT"/ 2>/dev/null; done
+    fi
     cp "$W/runner.log" "$OUT"/ 2>/dev/null
     (cd "$OUT" && for j in *.json; do [ -e "$j" ] && cat "$j"; done)
     (cd "$OUT" && grep -H -o 'elapsed time per iteration (ms): [0-9.]*' ./*.log 2>/dev/null | awk -F: '{a[$1]=$NF} END {for (k in a) print k, a[k]}')

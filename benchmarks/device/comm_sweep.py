@@ -39,10 +39,17 @@ def sweep(exp: Experiment) -> list[tuple[str, dict, dict]]:
         ("graphs_attn_router", {**graphs, "cuda_graph_modules": ["attn", "moe_router", "moe_preprocess"]}),
         (f"ep{ep // 2}_etp2", {"ep": ep // 2, "etp": 2}),
         ("mbs2", {"micro_batch": 2}),
+        # micro batch 4: fewer, larger kernels, so the GPU, not the host, sets the pace and an
+        # overlap has compute to hide the all-to-all behind (the A/B of its hidden share)
+        ("mbs4", {"micro_batch": 4}),
+        ("mbs4_overlap", {"micro_batch": 4, "overlap_ep_a2a": True}),
+        ("mbs4_overlap_wgrad", {"micro_batch": 4, "overlap_ep_a2a": True, "delay_wgrad": True}),
+        ("mbs4_hybridep", {"micro_batch": 4, "dispatcher": "flex", "flex_backend": "hybridep"}),
         ("fusions", {"permute_fusion": True, "router_fusion": True}),
     ]
     slow = [("slow_" + name, changes, SLOW_LINK) for name, changes in nvlink
-            if name in ("baseline", "overlap", "overlap_wgrad", "mbs2")]
+            if name in ("baseline", "overlap", "overlap_wgrad", "mbs2", "mbs4", "mbs4_overlap",
+                        "mbs4_overlap_wgrad")]
     return [(f"ep{ep}_{name}", changes, {}) for name, changes in nvlink] + \
         [(f"ep{ep}_{name}", changes, env) for name, changes, env in slow]
 

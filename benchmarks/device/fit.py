@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-LAYOUTS = Path(__file__).resolve().parents[1] / "fit_lease" / "layouts.json"
+# FIT_LAYOUTS: another file of entries in this format (benchmarks/fit_lease/unseen.json)
+LAYOUTS = Path(os.environ.get("FIT_LAYOUTS") or Path(__file__).resolve().parents[1] / "fit_lease" / "layouts.json")
 MEM = re.compile(r"\(after (\d+) iterations\) memory \(MB\) \| allocated: ([\d.]+) \| max allocated: ([\d.]+)"
                  r" \| reserved: ([\d.]+) \| max reserved: ([\d.]+)")
 ITER = re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*([\d.]+)")

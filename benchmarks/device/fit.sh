@@ -6,6 +6,8 @@
 # megatron-core is needed, TE's pydantic comes from .deps/tecarry). From the repo root:
 #   bash benchmarks/device/fit.sh start [NAME ...]   # set up, then the runs in their own session
 #                                                    # (they outlive the call; logs in /tmp/fit-work)
+#       FIT_LAYOUTS=benchmarks/fit_lease/unseen.json: the models the estimate never saw;
+#       FIT_AB="NAME ...": then the fill A/B below of those layouts.json entries, in the same session
 #   bash benchmarks/device/fit.sh wait SECONDS       # until they end or SECONDS pass; packs into $OUT
 #   bash benchmarks/device/fit.sh ab [NAME ...]      # the fill A/B (default qwen3_30b_a3b's baseline
 #       and plan): each layout with MOETUNE_FILL_FAKE=0 and =1, alternating, ROUNDS (2) times, a step
@@ -43,26 +45,37 @@ setup() {
     cp -a moetune benchmarks /tmp/fit-repo/ || exit 1
 }
 
+# the fill A/B: each layout with MOETUNE_FILL_FAKE=0 and =1, alternating, ROUNDS (2) times; world
+# 16, EP 16: 16 data-parallel ranks, so a global batch of 64 is 4 micro-batches a step
+ab_rounds() {
+  local w=$1; shift
+  for r in $(seq "${ROUNDS:-2}"); do for f in 0 1; do
+    MOETUNE_FILL_FAKE=$f FIT_EXTRA_ARGS="--train-iters 10 --global-batch-size 64 --profile-step-start 11 --profile-step-end 11" \
+      python3 benchmarks/device/fit.py "$w/logs/fill${f}_r$r" "$@"
+  done; done
+  python3 benchmarks/device/fit.py --ab "$w/logs"
+}
+export -f ab_rounds
+
 case "${1:-}" in
   start)
     shift
     setup
+    # FIT_LAYOUTS picks another file of entries (benchmarks/fit_lease/unseen.json); FIT_AB="NAME ..."
+    # runs the fill A/B (below) of those layouts after the fits, in the same session
     (cd /tmp/fit-repo && PYTHONPATH="/tmp/site-gpu:/tmp/site:/tmp/fit-repo" setsid bash -c \
-      'python3 benchmarks/device/fit.py "$0/logs" "$@" > "$0/driver.log" 2>&1; touch "$0/done"' \
-      "$W" "$@" < /dev/null > /dev/null 2>&1 &)
+      'python3 benchmarks/device/fit.py "$0/logs" "$@" > "$0/driver.log" 2>&1
+       if [ -n "${FIT_AB:-}" ]; then FIT_LAYOUTS= ab_rounds "$0" $FIT_AB >> "$0/driver.log" 2>&1; fi
+       touch "$0/done"' "$W" "$@" < /dev/null > /dev/null 2>&1 &)
     echo "started"
     ;;
   ab)
     shift
     [ $# -gt 0 ] || set -- qwen3_30b_a3b-baseline-r0 qwen3_30b_a3b-plan-r0
     setup
-    # world 16, EP 16: 16 data-parallel ranks, so a global batch of 64 is 4 micro-batches a step
     (cd /tmp/fit-repo && PYTHONPATH="/tmp/site-gpu:/tmp/site:/tmp/fit-repo" \
-      FIT_EXTRA_ARGS="--train-iters 10 --global-batch-size 64 --profile-step-start 11 --profile-step-end 11" \
-      setsid bash -c 'for r in $(seq "${ROUNDS:-2}"); do for f in 0 1; do
-          MOETUNE_FILL_FAKE=$f python3 benchmarks/device/fit.py "$0/logs/fill${f}_r$r" "$@"; done; done \
-        > "$0/driver.log" 2>&1; python3 benchmarks/device/fit.py --ab "$0/logs" >> "$0/driver.log"
-        touch "$0/done"' "$W" "$@" < /dev/null > /dev/null 2>&1 &)
+      setsid bash -c 'ab_rounds "$0" "$@" > "$0/driver.log" 2>&1; touch "$0/done"' \
+      "$W" "$@" < /dev/null > /dev/null 2>&1 &)
     echo "started"
     ;;
   wait)

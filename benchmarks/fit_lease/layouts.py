@@ -29,19 +29,23 @@ from moetune.estimate.memory import plan  # noqa: E402
 from moetune.experiment.environment import config_env  # noqa: E402
 
 MODELS = ("qwen3_235b", "qwen3_30b_a3b", "deepseek_v3", "mixtral_8x7b", "mixtral_8x22b")
+def entries(name: str, kind: str, model, cfg, world: int, gpu_type: str) -> list[dict]:
+    """One layout's fit entries, a rank each of those that bound its memory (fit.bounding_ranks)."""
+    fitted = fit.fit_config(cfg)
+    argv = fitted.to_args(model, has_apex=False) + run_args() + list(fit.FAKE_GROUP_ARGS)
+    return [{"name": f"{name}-{kind}-r{rank}", "model": name, "kind": kind, "world_size": world,
+             "rank": rank, "gpu_type": gpu_type, "config": cfg.to_dict(),
+             "env": config_env(fitted.to_dict()), "argv": argv}
+            for rank in fit.bounding_ranks(cfg, world)]
+
+
 def layouts() -> list[dict]:
     out = []
     for name in MODELS:
         exp = load_experiment(name)
-        world = exp.cluster.world
         first = plan(exp)[0].config
         for kind, cfg in (("baseline", exp.baseline), ("plan", first)):
-            fitted = fit.fit_config(cfg)
-            argv = fitted.to_args(exp.model, has_apex=False) + run_args() + list(fit.FAKE_GROUP_ARGS)
-            for rank in fit.bounding_ranks(cfg, world):
-                out.append({"name": f"{name}-{kind}-r{rank}", "model": name, "kind": kind,
-                            "world_size": world, "rank": rank, "gpu_type": exp.cluster.gpu_type,
-                            "config": cfg.to_dict(), "env": config_env(fitted.to_dict()), "argv": argv})
+            out += entries(name, kind, exp.model, cfg, exp.cluster.world, exp.cluster.gpu_type)
     return sorted(out, key=lambda l: l["rank"] > 0)
 
 
