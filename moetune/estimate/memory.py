@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from moetune.errors import MoetuneError
+from moetune.estimate import activations
 from moetune.experiment import fit
 from moetune.experiment.config import TrainingConfig, run_args
 from moetune.experiment.constraints import check
 from moetune.experiment.model import ModelArch
 from moetune.experiment.pipeline import chunk_layers, mtp_rank, split_fields, splits
-from moetune.estimate import activations
 
 GB = 2**30
 FIXED_GB = 3.0  # CUDA context, NCCL buffers, allocator slack: not in the model's figure

@@ -93,8 +93,8 @@ def test_a_layout_measured_to_fit_is_planned_though_its_estimate_is_not(capsys, 
     estimate (68.9 + 3 GB fixed) now lists it by itself, and with --db the row carries the
     measurement. Where the estimate's margin leaves it out (15 % headroom: 71.9 > 68 GB), the
     measurement, which with the fit's 7 GB headroom fits, still lists it (without recompute)."""
-    from moetune.paths import ROOT
     from moetune.estimate.memory import plan
+    from moetune.paths import ROOT
     db = str(ROOT / "benchmarks" / "one_gpu_tuning" / "moetune.db")
     argv = ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--format", "json", "--limit", "1000"]
     def layout(r):  # without virtual stages, as measured
@@ -107,7 +107,9 @@ def test_a_layout_measured_to_fit_is_planned_though_its_estimate_is_not(capsys, 
     row = next(r for r in rows if layout(r) == (2, 2, 128, ()))
     assert row["measured_gb"] == pytest.approx(68.91, abs=0.01)
     exp = load_experiment("qwen3_235b")
-    key = lambda c: (c.tp, c.pp, c.ep, c.vpp, tuple(c.recompute_modules))
+    def key(c):
+        return (c.tp, c.pp, c.ep, c.vpp, tuple(c.recompute_modules))
+
     def kinds(measured=None):
         return {key(lay.config) for lay in plan(exp, 256, "H100", limit=1000, headroom_share=0.15, measured=measured)}
     target = (2, 2, 128, None, ())
