@@ -8,7 +8,9 @@ GroupedLinear (it saves its input for the weight gradient). A tensor two modules
 layer's input that a norm produced, the attention output the projection takes) is counted once:
 they share one storage. Copies that no backward needs (the tokens permuted before the all-to-all,
 the all-to-all's output when a second permutation sorts it, the expert output on its way back) are
-freed when the layer returns; one layer's worth of them is `moe_transient_bytes`.
+freed when the layer returns; one layer's worth of them is `moe_transient_bytes`. The flex
+dispatcher (DeepEP, HybridEP) saves the same: it permutes the received tokens with the same
+permute before the same grouped experts; only its working copies differ.
 """
 from __future__ import annotations
 
@@ -163,15 +165,22 @@ def moe_bytes(m: ModelArch, c: TrainingConfig) -> float:
 
 
 def moe_transient_bytes(m: ModelArch, c: TrainingConfig) -> float:
-    """Routed-token copies one MoE layer holds while it runs and frees when it returns: the tokens
-    permuted for the all-to-all, its output (the experts' input itself when one expert is local),
-    the experts' output unsorted and the combining all-to-all's result. Once a stage, not a micro
-    batch in flight."""
+    """Token copies one MoE layer holds while it runs and frees when it returns, once a stage (not
+    per micro batch in flight). alltoall: the tokens permuted for the all-to-all, its output (the
+    experts' input itself when one expert is local), the experts' output and the combining
+    all-to-all's result. flex (DeepEP, HybridEP): the received tokens, the experts' output and its
+    unpermuted copy (a token goes once to a rank however many of its experts sit there, so at most
+    this; the communication buffers are allocated outside PyTorch's allocator). allgather: every
+    token of the expert-parallel group gathered, and the same unpermuted before the reduce-scatter."""
     if "moe" in c.recompute_modules:
         return 0.0
-    local = m.num_experts // c.ep
-    copies = 4 if local > 1 else 3
-    return copies * BF16 * routed_tokens(m, c) * m.hidden_size
+    t, h = routed_tokens(m, c), m.hidden_size
+    if c.dispatcher == "flex":
+        return 3 * BF16 * t * h
+    if c.dispatcher == "allgather":
+        _, tsp = _tokens(m, c)
+        return 2 * BF16 * tsp * c.ep * (c.etp or 1) * h + BF16 * t * h
+    return (4 if m.num_experts // c.ep > 1 else 3) * BF16 * t * h
 
 
 def layer_bytes(m: ModelArch, c: TrainingConfig, moe: bool) -> float:

@@ -46,8 +46,12 @@ def test_routed_tokens_are_kept_once_not_per_copy_made():
     expected_experts = t * (2 * m.hidden_size + 2 * 2 * m.moe_ffn_hidden_size + 2 * m.moe_ffn_hidden_size + 4)
     router = act.router_bytes(wider, c) - act.router_bytes(m, c)
     assert per_copy == pytest.approx(expected_experts + router)
-    # the working copies freed when the layer returns are counted once a stage, not per micro batch
+    # the working copies freed when the layer returns are counted once a stage, not per micro batch:
+    # alltoall permutes before and sorts after the exchange; flex receives each token once a rank
     assert act.moe_transient_bytes(m, c) == 4 * 2 * t * m.hidden_size
+    flex = c.replace(dispatcher="flex", flex_backend="deepep")
+    assert act.moe_bytes(m, flex) == act.moe_bytes(m, c)
+    assert act.moe_transient_bytes(m, flex) == 3 * 2 * t * m.hidden_size
 
 
 def test_sliding_window_and_sinks_keep_the_same_activations_under_fused_attention():
