@@ -3,8 +3,9 @@ with Transformer Engine (TE linear layers, fused attention), grouped GEMM expert
 and the alltoall token dispatcher, for one micro batch on one GPU, in bytes.
 
 Read from megatron/core/transformer/moe (token_dispatcher.py, experts.py, moe_utils.py, router.py,
-moe_layer.py), multi_latent_attention.py and attention.py of megatron-core 0.19.2, and from TE's
-GroupedLinear (it saves its input for the weight gradient). A tensor two modules save (a linear
+moe_layer.py), multi_latent_attention.py and attention.py of megatron-core 0.19.2; Transformer Engine
+is not installed beside it, so TE's side is from its public source (GroupedLinear saves its input
+for the weight gradient; fused attention saves Q, K, V, the output and the softmax statistics). A tensor two modules save (a linear
 layer's input that a norm produced, the attention output the projection takes) is counted once:
 they share one storage. Copies that no backward needs (the tokens permuted before the all-to-all,
 the all-to-all's output when a second permutation sorts it, the expert output on its way back) are
@@ -37,7 +38,7 @@ def modules(c: TrainingConfig) -> set[str]:
 def residual_bytes(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
     """The hidden-width tensors around attention and the MLP: the two norms' inputs (the residual
     stream) and outputs, and the two dropout masks."""
-    tok, tsp = _tokens(m, c)
+    _, tsp = _tokens(m, c)
     h = m.hidden_size
     mods = modules(c)
     ln1_in = BF16 * tsp * h  # input norm's input: the layer's input
@@ -109,11 +110,14 @@ def attention_scores_bytes(m: ModelArch, c: TrainingConfig) -> float:
 
 def dense_mlp_bytes(m: ModelArch, c: TrainingConfig, ffn: int | None = None) -> float:
     """A gated dense MLP (its input is the norm output residual_bytes counts): fc1's output, which
-    the activation keeps, and the activation's output, which fc2 keeps."""
-    if "mlp" in modules(c):
-        return 0.0
+    the activation keeps, and the activation's output, which fc2 keeps; none of it under `mlp` recompute."""
+    return 0.0 if "mlp" in modules(c) else _gated_mlp_bytes(m, c, ffn or m.ffn_hidden_size)
+
+
+def _gated_mlp_bytes(m: ModelArch, c: TrainingConfig, ffn: int) -> float:
+    """fc1's output (gate and up halves) and the activation's output of a TP-split gated MLP."""
     tok, _ = _tokens(m, c)
-    f = (ffn or m.ffn_hidden_size) / c.tp
+    f = ffn / c.tp
     return BF16 * tok * 2 * f + BF16 * tok * f
 
 
@@ -127,9 +131,9 @@ def routed_tokens(m: ModelArch, c: TrainingConfig) -> float:
 
 
 def router_bytes(m: ModelArch, c: TrainingConfig) -> float:
-    """The router's saved tensors (fp32 scores under --moe-router-dtype fp32; no aux or z-loss,
-    which moetune leaves at Megatron's 0): the top-k's indices, the probabilities of the chosen
-    experts, the permutation's indices of tokens and probabilities."""
+    """The router's saved tensors (the score functions compute in fp32 whatever the router's dtype;
+    no aux or z-loss, whose coefficients moetune leaves at Megatron's 0, so the logits themselves
+    are not kept): the scores, the top-k's indices, the permutation's indices of tokens and probabilities."""
     _, tsp = _tokens(m, c)
     k, E = m.moe_router_topk, m.num_experts
     if m.moe_router_score_function == "sigmoid":  # sigmoid of every expert's logit, then normalised
@@ -158,7 +162,7 @@ def moe_bytes(m: ModelArch, c: TrainingConfig) -> float:
     probs = FP32 * t  # each copy's routing weight, which the weighted activation keeps
     shared = 0.0
     if m.moe_shared_expert_intermediate_size and "shared_experts" not in mods:
-        shared = dense_mlp_bytes(m, c.replace(recompute_modules=()), m.moe_shared_expert_intermediate_size)
+        shared = _gated_mlp_bytes(m, c, m.moe_shared_expert_intermediate_size)
         if m.moe_shared_expert_gate:  # the shared output the sigmoid gate multiplies
             shared += BF16 * tsp * m.hidden_size
     return fc1_in + fc1_out + act + probs + router_bytes(m, c) + shared
