@@ -3,15 +3,16 @@ with Transformer Engine (TE linear layers, fused attention), grouped GEMM expert
 and the alltoall token dispatcher, for one micro batch on one GPU, in bytes.
 
 Read from megatron/core/transformer/moe (token_dispatcher.py, experts.py, moe_utils.py, router.py,
-moe_layer.py), multi_latent_attention.py and attention.py of megatron-core 0.19.2; Transformer Engine
-is not installed beside it, so TE's side is from its public source (GroupedLinear saves its input
-for the weight gradient; fused attention saves Q, K, V, the output and the softmax statistics).
-A tensor two modules save (a linear layer's input that a norm produced, the attention output the
-projection takes) is counted once: they share one storage. Copies that no backward needs (the
-tokens permuted before the all-to-all, the all-to-all's output when a second permutation sorts it,
-the expert output on its way back) are freed when the layer returns; one layer's worth of them is `moe_transient_bytes`. The flex
-dispatcher (DeepEP, HybridEP) saves the same: it permutes the received tokens with the same
-permute before the same grouped experts; only its working copies differ.
+moe_layer.py), multi_latent_attention.py and attention.py of megatron-core 0.19.2; Transformer
+Engine is not installed beside it, so TE's side is from its public source (GroupedLinear saves its
+input for the weight gradient; fused attention saves Q, K, V, the output and the softmax
+statistics). A tensor two modules save (a linear layer's input that a norm produced, the attention
+output the projection takes) is counted once: they share one storage. Copies that no backward needs
+(the tokens permuted before the all-to-all, the all-to-all's output when a second permutation sorts
+it, the expert output on its way back) are freed when the layer returns; one layer's worth of them
+is `moe_transient_bytes`. The flex dispatcher (DeepEP, HybridEP) saves the same: it permutes the
+received tokens with the same permute before the same grouped experts; only its working copies
+differ.
 """
 from __future__ import annotations
 
