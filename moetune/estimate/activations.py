@@ -203,11 +203,14 @@ def logits_bytes(m: ModelArch, c: TrainingConfig, vocab: int) -> float:
 
 def mtp_bytes(m: ModelArch, c: TrainingConfig, vocab: int) -> float:
     """Each multi-token-prediction layer: the next tokens' embedding and the hidden state, each
-    normed, their concatenation (the projection's input), a MoE layer, and its own loss."""
-    _, tsp = _tokens(m, c)
+    normed, their concatenation (the projection's input), a MoE layer, and its own loss, computed
+    before the main one (Megatron's process_mtp_loss), which keeps its fp32 softmax and the final
+    norm's input and output; its bf16 logits are gone when that returns."""
+    tok, tsp = _tokens(m, c)
     h = m.hidden_size
     inputs = BF16 * tsp * (h + h + 2 * h) + BF16 * tsp * h  # two norm outputs, the concatenation, the embedding
-    return m.mtp_num_layers * (inputs + layer_bytes(m, c, moe=True) + logits_bytes(m, c, vocab))
+    loss = 2 * BF16 * tsp * h + FP32 * tok * vocab / c.tp
+    return m.mtp_num_layers * (inputs + layer_bytes(m, c, moe=True) + loss)
 
 
 def embedding_bytes(m: ModelArch, c: TrainingConfig) -> float:

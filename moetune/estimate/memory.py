@@ -97,13 +97,16 @@ def count_params(m: ModelArch, tp: int = 1) -> Params:
 
 
 def mtp_params(m: ModelArch) -> Params:
-    """The multi-token-prediction layers (a MoE layer each where the model's last layer is)."""
+    """The multi-token-prediction layers (a MoE layer each where the model's last layer is), each
+    with its projection of the normed embedding and hidden state (2h to h) and three norms (the
+    embedding's, the hidden state's, its final one)."""
     if not m.mtp_num_layers:
         return Params(0, 0, 0, 0)
     h, n = m.hidden_size, m.mtp_num_layers
     shared = 3 * h * (m.moe_shared_expert_intermediate_size or 0)
-    return Params(dense=n * (attention_params(m) + shared), experts=n * 3 * h * m.moe_ffn_hidden_size * m.num_experts,
-                  replicated=n * (2 * h + h * m.num_experts), embedding=0)
+    return Params(dense=n * (attention_params(m) + shared + 2 * h * h),
+                  experts=n * 3 * h * m.moe_ffn_hidden_size * m.num_experts,
+                  replicated=n * (2 * h + h * m.num_experts + 3 * h), embedding=0)
 
 
 class TooFewGPUs(MoetuneError):
@@ -228,6 +231,8 @@ def _stage_estimate(m: ModelArch, c: TrainingConfig, gpus: int, stage: int) -> E
     if stage == mtp_rank(c, m.mtp_num_layers):  # the MTP layers where they are built
         mtp = mtp_params(m)
         dense += mtp.dense / c.tp
+        if stage != 0:  # Megatron builds the input embedding there too, for the next tokens
+            dense += p.embedding / c.tp
         replicated += mtp.replicated
         experts += mtp.experts / (etp * c.ep)
     weights = 2 * (dense + replicated + experts)
