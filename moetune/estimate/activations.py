@@ -128,7 +128,7 @@ def routed_tokens(m: ModelArch, c: TrainingConfig) -> float:
     gathered over the expert-tensor-parallel group."""
     _, tsp = _tokens(m, c)
     pad = c.capacity_factor if c.capacity_factor and c.pad_to_capacity else 1.0
-    return tsp * m.moe_router_topk * pad * (c.etp or 1)
+    return tsp * m.moe_router_topk * pad * (c.etp or c.tp)
 
 
 def router_bytes(m: ModelArch, c: TrainingConfig) -> float:
@@ -156,7 +156,7 @@ def moe_bytes(m: ModelArch, c: TrainingConfig) -> float:
         return 0.0
     tok, tsp = _tokens(m, c)
     t = routed_tokens(m, c)
-    f = m.moe_ffn_hidden_size / (c.etp or 1)
+    f = m.moe_ffn_hidden_size / (c.etp or c.tp)
     fc1_in = 0 if "expert_fc1" in c.offload_modules else BF16 * t * m.hidden_size  # sorted tokens, fc1's input
     fc1_out = 0 if "moe_act" in c.offload_modules else BF16 * t * 2 * f  # the activation's input
     act = 0 if "moe_act" in c.recompute_modules else BF16 * t * f  # the activation's output, fc2's input
@@ -184,7 +184,7 @@ def moe_transient_bytes(m: ModelArch, c: TrainingConfig) -> float:
         return 3 * BF16 * t * h
     if c.dispatcher == "allgather":
         _, tsp = _tokens(m, c)
-        return 2 * BF16 * tsp * c.ep * (c.etp or 1) * h + BF16 * t * h
+        return 2 * BF16 * tsp * c.ep * (c.etp or c.tp) * h + BF16 * t * h
     return (4 if m.num_experts // c.ep > 1 else 3) * BF16 * t * h
 
 

@@ -102,3 +102,15 @@ def test_last_stage_carries_the_loss_and_mtp():
     assert (last - no_mtp) * GB == pytest.approx(act.mtp_bytes(m, c, padded_vocab(m, c.tp)))
     tokens = (c.seq_length or m.seq_length) * c.micro_batch
     assert act.logits_bytes(m, c, 1000) - act.logits_bytes(m, c, 0) == 6 * tokens * 1000 / c.tp
+
+
+def test_expert_tensor_parallelism_gathers_tokens_and_splits_the_ffn():
+    """ETP 2 (TP 2, SP): the expert-TP group gathers its tokens, so fc1's input (hidden-wide) doubles
+    while fc1's output and the activation (ffn/ETP wide) keep their size."""
+    m, c = _qwen()
+    one = c.replace(tp=2, sequence_parallel=True, etp=1)
+    two = one.replace(etp=2)
+    assert act.routed_tokens(m, two) == 2 * act.routed_tokens(m, one)
+    grown = act.moe_bytes(m, two) - act.moe_bytes(m, one)
+    t = act.routed_tokens(m, one)
+    assert grown == pytest.approx(2 * t * m.hidden_size + 4 * t)  # one more hidden-wide copy, its weight
