@@ -3,10 +3,13 @@ NAME.sqlite[.xz] in a folder; without the trace, the log's figures alone) analys
 wall, the all-to-all's exposed time split into waiting and transfer), its judged step (the steady iterations' median, decide/judge.py) beside what
 `moetune predict` says for the same config on the same GPU type, with no measurement in the store.
 
-    python benchmarks/comm_results.py RUNS_DIR EXPERIMENT --gpu-type H200 --machine WORDS --out FILE.json
+    python benchmarks/comm_results.py RUNS_DIR EXPERIMENT --gpu-type H200 --machine WORDS --out FILE.json \
+        [--probe NAME=calibration.json ...]
 
 Writes FILE.json ({"sweep": [{"name", "measured_ms", "predicted_ms", "wall", "exposed_a2a_ms", ...}],
-"sweep_gpu_hours", "machine", ...}) and prints a Markdown table."""
+"overlap_ab", "probes", "sweep_gpu_hours", "machine", ...}) and prints Markdown tables. Runs on the
+slow link (NCCL through host memory) are predicted as if on NVLink, the only link of one host
+moetune prices: they stay out of the prediction's error, and serve the overlap's A/B."""
 import argparse
 import json
 import lzma
@@ -23,6 +26,7 @@ from moetune.analysis import analyze  # noqa: E402
 from moetune.decide.judge import judged_step  # noqa: E402
 from moetune.estimate.pricing import price  # noqa: E402
 from moetune.estimate.readings import StoreReadings  # noqa: E402
+from moetune.estimate.step import ep_overlapped_share, micro_batches  # noqa: E402
 from moetune.experiment.schema import load_experiment  # noqa: E402
 
 SPEC = Path(__file__).resolve().parent / "device" / "comm_sweep.py"
@@ -75,6 +79,38 @@ def row(folder: Path, name: str, env: dict, cfg, exp, gpu_type: str, scratch: Pa
     return out
 
 
+def overlap_ab(rows: list[dict], configs: dict, gpus: int) -> list[dict]:
+    """Each run with the EP overlap beside the same run without it (NAME_overlap beside NAME, or
+    beside NAME_baseline: ep4_mbs4_overlap and ep4_mbs4, ep2_overlap and ep2_baseline): the step it saved, the
+    all-to-all's transfer in the run without it (its trace's; for an untraced slow-link run, its
+    NVLink twin's plus the slow link's extra step, all of it the all-to-all's), and the share of what
+    the overlap could hide (the transfer of the micro-batches that run beside another's:
+    step.ep_overlapped_share) that it hid."""
+    by = {r["name"]: r for r in rows}
+    out = []
+    for r in rows:
+        if not r["name"].endswith("_overlap"):
+            continue
+        # NAME_overlap's other side: NAME, or NAME_baseline where the overlap is the sweep's one change
+        base = by.get(r["name"].removesuffix("_overlap")) or by.get(r["name"].removesuffix("overlap") + "baseline")
+        if not base or not base["measured_ms"] or not r["measured_ms"]:
+            continue
+        transfer, how = base.get("a2a_transfer_ms"), "traced"
+        twin = by.get(base["name"].replace("_slow_", "_", 1))
+        if transfer is None and twin is not base and twin and twin.get("a2a_transfer_ms") is not None:
+            transfer = twin["a2a_transfer_ms"] + base["measured_ms"] - twin["measured_ms"]
+            how = f"{twin['name']}'s traced transfer plus the step the slow link added"
+        if transfer is None:
+            continue
+        cfg = configs[r["name"]]
+        paired = ep_overlapped_share(cfg, micro_batches(cfg, gpus))
+        saved = base["measured_ms"] - r["measured_ms"]
+        out.append({"without": base["name"], "with": r["name"], "env": r["env"], "saved_ms": round(saved, 1),
+                    "a2a_transfer_ms": round(transfer, 1), "transfer_from": how, "paired_share": round(paired, 4),
+                    "hidden_share": round(saved / (transfer * paired), 3) if paired else None})
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs")
@@ -82,22 +118,31 @@ def main(argv=None) -> int:
     p.add_argument("--gpu-type", required=True)
     p.add_argument("--machine", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--probe", action="append", default=[], metavar="NAME=FILE",
+                   help="a link probe's record (calibrate.sh's calibration.json) to keep beside the sweep")
     a = p.parse_args(argv)
     exp = load_experiment(a.experiment)
     sw = sweep_module()
     folder = Path(a.runs)
-    rows = []
+    rows, configs = [], {}
     with tempfile.TemporaryDirectory() as scratch:
         for name, changes, env in sw.sweep(exp):
-            r = row(folder, name, env, sw.config(exp, changes), exp, a.gpu_type, Path(scratch))
+            configs[name] = sw.config(exp, changes)
+            r = row(folder, name, env, configs[name], exp, a.gpu_type, Path(scratch))
             if r:
                 rows.append(r)
     gpus = exp.cluster.gpus
     hours = sum((r["job_wall_s"] or 0) for r in rows) * gpus / 3600
-    errs = [abs(r["predicted_ms"] / r["measured_ms"] - 1) for r in rows if r["measured_ms"]]
-    record = {"experiment": exp.name, "machine": a.machine, "gpus": gpus, "sweep": rows,
-              "sweep_gpu_hours": round(hours, 3),
-              "median_abs_prediction_error": round(statistics.median(errs), 3) if errs else None}
+    errs = [abs(r["predicted_ms"] / r["measured_ms"] - 1) for r in rows if r["measured_ms"] and not r["env"]]
+    probes = {}
+    for spec in a.probe:
+        label, _, path = spec.partition("=")
+        probes[label] = json.loads(Path(path).read_text())
+    ab = overlap_ab(rows, configs, gpus)
+    record = {"experiment": exp.name, "machine": a.machine, "gpus": gpus, "sweep": rows, "overlap_ab": ab,
+              "probes": probes, "sweep_gpu_hours": round(hours, 3),
+              "median_abs_prediction_error": round(statistics.median(errs), 3) if errs else None,
+              "error_over": "the runs on NVLink (the slow link's are not priced as such)"}
     Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
     print("| run | measured ms | predicted ms | wall | exposed a2a ms (wait / transfer) | GPU idle | peak GB |")
     print("|---|---:|---:|---|---:|---:|---:|")
@@ -106,7 +151,13 @@ def main(argv=None) -> int:
               f"{r['exposed_a2a_ms']} ({r['a2a_wait_ms']} / {r['a2a_transfer_ms']}) | {r['gpu_idle_share']} | "
               f"{r['peak_memory_gb']} |")
     print(f"sweep GPU-hours {record['sweep_gpu_hours']}, median |predicted/measured - 1| "
-          f"{record['median_abs_prediction_error']}")
+          f"{record['median_abs_prediction_error']} (NVLink runs)")
+    if ab:
+        print("\n| without | with | saved ms | all-to-all transfer ms | paired share | hidden share |")
+        print("|---|---|---:|---:|---:|---:|")
+        for x in ab:
+            print(f"| {x['without']} | {x['with']} | {x['saved_ms']} | {x['a2a_transfer_ms']} | {x['paired_share']} | "
+                  f"{x['hidden_share']} |")
     return 0
 
 

@@ -3,7 +3,8 @@
 #   bash benchmarks/device/run.sh scenarios            # analysis test scenarios
 #   bash benchmarks/device/run.sh bank [NAME ...]      # trial bank configs (default: all)
 #   bash benchmarks/device/run.sh sweep EXPERIMENT [NAME ...]   # benchmarks/device/comm_sweep.py's runs,
-#        every rank under nsys, each with its environment (the slow link: NCCL_P2P_DISABLE=1)
+#        every rank under nsys, each with its environment (the slow link: NCCL_P2P_DISABLE=1);
+#        SWEEP_PROFILE="NAME ...": only those under nsys, the rest plain (their logs' step times)
 # Writes NAME.log, NAME.sqlite.xz and NAME.json (timings) under $OUT; prints a table last.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -39,6 +40,14 @@ profile() {
   fi
   echo "{\"name\": \"$name\", \"rc\": $rc, \"wall_s\": $((SECONDS - t0))}" > "$OUT/$name.json"
   rm -f /tmp/"$name".*
+}
+
+# plain NAME CMD...: CMD without nsys (its log's step times only: an A/B's other side)
+plain() {
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" > "$OUT/$name.log" 2>&1
+  echo "{\"name\": \"$name\", \"rc\": $?, \"wall_s\": $((SECONDS - t0)), \"profiled\": false}" > "$OUT/$name.json"
 }
 
 summary() {
@@ -88,7 +97,11 @@ case "${1:-}" in
       eval "set -- $args"
       envs=(); [ "$env" = - ] || IFS=, read -r -a envs <<< "$env"
       ( for kv in "${envs[@]}"; do export "${kv?}"; done
-        profile "$name" torchrun --standalone --nproc_per_node="$gpus" moetune/workloads/train_moe.py "$@" < /dev/null )
+        if [ -n "${SWEEP_PROFILE:-}" ] && [[ " $SWEEP_PROFILE " != *" $name "* ]]; then
+          plain "$name" torchrun --standalone --nproc_per_node="$gpus" moetune/workloads/train_moe.py "$@" < /dev/null
+        else
+          profile "$name" torchrun --standalone --nproc_per_node="$gpus" moetune/workloads/train_moe.py "$@" < /dev/null
+        fi )
     done 3< /tmp/sweep.txt
     ;;
   *) echo "usage: $0 scenarios | bank [NAME ...] | sweep EXPERIMENT [NAME ...]"; exit 2 ;;

@@ -6,7 +6,10 @@ Shares are of the same hardware figure the model multiplies them by (comm.py: th
 rate a direction, the NIC's rate), so the model's link time equals the measured one."""
 from __future__ import annotations
 
+import functools
+import json
 import math
+from pathlib import Path
 from typing import NamedTuple
 
 from moetune.estimate.flops import BF16, tokens
@@ -169,12 +172,46 @@ def measured_rates(record: dict, gpu_type: str, nic_published: float, want_a2a: 
     return out
 
 
+LINK_TABLES = Path(__file__).resolve().parent / "link_tables"
+# the rows a shipped link table sets: NCCL inside one node, which moetune measured on a lent machine
+LINK_TABLE_ROWS = ("alltoall_nvlink", "collective_nvlink")
+
+
+@functools.cache
+def _link_record(gpu_type: str) -> dict | None:
+    path = LINK_TABLES / f"{gpu_type}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def link_table(gpu_type: str) -> tuple[dict, str] | None:
+    """(the link probe's record shipped for this GPU type, its label), or one of a GPU of the same
+    generation and NVLink rate (the H100 and H200 SXM: NVLink 4, 18 links, 450 GB/s a direction,
+    the same NVSwitch); None: the published rows stand."""
+    if gpu_type not in gpus.GPUS:
+        return None
+    g = gpus.GPUS[gpu_type]
+    for other in [gpu_type] + sorted(gpus.GPUS):
+        h = gpus.GPUS[other]
+        record = _link_record(other) if (h.generation, h.nvlink_gb_s) == (g.generation, g.nvlink_gb_s) else None
+        if record:
+            standing = "" if other == gpu_type else f", an {other}'s standing for the {gpu_type}"
+            return record, f"link table {other} ({record.get('machine', 'shipped')}{standing})"
+    return None
+
+
 def rates_for(row, cluster, model: ModelArch, config: TrainingConfig) -> tuple[Rates, str | None]:
     """(the rate table with a stored calibration's rows (the store's Calibration, or None) over the
-    published ones, which calibration or None); one taken on another GPU type is not used."""
-    if row is None or (row.gpu_type and row.gpu_type != cluster.gpu_type):
-        return Rates(), None
-    label = f"calibration {row.id} of cluster {cluster.name} (job {row.job_id}, {row.created_at})"
+    shipped link table's NVLink rows over the published ones, which calibration or None); one taken
+    on another GPU type is not used."""
     nic = next(r.value for r in PUBLISHED if r.name == "nic_gb_s")
-    found = measured_rates(row.record, cluster.gpu_type, nic, a2a_bytes(model, config), label)
+    want = a2a_bytes(model, config)
+    found: dict[str, tuple[float, str]] = {}
+    table = link_table(cluster.gpu_type)
+    if table:
+        rows = measured_rates(table[0], cluster.gpu_type, nic, want, table[1])
+        found.update({k: v for k, v in rows.items() if k in LINK_TABLE_ROWS})
+    if row is None or (row.gpu_type and row.gpu_type != cluster.gpu_type):
+        return Rates(measured=found), None
+    label = f"calibration {row.id} of cluster {cluster.name} (job {row.job_id}, {row.created_at})"
+    found.update(measured_rates(row.record, cluster.gpu_type, nic, want, label))
     return Rates(measured=found), label

@@ -70,11 +70,15 @@ COMPUTE: tuple[Rate, ...] = (
 )
 OVERLAP: tuple[Rate, ...] = (
     Rate("tp_overlap_hidden", 0.8, "share", "assumed share of TP collectives --tp-comm-overlap hides"),
-    # not measured yet: the A/B of benchmarks/results/comm_2gpu.json (2 H200, EP 2) ran host-bound,
-    # where the GPU's stream, all-to-all included, is not what sets the pace, so it cannot tell
-    # what the overlap hides (through host memory it hid 3.4 % of the exposed all-to-all)
-    Rate("ep_overlap_hidden", 0.8, "share", "assumed share of the expert all-to-all that "
-         "--overlap-moe-expert-parallel-comm hides behind the other micro-batch's compute"),
+    # measured as an A/B of one layout on 4 H200 (benchmarks/results/comm_4gpu.json: Qwen3-30B-A3B's
+    # shapes, 16 layers, EP 4, micro batch 4, two micro-batches a step, the GPU setting the pace):
+    # the overlap took 85.2 ms off a 1494.4 ms step whose all-to-all moved data for 240.7 ms; only
+    # the micro-batches that run beside another's can hide theirs (step.ep_overlapped_share: half
+    # of them here), so it hid 0.71 of what it could. Through host memory (NCCL_P2P_DISABLE=1, a
+    # cross-node-like link, where the all-to-all outgrew the compute) it hid 0.13: the band's low end
+    Rate("ep_overlap_hidden", 0.708, "share", "measured by moetune: benchmarks/results/comm_4gpu.json, EP 4 on "
+         "4 H200 over NVLink: the share of the all-to-all beside another micro-batch's compute that "
+         "--overlap-moe-expert-parallel-comm hid"),
 )
 HOST: tuple[Rate, ...] = (
     # TE's grouped GEMM launches each local expert's GEMMs (and, without gradient-accumulation fusion,

@@ -124,6 +124,20 @@ def kernel_table(gpu_type: str, rates: Rates):
     return kernels.table_for(gpu_type) if rates["use_kernel_table"] else None
 
 
+def ep_overlapped_share(c: TrainingConfig, micro_batches: int, stage: int = 0) -> float:
+    """The share of a stage's micro-batch passes whose all-to-all the EP overlap can hide: it runs one
+    micro-batch's forward beside another's backward, so the passes of the schedule's warm-up and
+    cool-down run alone. Without a pipeline the first forward and the last backward (of M
+    micro-batches, (M-1)/M pair up); with one, the warm-up of interleaved 1F1B, (PP-stage-1)*2 +
+    (VPP-1)*PP chunks of M*VPP (Megatron's get_num_warmup_microbatches), without VPP PP-stage-1."""
+    if c.pp <= 1:
+        return (micro_batches - 1) / micro_batches if micro_batches else 0.0
+    v = c.vpp or 1
+    total = micro_batches * v
+    warmup = (c.pp - stage - 1) * 2 + (v - 1) * c.pp if v > 1 else c.pp - stage - 1
+    return max(0, total - min(total, warmup)) / total if total else 0.0
+
+
 def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rates | None = None,
             measured_ms: float | None = None) -> Prediction:
     """The step's predicted time. `measured_ms`: a fit's or one-GPU trial's measured time of one
@@ -152,7 +166,8 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
         w = s["work"]
         s["compute"] = s["gpu"]
         a2a_ms = a2a["ms"] * w.moe_layers if a2a else 0.0
-        hidden = min(a2a_ms * rates["ep_overlap_hidden"], s["gpu"]) if c.overlap_ep_a2a else 0.0
+        share = rates["ep_overlap_hidden"] * ep_overlapped_share(c, mb, w.index) if c.overlap_ep_a2a else 0.0
+        hidden = min(a2a_ms * share, s["gpu"])
         s["a2a"], s["a2a_total"] = a2a_ms - hidden, a2a_ms
         tp = comm.tp_collectives(m, c, w.layers, w.moe_layers, node.gpu_type, node.nvlink_domain, rates)
         s["tp"] = tp["ms"] * (1 - rates["tp_overlap_hidden"] if c.tp_comm_overlap else 1.0)

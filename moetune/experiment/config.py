@@ -205,6 +205,10 @@ class TrainingConfig:
         if self.offload_modules:
             argv += ["--fine-grained-activation-offloading"]
         argv += ["--bf16"]
+        if model and model.add_bias_linear and self.grouped_gemm and self.transformer_impl != "local":
+            # TE's grouped expert MLP has no fused bias-dropout-add: Megatron stops at start-up
+            # ("bias_dropout_fusion is not supported in TEGroupedMLP when add_bias_linear=True")
+            argv += ["--no-bias-dropout-fusion"]
         if self.transformer_impl == "local":
             argv += list(TE_LESS_FLAGS)
         elif not has_apex:

@@ -81,3 +81,16 @@ def test_cuda_graph_scope_reads_as_the_modules():
     new = TrainingConfig.from_args(["--cuda-graph-impl", "transformer_engine", "--cuda-graph-modules", "attn",
                                     "moe_router", "moe_preprocess"])
     assert old == new and old.cuda_graph_modules == ("attn", "moe_router", "moe_preprocess")
+
+
+def test_linear_biases_under_te_grouped_experts_turn_bias_dropout_fusion_off():
+    """Megatron stops at start-up with biased linear layers in TE's grouped expert MLP unless the
+    bias-dropout-add fusion is off (GPT-OSS-120B on the GPU machine): the argv turns it off there,
+    and only there."""
+    from moetune.experiment.schema import load_experiment
+    m = load_experiment("mixtral_8x7b").model
+    biased = ModelArch(**{**m.to_dict(), "add_bias_linear": True})
+    grouped = TrainingConfig(ep=8, grouped_gemm=True)
+    assert "--no-bias-dropout-fusion" in grouped.to_args(biased)
+    assert "--no-bias-dropout-fusion" not in grouped.to_args(m)
+    assert "--no-bias-dropout-fusion" not in grouped.replace(grouped_gemm=False).to_args(biased)

@@ -61,7 +61,7 @@ def test_cli_dry_run_prints_the_plan_and_writes_nothing(tmp_path, monkeypatch, c
     exp = load_experiment("moe_proxy")
     step = price(exp, exp.baseline, StoreReadings.empty()).step_time_ms
     assert f"baseline {step:.1f} (" in " ".join(out.split())
-    assert "budget: 3 trials" in out and "--max-trials" in out and "±10% step time" in out
+    assert "budget: 3 trials" in out and "--max-trials" in out and "±11% step time" in out
     assert list(tmp_path.iterdir()) == []
     assert main(["demo", "--dry-run"]) == 0
     assert "moe_proxy: dry run" in capsys.readouterr().out and list(tmp_path.iterdir()) == []
