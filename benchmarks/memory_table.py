@@ -85,7 +85,7 @@ def fit_rows(layouts_path: Path, results_path: Path | None) -> list[dict]:
                     "reserved_gb": r["max_reserved_mb"] / 1024 if r.get("max_reserved_mb") else None,
                     "estimate_gb": ours, "state_gb": est.model_state_gb, "activations_gb": est.activations_gb,
                     "error": (ours - peak) / peak if peak else None, "iteration_ms": r.get("iteration_ms") or [],
-                    "failure": "out of memory" if r.get("oom") else r.get("error")})
+                    "failure": "out of memory" if r.get("oom") else ("failed, no peak" if r.get("error") else None)})
     return out
 
 
@@ -203,6 +203,10 @@ def fit_section() -> tuple[list[str], list[dict]]:
         "  permuted, dispatched, expert output, combined, four times the routed tokens; flex three; allgather",
         "  the whole expert-parallel group's tokens twice). The flex dispatcher (DeepEP, HybridEP) saves the",
         "  same tensors (not measured here: every fit-lease layout ran alltoall).",
+        "- Unfused attention keeps the score matrix: Megatron's local attention 5 B a score; TE falls back",
+        "  to its unfused attention (fp32 softmax kept: 7 B a score) for windowed layers of a model with",
+        "  sinks under attention dropout (flash attention takes no sinks, cuDNN's fused attention no window",
+        "  with dropout; Megatron's dropout 0.1 applies, moetune does not change it).",
         "- The last stage: the final norm, the loss's fp32 softmax over the vocabulary shard and the bf16",
         "  logits beside it; DeepSeek-V3's MTP layer (its norms, a MoE layer, its own loss's fp32 softmax,",
         "  computed before the main loss); the first stage: the embedding's dropout mask.",
@@ -216,9 +220,36 @@ def fit_section() -> tuple[list[str], list[dict]]:
         "here; `moetune plan` keeps its 10 % headroom and 3 GiB fixed overhead (CUDA context, NCCL buffers:",
         "neither is in `max allocated`) for that.",
         "",
+        *unseen_section(),
         *one_gpu_fits(),
     ]
     return lines, out
+
+
+def unseen_section() -> list[str]:
+    """Estimate vs measured for models the estimate never saw (benchmarks/fit_lease/unseen.py), once
+    the device's results are in."""
+    results = FIT / "unseen_results.jsonl"
+    if not results.exists():
+        return []
+    rows = fit_rows(FIT / "unseen.json", results)
+    return [
+        "## Models it never saw",
+        "",
+        "Kimi-K2 and GPT-OSS-120B, imported from their Hugging Face configs by `moetune new --from-hf` at",
+        "their publishers' layouts (`benchmarks/fit_lease/unseen.py` → `unseen.json`), measured the same",
+        "way on one H200 (`unseen_results.jsonl`, the last run of each entry; logs in",
+        "`benchmarks/fit_lease/logs/unseen/`), after the activation count was written and not tuned on them:",
+        "",
+        *rows_table(rows),
+        "",
+        "GPT-OSS-120B ran out of memory on the 140 GiB H200 at both micro batches (its last stage at",
+        "micro batch 2 was not run again after a flag error), in TE's unfused softmax: with Megatron's",
+        "attention dropout its windowed layers cannot use fused attention (its config's attention dropout",
+        "is 0.0, which the importer does not carry). The estimate, which counts that score matrix, puts",
+        "each of those ranks above the GPU's memory.",
+        "",
+    ]
 
 
 def one_gpu_fits() -> list[str]:

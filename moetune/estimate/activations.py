@@ -23,6 +23,8 @@ BF16, FP32, INT64, MASK = 2, 4, 8, 1
 # Megatron's hidden dropout (0.1 by default; moetune does not change it) keeps a one-byte mask of
 # each bias-dropout-add output. Fused attention draws its dropout from a saved RNG state instead.
 HIDDEN_DROPOUT = True
+# Megatron's attention dropout, 0.1 by default, which moetune does not change either.
+ATTENTION_DROPOUT = True
 
 
 def _tokens(m: ModelArch, c: TrainingConfig) -> tuple[float, float]:
@@ -72,8 +74,8 @@ def attention_bytes(m: ModelArch, c: TrainingConfig) -> float:
     # softmax statistics (log-sum-exp, fp32 a head and query); core_attn recompute keeps its
     # inputs Q, K, V and the output all the same, so under fused attention it frees only these
     stats = 0 if "core_attn" in mods else FP32 * tok * m.num_attention_heads / c.tp
-    # A sliding window or learnable sinks change none of these: the window only masks scores that
-    # fused attention never stores, and the sinks are one parameter a head.
+    # A sliding window or learnable sinks change none of these under fused attention: the window
+    # masks scores it never stores, the sinks are one parameter a head (but see unfused_share).
     return qkv + qk_norm + out + stats + attention_scores_bytes(m, c)
 
 
@@ -98,15 +100,32 @@ def mla_bytes(m: ModelArch, c: TrainingConfig) -> float:
     return q_latent + kv_latent + qkv + out + stats + attention_scores_bytes(m, c)
 
 
+def unfused_share(m: ModelArch, c: TrainingConfig) -> float:
+    """The share of layers whose attention runs unfused, keeping the score matrix. All of them under
+    Megatron's local attention. Under TE, its backend selection (get_attention_backend) rules out
+    flash attention for a softmax offset (sinks) and cuDNN's fused attention for a sliding window
+    with dropout, so a model with sinks runs its windowed layers on TE's unfused attention (GPT-OSS:
+    every other layer; its fit died in TE's unfused softmax)."""
+    if c.transformer_impl == "local":
+        return 1.0
+    if m.softmax_type != "vanilla" and m.window_size and ATTENTION_DROPOUT:
+        return m.window_layers() / m.num_layers
+    return 0.0
+
+
 def attention_scores_bytes(m: ModelArch, c: TrainingConfig) -> float:
-    """Unfused (local) attention keeps the score matrix for backward: softmax output (2 B), dropout
-    mask (1 B) and dropout output (2 B) per head and query-key pair, 5·a·s²·b (Korthikanti et al.
-    2022, Table 2); local attention builds the whole matrix and masks it, window or not. Flash/fused
-    attention (Transformer Engine) keeps none of it."""
-    if c.transformer_impl != "local" or "core_attn" in modules(c):
+    """Unfused attention keeps the score matrix for backward, per head and query-key pair (it
+    builds the whole matrix and masks it, window or not). Megatron's local attention: softmax
+    output (2 B), dropout mask (1 B) and dropout output (2 B), 5·a·s²·b (Korthikanti et al. 2022,
+    Table 2). TE's unfused attention takes the softmax in fp32 and keeps that output (4 B) beside
+    the mask and the dropout output: 7 B. Fused attention keeps none of it. An average over the
+    layers (unfused_share), since the estimate prices a layer kind, not each layer."""
+    share = unfused_share(m, c)
+    if not share or "core_attn" in modules(c):
         return 0.0
     s = (c.seq_length or m.seq_length) / c.cp
-    return 5 * (m.num_attention_heads / c.tp) * s * s * c.micro_batch
+    per_score = 5 if c.transformer_impl == "local" else FP32 + MASK + BF16
+    return share * per_score * (m.num_attention_heads / c.tp) * s * s * c.micro_batch
 
 
 def dense_mlp_bytes(m: ModelArch, c: TrainingConfig, ffn: int | None = None) -> float:

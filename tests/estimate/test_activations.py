@@ -54,15 +54,32 @@ def test_routed_tokens_are_kept_once_not_per_copy_made():
     assert act.moe_transient_bytes(m, flex) == 3 * 2 * t * m.hidden_size
 
 
-def test_sliding_window_and_sinks_keep_the_same_activations_under_fused_attention():
+def test_sliding_window_or_sinks_alone_keep_the_same_activations_under_fused_attention():
     """A sliding window masks scores fused attention never stores; a learnable sink is a parameter.
-    Neither changes what a layer saves (nor, unfused, the full score matrix local attention builds)."""
+    Either alone changes nothing a layer saves (nor, unfused, the full score matrix local attention
+    builds)."""
     m, c = _qwen()
-    windowed = ModelArch(**{**m.to_dict(), "window_size": 128, "window_attn_skip_freq": 2,
-                            "softmax_type": "learnable"})
-    assert act.attention_bytes(windowed, c) == act.attention_bytes(m, c)
+    for change in ({"window_size": 128, "window_attn_skip_freq": 2}, {"softmax_type": "learnable"}):
+        other = ModelArch(**{**m.to_dict(), **change})
+        assert act.attention_bytes(other, c) == act.attention_bytes(m, c)
     local = c.replace(transformer_impl="local")
+    windowed = ModelArch(**{**m.to_dict(), "window_size": 128})
     assert act.attention_bytes(windowed, local) == act.attention_bytes(m, local) > act.attention_bytes(m, c)
+
+
+def test_sinks_with_a_window_run_the_windowed_layers_unfused():
+    """Sinks rule out flash attention, a window with dropout cuDNN's fused attention: the windowed
+    layers (every other with a skip frequency of 2) keep TE's unfused score matrix, fp32 softmax,
+    dropout mask and output (7 B a score), averaged over the layers; core_attn recompute drops it."""
+    m, c = _qwen()
+    gpt_like = ModelArch(**{**m.to_dict(), "window_size": 128, "window_attn_skip_freq": 2,
+                            "softmax_type": "learnable"})
+    s = c.seq_length or m.seq_length
+    scores = m.num_attention_heads / c.tp * s * s * c.micro_batch
+    assert act.unfused_share(gpt_like, c) == 0.5
+    assert act.attention_bytes(gpt_like, c) - act.attention_bytes(m, c) == 0.5 * 7 * scores
+    redo = c.replace(recompute_granularity="selective", recompute_modules=("core_attn",))
+    assert act.attention_scores_bytes(gpt_like, redo) == 0
 
 
 def test_qk_norm_keeps_the_unnormed_query_and_key():
