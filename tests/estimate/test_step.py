@@ -87,3 +87,23 @@ def test_the_wait_excess_peaks_at_balance_and_fades_either_way():
     assert at[1.0] > at[1.5] > at[3.0] >= at[50.0] > 0
     (x0, y0), (x1, y1) = curve.points[3], curve.points[4]
     assert curve.at((x0 + x1) / 2) == pytest.approx((y0 + y1) / 2)
+
+
+def test_the_ep_overlap_hides_only_the_micro_batches_that_pair_up():
+    """Without a pipeline the first forward and the last backward run alone: (M-1)/M of the
+    passes pair up, none of one micro-batch's; with interleaved 1F1B, the chunks past the warm-up;
+    so with one micro-batch a step the overlap hides nothing and with more it hides more."""
+    assert step.ep_overlapped_share(TrainingConfig(), 1) == 0.0
+    assert step.ep_overlapped_share(TrainingConfig(), 2) == 0.5
+    assert step.ep_overlapped_share(TrainingConfig(), 64) == pytest.approx(63 / 64)
+    # PP 8 VPP 4, 32 micro-batches: stage 0 warms up (8-1)*2 + 3*8 = 38 of 128 chunks, the last 24
+    c = TrainingConfig(pp=8, vpp=4)
+    assert step.ep_overlapped_share(c, 32, 0) == pytest.approx(90 / 128)
+    assert step.ep_overlapped_share(c, 32, 7) == pytest.approx(104 / 128)
+    node, exp_model = Node("H100", 8, 8, 16.0), TOY
+    base = TrainingConfig(ep=8, micro_batch=1, global_batch=1)
+    one = predict(exp_model, base.replace(overlap_ep_a2a=True), node, 8)
+    assert one.terms["ep_a2a"] == pytest.approx(predict(exp_model, base, node, 8).terms["ep_a2a"])
+    many = base.replace(global_batch=16)
+    assert predict(exp_model, many.replace(overlap_ep_a2a=True), node, 8).terms["ep_a2a"] < \
+        predict(exp_model, many, node, 8).terms["ep_a2a"]
