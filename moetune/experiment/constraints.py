@@ -33,6 +33,8 @@ LAYOUT = "Megatron-LM megatron/core/transformer/pipeline_parallel_layer_layout.p
 DEVICE = "../shared/device-notes.md (seen on the GPU machine)"
 GPU_SHEETS = "NVIDIA data sheets (FP8 tensor cores from Hopper on)"
 FSDP_ADAPTER = "Megatron-LM megatron/core/distributed/fsdp/mcore_fsdp_adapter.py (Megatron FSDP's wrapper)"
+FSDP_ONLY = ("Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py (the sharding strategy "
+             "is read by Megatron FSDP alone)")
 DROPLESS_GRAPH_MODULES = ("attn", "moe_router", "moe_preprocess")
 
 
@@ -264,7 +266,7 @@ RULES: tuple[Rule, ...] = (
      "--overlap-param-gather needs --use-distributed-optimizer (or --use-megatron-fsdp) and --overlap-grad-reduce"),
     ("unknown_fsdp_sharding", MEGATRON, lambda c, e: c.fsdp_sharding not in FSDP_SHARDING,
      f"the FSDP sharding strategy (--data-parallel-sharding-strategy) must be one of {', '.join(FSDP_SHARDING)}"),
-    ("fsdp_sharding_without_fsdp", MEGATRON,
+    ("fsdp_sharding_without_fsdp", FSDP_ONLY,
      lambda c, e: not c.fsdp and c.fsdp_sharding != FSDP_SHARDING[-1],
      "--data-parallel-sharding-strategy does nothing without --use-megatron-fsdp; turn FSDP on or leave "
      "the strategy at optim_grads_params"),
