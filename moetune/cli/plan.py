@@ -28,6 +28,7 @@ from moetune.experiment.schema import ConfigError
 FLAG_FIELDS = {"dispatcher": ("dispatcher", "flex_backend"), "ep_overlap": ("overlap_ep_a2a",),
                "precision": ("fp8_format", "fp8_recipe"),
                "recompute": ("recompute_granularity", "recompute_modules", "recompute_num_layers"),
+               "fsdp": ("fsdp",), "fsdp_sharding": ("fsdp", "fsdp_sharding"),
                **{k: SPLIT_FIELDS + ("vpp",) for k in SPLIT_FIELDS}}
 
 
@@ -137,7 +138,8 @@ def _main(argv: list[str], db: str | None = None) -> int:
         step = (f"{head['step_time_ms']:.0f} ({head['step_time_low_ms']:.0f}-{head['step_time_high_ms']:.0f})"
                 if "step_time_low_ms" in head else "-")
         rows = ", ".join(head.get("band_rows") or []) or "-"
-        note = (f"  ({split_text(c)})" if split_text(c) else "") + ("  baseline" if lay is base else "")
+        note = ((f"  ({split_text(c)})" if split_text(c) else "") + (f"  FSDP {c.fsdp_sharding}" if c.fsdp else "")
+                + ("  baseline" if lay is base else ""))
         print(f"{c.tp:>3} {c.pp:>3} {c.vpp or '-':>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<{rw}} "
               f"{lay.memory_gb:>7.1f} {seen} {speed if speed is not None else '-':>9} {step:>22}  {rows}{note}")
     return code

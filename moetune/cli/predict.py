@@ -1,6 +1,7 @@
 """`moetune predict MODEL [--gpus N --gpu-type T] [--tp --pp --vpp --ep --etp --cp --micro-batch
 --global-batch --first-pp-layers --last-pp-layers --pp-layout --account-for-embedding
---account-for-loss --dispatcher D --ep-overlap --precision P --recompute R] [--compute fit|analytic]
+--account-for-loss --dispatcher D --ep-overlap --precision P --recompute R --fsdp --fsdp-sharding S]
+[--compute fit|analytic]
 [--format text|json]`: a layout's predicted step time and tokens/s/GPU with every term it adds up
 (experiment/predict). Each flag left out is the experiment's baseline's; a layout the constraint
 table refuses is one line naming the rule, exit 2, as `moetune check` names it. Compute comes from a fit or
@@ -15,7 +16,7 @@ from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, ref
 from moetune.estimate import Prediction, StoreReadings, price
 from moetune.estimate.memory import plan_cluster
 from moetune.experiment import constraints
-from moetune.experiment.config import RECOMPUTE_MODULES, TrainingConfig
+from moetune.experiment.config import FSDP_SHARDING, RECOMPUTE_MODULES, TrainingConfig
 from moetune.experiment.pipeline import split_fields
 from moetune.experiment.schema import ConfigError
 
@@ -48,6 +49,11 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ep-overlap", action="store_true", default=None,
                    help="overlap the expert all-to-all with the other micro-batch's compute")
     p.add_argument("--precision", choices=tuple(PRECISIONS))
+    p.add_argument("--fsdp", action="store_true", default=None,
+                   help="Megatron FSDP: weights, gradients and optimizer states sharded over data parallel")
+    p.add_argument("--fsdp-sharding", choices=FSDP_SHARDING,
+                   help="what Megatron FSDP shards (--data-parallel-sharding-strategy; implies --fsdp; "
+                        "default optim_grads_params)")
     p.add_argument("--recompute", metavar="MODULES|full|none",
                    help=f"'full', 'none', or selective modules, comma-separated: {','.join(RECOMPUTE_MODULES)}")
 
@@ -86,6 +92,8 @@ def layout_config(base: TrainingConfig, a, model=None, notes: list[str] | None =
         changes["overlap_ep_a2a"] = True
     if a.precision:
         changes.update(PRECISIONS[a.precision])
+    if a.fsdp or a.fsdp_sharding:
+        changes.update(fsdp=True, **({"fsdp_sharding": a.fsdp_sharding} if a.fsdp_sharding else {}))
     if a.recompute == "none":
         changes.update(recompute_granularity=None, recompute_modules=(), recompute_num_layers=None)
     elif a.recompute == "full":
@@ -97,9 +105,13 @@ def layout_config(base: TrainingConfig, a, model=None, notes: list[str] | None =
             raise ValueError(f"--recompute {a.recompute}: {', '.join(bad)} unknown; use 'full', 'none' or modules of "
                              f"{', '.join(RECOMPUTE_MODULES)}")
         changes.update(recompute_granularity="selective", recompute_modules=mods)
+    if changes.get("pp") == 1 and "vpp" not in changes:
+        changes["vpp"] = None  # one stage has no virtual stages
     c = base.replace(**changes)
     if c.tp > 1 and c.ep > 1:
         c = c.replace(sequence_parallel=True)  # Megatron requires it for MoE with TP
+    elif "tp" in changes and c.tp == 1:
+        c = c.replace(sequence_parallel=False)  # nothing to split the sequence over
     return c
 
 
@@ -137,6 +149,8 @@ def render_text(name: str, c: TrainingConfig, p: Prediction, extra_args: list[st
         lines.append(band_line(p.band))
     lines.append(f"  {i['micro_batches']} micro-batches a step, bubble fraction {i['bubble_fraction']:.3f}; "
                  "routing assumed balanced")
+    if i.get("fsdp"):
+        lines.append(fsdp_line(i["dp_sync"]))
     if "calibration" in i:
         lines.append(f"  rates measured ({i['calibration']}): {', '.join(i['rates_measured']) or 'none'}; "
                      "the rest published (--format json: each rate's source)")
@@ -146,6 +160,19 @@ def render_text(name: str, c: TrainingConfig, p: Prediction, extra_args: list[st
         lines.append(f"  note: extra_args not priced: {' '.join(extra_args)} (passed to Megatron as written; "
                      "the prediction is of the model without them)")
     return "\n".join(lines)
+
+
+def fsdp_line(d: dict) -> str:
+    """Megatron FSDP's collectives of the slowest stage in words: each micro-batch's, and what its
+    compute leaves exposed (in the dp_* terms)."""
+    each = (f"each micro-batch gathers {d['param_bytes'] / 1e9:.1f} GB of weights forward "
+            f"({d['forward_gather_ms']:.0f} ms) and backward ({d['backward_gather_ms']:.0f} ms), reduce-scatters "
+            f"its gradients ({d['backward_reduce_ms']:.0f} ms)" if d["forward_gather_ms"] else
+            f"each micro-batch reduce-scatters its gradients ({d['backward_reduce_ms']:.0f} ms)"
+            if d["backward_reduce_ms"] else "the gradients reduced once a step")
+    return (f"  Megatron FSDP {d['strategy']} over DP {d['dp']} / EDP {d['edp']} ({d['link']}): {each}; exposed "
+            f"{d['exposed_gather_ms_per_micro_batch']:.0f} + {d['exposed_reduce_ms_per_micro_batch']:.0f} ms a "
+            "micro-batch (in dp_param_gather, dp_grad_reduce)")
 
 
 def band_line(b) -> str:

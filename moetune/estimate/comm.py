@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from moetune.estimate import fsdp
 from moetune.estimate.flops import BF16, tokens
 from moetune.estimate.rates import Rates
 from moetune.experiment import gpus
@@ -127,3 +128,27 @@ def dp_sync(dense: float, experts: float, c: TrainingConfig, world: int, gpu_typ
         reduce, gather = 2 * reduce, 0.0
     return {"reduce_ms": reduce, "gather_ms": gather, "dp": dp, "edp": edp, "link": d_link,
             "grad_bytes": (dense + experts) * GRAD_BYTES}
+
+
+def fsdp_sync(dense: float, experts: float, c: TrainingConfig, world: int, gpu_type: str,
+              nvlink_domain: int, rates: Rates) -> dict:
+    """Megatron FSDP's collectives of one stage's parameters (`dense` over the DP x CP group,
+    `experts` over the expert-data-parallel group), gradients in bf16 (estimate/fsdp.py). Under
+    optim_grads_params every micro-batch gathers the weights layer by layer in forward and again in
+    backward, and reduce-scatters the gradients layer by layer in backward; under optim_grads only
+    the reduce-scatter runs each micro-batch and the (replicated) weights are gathered once after the
+    step; under optim and no_shard the reduce waits for the last micro-batch, as the distributed
+    optimizer's and DDP's do (megatron_fsdp.py: is_delay_grad_reduce)."""
+    dp = world // (c.tp * c.pp)  # DP x CP
+    edp = world // ((c.etp or c.tp) * c.ep * c.pp)
+    rate, link = link_rate(world // c.pp, gpu_type, nvlink_domain, rates)
+    gather = ring_ms(dense * fsdp.PARAM_BYTES, dp, rate) + ring_ms(experts * fsdp.PARAM_BYTES, edp, rate)
+    reduce = ring_ms(dense * fsdp.GRAD_BYTES, dp, rate) + ring_ms(experts * fsdp.GRAD_BYTES, edp, rate)
+    s = fsdp.STRATEGIES[c.fsdp_sharding]
+    return {"strategy": c.fsdp_sharding, "dp": dp, "edp": edp, "link": link,
+            "param_bytes": (dense + experts) * fsdp.PARAM_BYTES,
+            "forward_gather_ms": gather if s.weights else 0.0,  # a micro-batch's
+            "backward_gather_ms": gather if s.weights else 0.0,
+            "backward_reduce_ms": reduce if s.grads else 0.0,
+            "step_reduce_ms": 0.0 if s.grads else reduce * (1 if s.optimizer else 2),  # no_shard: all-reduce
+            "step_gather_ms": gather if s.optimizer and not s.weights else 0.0}

@@ -172,3 +172,17 @@ def test_plan_describes_its_default_order(capsys):
     assert main(["plan", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "fastest predicted first" in text and "memory fits, least model parallelism first" not in text
+
+
+def test_plan_with_fsdp_keeps_it_in_every_layout(capsys, no_store):
+    """`plan --fsdp` lists only FSDP layouts, each estimated as FSDP (its weights sharded: less than
+    the same layout's under the distributed optimizer), and says so on each row."""
+    argv = ["plan", "qwen3_235b", "--gpus", "256", "--fsdp", "--recompute", "full", "--micro-batch", "4",
+            "--global-batch", "8192", "--limit", "3"]
+    capsys.readouterr()
+    assert main(argv + ["--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(r["config"]["fsdp"] for r in rows)
+    assert all(r["breakdown"]["weights_gb"] < 20 for r in rows)  # 470 GB of bf16 weights over 256 GPUs
+    assert main(argv) == 0
+    assert "FSDP optim_grads_params" in capsys.readouterr().out

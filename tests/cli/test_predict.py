@@ -177,3 +177,29 @@ def test_predict_and_plan_show_the_band_and_the_rows_that_dominate_it(capsys, no
         assert p["step_time_low_ms"] < p["step_time_ms"] < p["step_time_high_ms"] and len(p["band_rows"]) == 3
     fitted = _json(capsys, ["--db", ONE_GPU_DB, "predict", "qwen3_30b_a3b", "--format", "json", "--compute", "fit"])
     assert not {"kernel_table_rate", "attention_efficiency"} & set(fitted["band"]["rows"])
+
+
+NVIDIA_FSDP = ["predict", "qwen3_235b", "--gpus", "256", "--tp", "1", "--pp", "1", "--ep", "8", "--fsdp",
+               "--micro-batch", "4", "--recompute", "full", "--global-batch", "8192"]
+
+
+def test_predict_prices_nvidias_fsdp_layout_and_shows_its_collectives(capsys, no_store):
+    """qwen3_235b at NVIDIA's FSDP layout (TP1 PP1 EP8, micro batch 4, full recompute): TP1 drops the
+    baseline's sequence parallelism and PP1 its virtual stages; the JSON's dp_sync holds FSDP's
+    per-micro-batch gathers and reduces, the DP terms their exposed part, and the text says so; an
+    unknown strategy is argparse's refusal, exit 2."""
+    d = _json(capsys, NVIDIA_FSDP + ["--format", "json"])
+    c, sync = d["config"], d["inputs"]["dp_sync"]
+    assert c["fsdp"] and not c["sequence_parallel"] and c["vpp"] is None and c["fsdp_sharding"] == "optim_grads_params"
+    assert sync["strategy"] == "optim_grads_params" and (sync["dp"], sync["edp"]) == (256, 32)
+    mb = d["inputs"]["micro_batches"]
+    assert mb == 8 and d["terms"]["dp_param_gather"] == pytest.approx(
+        mb * sync["exposed_gather_ms_per_micro_batch"], abs=1e-2)
+    assert main(NVIDIA_FSDP) == 0
+    text = capsys.readouterr().out
+    assert "Megatron FSDP optim_grads_params over DP 256 / EDP 32" in text and "exposed" in text
+    og = _json(capsys, NVIDIA_FSDP + ["--fsdp-sharding", "optim_grads", "--format", "json"])
+    assert og["config"]["fsdp_sharding"] == "optim_grads" and og["inputs"]["dp_sync"]["forward_gather_ms"] == 0
+    capsys.readouterr()
+    assert main(NVIDIA_FSDP + ["--fsdp-sharding", "everything"]) == 2
+    assert "--fsdp-sharding: invalid choice" in capsys.readouterr().err

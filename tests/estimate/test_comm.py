@@ -58,6 +58,28 @@ def test_dp_reduce_bytes():
     assert plain["reduce_ms"] == pytest.approx(2 * r["reduce_ms"]) and plain["gather_ms"] == 0
 
 
+def test_fsdp_gathers_and_reduces_each_micro_batch():
+    """Megatron FSDP, 1e9 dense and 2e9 expert parameters on 16 ranks over two nodes (EP 2: EDP 8):
+    each micro-batch gathers the 2 B bf16 weights forward and backward and reduce-scatters the
+    bf16 gradients, dense over 16 ranks and experts over 8, through the NIC; nothing is left for
+    once a step. Under optim_grads only the reduce runs each micro-batch and the weights are
+    gathered once a step; under optim the reduce waits for the step; under no_shard it is an
+    all-reduce and nothing is gathered."""
+    c = TrainingConfig(fsdp=True, ep=2, etp=1)
+    r = comm.fsdp_sync(1e9, 2e9, c, 16, "H100", 8, Rates())
+    one = (2e9 * 15 / 16 + 4e9 * 7 / 8) / NIC * 1e3
+    assert r["link"] == "nic" and (r["dp"], r["edp"]) == (16, 8) and r["param_bytes"] == 6e9
+    assert r["forward_gather_ms"] == r["backward_gather_ms"] == r["backward_reduce_ms"] == pytest.approx(one)
+    assert r["step_reduce_ms"] == r["step_gather_ms"] == 0.0
+    og = comm.fsdp_sync(1e9, 2e9, c.replace(fsdp_sharding="optim_grads"), 16, "H100", 8, Rates())
+    assert (og["forward_gather_ms"], og["step_reduce_ms"]) == (0.0, 0.0)
+    assert og["backward_reduce_ms"] == og["step_gather_ms"] == pytest.approx(one)
+    optim = comm.fsdp_sync(1e9, 2e9, c.replace(fsdp_sharding="optim"), 16, "H100", 8, Rates())
+    assert optim["backward_reduce_ms"] == 0.0
+    assert optim["step_reduce_ms"] == optim["step_gather_ms"] == pytest.approx(one)
+    whole = comm.fsdp_sync(1e9, 2e9, c.replace(fsdp_sharding="no_shard"), 16, "H100", 8, Rates())
+    assert whole["step_reduce_ms"] == pytest.approx(2 * one) and whole["step_gather_ms"] == 0.0
+
 def test_deepep_sends_a_token_once_per_remote_domain():
     """Qwen3-30B-A3B's routing (128 experts, top-8) at EP 16 over two 8-GPU domains: an all-to-all
     sends 8 x 8/16 = 4 copies of a token across, DeepEP one whenever any of its 8 experts is among
