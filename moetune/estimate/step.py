@@ -3,7 +3,7 @@ micro-batch, what the expert all-to-all and tensor-parallel collectives add, pip
 the pipeline's fill and drain, the data-parallel gradient reduce and parameter gather left exposed,
 and the optimizer's step.
 
-    step = m x (compute + host + a2a + tp + pp_send) of the slowest stage
+    step = m x (compute + host + a2a + tp + pp_send + cp) of the slowest stage
            + fill/drain ((PP-1)/VPP of that stage's micro-batch time)
            + exposed DP reduce + exposed DP gather + optimizer
 
@@ -157,11 +157,12 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
         tp = comm.tp_collectives(m, c, w.layers, w.moe_layers, node.gpu_type, node.nvlink_domain, rates)
         s["tp"] = tp["ms"] * (1 - rates["tp_overlap_hidden"] if c.tp_comm_overlap else 1.0)
         s["pp"] = comm.pp_sends(m, c, rates)["ms"]
+        s["cp"] = comm.cp_exchange(m, c, w.layers, node.gpu_type, node.nvlink_domain, rates)["ms"]
         # the host queues launches ahead of the GPU's stream, communication included, so the larger
         # of the two sets the pace; but where the host waits on the GPU (a dropless MoE layer's
         # token counts) the queue empties and the GPU waits for the launches after it, which
         # costs most near balance (host_wait_excess, replayed from moetune's own trace)
-        stream = s["compute"] + s["a2a"] + s["tp"] + s["pp"]
+        stream = s["compute"] + s["a2a"] + s["tp"] + s["pp"] + s["cp"]
         excess = rates.curve("host_wait_excess").at(s["host"] / stream) if stream else 0.0
         s["host_exposed"] = max(s["host"], stream) * (1 + excess) - stream
         s["micro_batch"] = stream + s["host_exposed"]
@@ -179,6 +180,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
     bubble = (c.pp - 1) / (c.vpp or 1) * top["micro_batch"]
     terms = {"compute": mb * top["compute"], "host_launch": mb * top["host_exposed"],
              "ep_a2a": mb * top["a2a"], "tp_collectives": mb * top["tp"], "pp_sends": mb * top["pp"],
+             "cp_exchange": mb * top["cp"],
              "pipeline_bubble": bubble,
              "dp_grad_reduce": max(s["dp_reduce"] for s in stages),
              "dp_param_gather": max(s["dp_gather"] for s in stages),
