@@ -79,6 +79,11 @@ def test_plan_ranks_the_predicted_fastest_first(capsys, no_store):
     flags = [f"--{k.replace('_', '-')}={top[k]}" for k in ("tp", "pp", "ep", "micro_batch")]
     flags += [f"--vpp={top['vpp']}"] if top["vpp"] else []
     flags += [f"--recompute={','.join(top['recompute_modules'])}"] if top["recompute_modules"] else []
+    # the settings the search chose for it
+    flags += [f"--cp={top['cp']}", f"--dispatcher={top['flex_backend'] or top['dispatcher']}"]
+    flags += [f"--cuda-graphs={','.join(top['cuda_graph_modules']) or 'none'}"]
+    flags += [f for f, on in (("--ep-overlap", top["overlap_ep_a2a"]), ("--delay-wgrad", top["delay_wgrad"]),
+                              ("--tp-comm-overlap", top["tp_comm_overlap"])) if on]
     d = _json(capsys, ["predict", "qwen3_30b_a3b", "--format", "json"] + flags)
     # plan rounds to whole tokens and 0.1 ms, predict's JSON to 0.1 token: compare within that
     assert d["tokens_per_s_per_gpu"] == pytest.approx(speeds[0], abs=1)
@@ -177,3 +182,19 @@ def test_predict_and_plan_show_the_band_and_the_rows_that_dominate_it(capsys, no
         assert p["step_time_low_ms"] < p["step_time_ms"] < p["step_time_high_ms"] and len(p["band_rows"]) == 3
     fitted = _json(capsys, ["--db", ONE_GPU_DB, "predict", "qwen3_30b_a3b", "--format", "json", "--compute", "fit"])
     assert not {"kernel_table_rate", "attention_efficiency"} & set(fitted["band"]["rows"])
+
+
+def test_the_settings_flags_price_what_they_set(capsys, no_store):
+    """--cuda-graphs takes scopes (fewer host launches than none) or refuses an unknown one in one
+    line; --tp-comm-overlap at TP 1 is refused by the constraint table's rule, exit 2."""
+    base = ["predict", "qwen3_30b_a3b", "--format", "json"]
+    off = _json(capsys, base + ["--cuda-graphs", "none"])
+    graphed = _json(capsys, base + ["--cuda-graphs", "attn,moe_router,moe_preprocess"])
+    assert graphed["terms"]["host_launch"] < off["terms"]["host_launch"]
+    assert graphed["terms"]["compute"] == off["terms"]["compute"]
+    capsys.readouterr()
+    assert main(base + ["--cuda-graphs", "attn,bogus"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bogus unknown" in err[0]
+    assert main(base + ["--tp-comm-overlap"]) == 2
+    assert "tp_comm_overlap_needs_sp" in capsys.readouterr().err
