@@ -212,10 +212,15 @@ def search_space(exp, readings, gpus: int | None = None, gpu_type: str | None = 
 def _least_recompute(m, cfg, world, ladder, start, limit, capacity, cluster, measured, fixed):
     """(config, estimate, measured peak, rung) at the first rung of the recompute ladder from
     `start` that fits and passes the constraints; None where none does (the last rung is tried
-    second: where full recompute does not fit, nothing less does)."""
+    second: where full recompute does not fit, nothing less does; then the rungs between are
+    halved, a rung the constraints refuse taken as one that does not fit)."""
     def tried(i: int):
         c = cfg.replace(**{**ladder[i], **fixed})
         if check(c, m, cluster):
+            return None
+        # the first stage holds the most micro batches in flight: where it alone is over, the
+        # layout is (its estimate is the heaviest stage's), unless a measured peak says otherwise
+        if c.pp > 1 and measured is None and estimate(m, c, world, stage=0).total_gb > limit:
             return None
         est = estimate(m, c, world)
         peak = measured(c) if measured else None
@@ -225,9 +230,18 @@ def _least_recompute(m, cfg, world, ladder, start, limit, capacity, cluster, mea
     first = tried(start)
     if first is not None or start == len(ladder) - 1:
         return first
-    if tried(len(ladder) - 1) is None:
+    low, high = start, len(ladder) - 1  # low does not fit, high is to be shown to
+    best = tried(high)
+    if best is None:
         return None
-    return next((found for i in range(start + 1, len(ladder)) if (found := tried(i)) is not None), None)
+    while high - low > 1:  # each rung frees more than the one before: halve the rungs between
+        mid = (low + high) // 2
+        found = tried(mid)
+        if found is None:
+            low = mid
+        else:
+            high, best = mid, found
+    return best
 
 
 def _lower_bound(exp, cluster, readings, cfg: TrainingConfig, p) -> float:
@@ -243,7 +257,8 @@ def _lower_bound(exp, cluster, readings, cfg: TrainingConfig, p) -> float:
         node = Node.of(cluster)
         ms = [comm.a2a(exp.model, cfg.replace(**d), node.gpu_type, node.nvlink_domain, rates)["ms"]
               for d in DISPATCHER_VALUES]
-        a2a *= min(ms) / p.inputs["ep_a2a_per_layer"]["ms"] * (1 - rates["ep_overlap_hidden"])
+        overlap = cfg.pp == 1 or cfg.vpp is not None  # the EP overlap needs VPP where PP > 1
+        a2a *= min(ms) / p.inputs["ep_a2a_per_layer"]["ms"] * (1 - rates["ep_overlap_hidden"] * overlap)
     tp = t["tp_collectives"] * (1 - rates["tp_overlap_hidden"])
     host = p.inputs["host_launch_ms_per_micro_batch"] * (1 - max(graphed_share(cfg.replace(**g), rates)
                                                                   for g in GRAPH_VALUES))
