@@ -10,7 +10,6 @@ VPP, EP, ETP, micro batch) in the search, with the settings the search chose for
 from __future__ import annotations
 
 import argparse
-import time
 
 from moetune.cli.plan import dispatcher_text, graphs_text, overlap_text, recompute_text
 from moetune.cli.predict import split_text
@@ -41,7 +40,7 @@ SHORT = {"compute": "compute", "host_launch": "host", "ep_a2a": "a2a", "tp_colle
 
 def row(label: str, c, memory_gb: float, p) -> str:
     """One markdown row: the layout, its memory, speed and terms (ms a step)."""
-    split = f" ({split_text(c)})" if split_text(c) else ""
+    split = f" ({split_text(c)})".replace("|", "\\|") if split_text(c) else ""  # a layout's | in a table
     layout = (f"TP{c.tp} CP{c.cp} PP{c.pp}" + (f" VPP{c.vpp}" if c.vpp else "") + f" EP{c.ep} ETP{c.etp or c.tp} "
               f"MB{c.micro_batch}{split}")
     terms = " | ".join(f"{p.terms[t]:.0f}" for t in TERMS)
@@ -53,9 +52,7 @@ def flagship(name: str, readings: StoreReadings) -> list[str]:
     """The section of one flagship experiment."""
     exp = load_experiment(name)
     row_id, fields = NVIDIA[name]
-    started = time.perf_counter()
     found = search(exp, readings, limit=5)
-    took = time.perf_counter() - started
     space = found.space
     assert space is not None
     _, world, capacity = plan_cluster(exp)
@@ -69,7 +66,7 @@ def flagship(name: str, readings: StoreReadings) -> list[str]:
     head = ("| | layout | dispatcher | overlap | graphs | recompute | GB/GPU | tok/s/GPU | ms/step | "
             + " | ".join(SHORT[t] for t in TERMS) + " |")
     lines = [f"### {name} on {world}x {exp.cluster.gpu_type}", "",
-             f"`moetune plan {name}` ({took:.1f} s here): searched {space.considered} layouts, {len(space.fit)} fit; "
+             f"`moetune plan {name}`: searched {space.considered} layouts, {len(space.fit)} fit; "
              "dropped: " + ", ".join(f"{k} {v}" for k, v in space.dropped.most_common()) + ". Global batch "
              f"{exp.baseline.global_batch}, {'FP8' if exp.baseline.fp8_format else 'BF16'} (the experiment's); "
              "terms in ms a step.", "", head, "|" + "---|" * (head.count("|") - 1)]
