@@ -14,6 +14,7 @@ import sys
 from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, refusal_line, refuse_unknown_values
 from moetune.estimate import Prediction, StoreReadings, price
 from moetune.estimate.memory import plan_cluster
+from moetune.estimate.space import pipeline_split
 from moetune.experiment import constraints
 from moetune.experiment.config import CUDA_GRAPH_MODULES, RECOMPUTE_MODULES, TrainingConfig
 from moetune.experiment.pipeline import split_fields
@@ -79,7 +80,9 @@ def layout_config(base: TrainingConfig, a, model=None, notes: list[str] | None =
             changes["vpp"] = None  # the layout's stages over PP
     elif model is not None and _has_split(base) and (
             changes.get("pp", base.pp) != base.pp or ("vpp" in changes and changes["vpp"] != base.vpp)):
-        split = split_fields(model.num_layers, changes.get("pp", base.pp), changes.get("vpp", base.vpp))
+        pp, vpp = changes.get("pp", base.pp), changes.get("vpp", base.vpp)
+        # a layout string where no first/last or accounted split reaches (as plan's search builds it)
+        split = pipeline_split(model, pp, vpp) or split_fields(model.num_layers, pp, vpp)
         if notes is not None:
             notes.append(f"the baseline's pipeline split ({split_text(base)}) is for PP{base.pp}"
                          + (f" VPP{base.vpp}" if base.vpp else "") + f"; recomputed: {split_text(split) or 'even'}"

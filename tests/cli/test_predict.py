@@ -155,6 +155,17 @@ def test_a_changed_pp_does_not_inherit_the_baselines_uneven_split(capsys, no_sto
     assert "layers_not_divisible_by_pp: the 56 middle layers must split evenly over 6 middle stages" in line
 
 
+def test_a_pp_and_vpp_no_split_reaches_get_a_layout_string(capsys, no_store):
+    """deepseek_v3 at `--pp 8 --vpp 4`: 61 layers over 32 virtual stages take no first/last or
+    accounted split; predict prices DeepSeek's layout string for it (as plan's search builds it)."""
+    capsys.readouterr()
+    assert main(["predict", "deepseek_v3", "--pp", "8", "--vpp", "4", "--format", "json"]) == 0
+    out = capsys.readouterr()
+    d = json.loads(out.out)
+    assert d["config"]["pp_layout"] == "Et|(tt|)*30mL" and d["config"]["vpp"] == 4
+    assert "recomputed: layout Et|(tt|)*30mL" in out.err
+
+
 def test_vpp_1_means_no_virtual_stages(capsys, no_store):
     """qwen3_235b's baseline has VPP 4: `--vpp 1` prices it without virtual stages (and so without
     the embedding and loss split that VPP 4 needed, recomputed for PP 8 alone)."""
