@@ -17,7 +17,6 @@ from moetune.estimate.memory import plan_cluster
 from moetune.estimate.space import pipeline_split
 from moetune.experiment import constraints
 from moetune.experiment.config import CUDA_GRAPH_MODULES, RECOMPUTE_MODULES, TrainingConfig
-from moetune.experiment.pipeline import split_fields
 from moetune.experiment.schema import ConfigError
 
 DISPATCHERS = {"alltoall": {"dispatcher": "alltoall", "flex_backend": None},
@@ -82,7 +81,7 @@ def layout_config(base: TrainingConfig, a, model=None, notes: list[str] | None =
             changes.get("pp", base.pp) != base.pp or ("vpp" in changes and changes["vpp"] != base.vpp)):
         pp, vpp = changes.get("pp", base.pp), changes.get("vpp", base.vpp)
         # a layout string where no first/last or accounted split reaches (as plan's search builds it)
-        split = pipeline_split(model, pp, vpp) or split_fields(model.num_layers, pp, vpp)
+        split = pipeline_split(model, pp, vpp)
         if notes is not None:
             notes.append(f"the baseline's pipeline split ({split_text(base)}) is for PP{base.pp}"
                          + (f" VPP{base.vpp}" if base.vpp else "") + f"; recomputed: {split_text(split) or 'even'}"

@@ -73,14 +73,14 @@ def recompute_ladder(m, base: TrainingConfig) -> list[dict]:
     return out
 
 
-def pipeline_split(m, pp: int, vpp: int | None) -> dict | None:
+def pipeline_split(m, pp: int, vpp: int | None) -> dict:
     """The split fields for the model's layers over PP x VPP: split_fields' where Megatron builds
-    one of those, else a layout string (DeepSeek's form); None where neither exists."""
+    one of those, else a layout string (DeepSeek's form), else the even split (refused)."""
     if pp <= 1 or splits(m.num_layers, pp, vpp):
         return split_fields(m.num_layers, pp, vpp)
     text = balanced_layout(m.num_layers, m.mtp_num_layers, pp, vpp)
-    if text is None:
-        return None
+    if text is None:  # the even split, which the constraint table refuses, saying why
+        return split_fields(m.num_layers, pp, vpp)
     return {**split_fields(m.num_layers, pp, None), "first_pp_layers": None, "last_pp_layers": None,
             "pp_layout": text}
 
@@ -138,8 +138,6 @@ def _grid(exp, world: int, base: TrainingConfig, fixed: dict):
             for pp in keep("pp", [p for p in divisors if world % (tp * cp * p) == 0]):
                 for vpp in keep("vpp", [None] + (list(range(2, MAX_VPP + 1)) if pp > 1 else [])):
                     split = pipeline_split(m, pp, vpp)
-                    if split is None:
-                        continue
                     for ep in keep("ep", [e for e in eps if world % (e * pp) == 0]):
                         for etp in keep("etp", sorted({1, tp})):
                             if world % (etp * ep * pp):
