@@ -159,7 +159,7 @@ def _main(argv: list[str], db: str | None = None) -> int:
               "; ".join(f"{v.code}: {v.message}" for v in found.common_refusal()), file=sys.stderr)
         return 2
     if not layouts:
-        print(f"no layout of {exp.name} fits; add GPUs, or consider offloading and full recompute")
+        print(f"no layout of {exp.name} fits, full recompute included; add GPUs, or consider offloading")
         return code
     order = ("fastest predicted first (tokens/s/GPU, routing assumed balanced)" if args.order == "speed" else
              "least model parallelism first, the baseline first where the search does not hold it")
