@@ -258,8 +258,8 @@ def _lower_bound(exp, cluster, readings, cfg: TrainingConfig, p) -> float:
         overlap = cfg.pp == 1 or cfg.vpp is not None  # the EP overlap needs VPP where PP > 1
         a2a *= min(ms) / p.inputs["ep_a2a_per_layer"]["ms"] * (1 - rates["ep_overlap_hidden"] * overlap)
     tp = t["tp_collectives"] * (1 - rates["tp_overlap_hidden"])
-    host = p.inputs["host_launch_ms_per_micro_batch"] * (1 - max(graphed_share(cfg.replace(**g), rates)
-                                                                  for g in GRAPH_VALUES))
+    # the widest scopes replay the most launches
+    host = p.inputs["host_launch_ms_per_micro_batch"] * (1 - graphed_share(cfg.replace(**GRAPH_VALUES[-1]), rates))
     per = max((t["compute"] + t["pp_sends"] + t["cp_exchange"] + a2a + tp) / mb, host)
     fill = p.inputs["bubble_fraction"] * mb * per
     return per * mb + fill + t["dp_grad_reduce"] + t["dp_param_gather"] + t["optimizer"]
