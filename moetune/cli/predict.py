@@ -15,12 +15,13 @@ import sys
 from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, refusal_line, refuse_unknown_values
 from moetune.estimate import Prediction, StoreReadings, price
 from moetune.estimate.memory import plan_cluster
+from moetune.estimate.space import pipeline_split
 from moetune.experiment import constraints
-from moetune.experiment.config import FSDP_SHARDING, RECOMPUTE_MODULES, TrainingConfig
-from moetune.experiment.pipeline import split_fields
+from moetune.experiment.config import CUDA_GRAPH_MODULES, FSDP_SHARDING, RECOMPUTE_MODULES, TrainingConfig
 from moetune.experiment.schema import ConfigError
 
 DISPATCHERS = {"alltoall": {"dispatcher": "alltoall", "flex_backend": None},
+               "allgather": {"dispatcher": "allgather", "flex_backend": None},
                "deepep": {"dispatcher": "flex", "flex_backend": "deepep"},
                "hybridep": {"dispatcher": "flex", "flex_backend": "hybridep"}}
 PRECISIONS = {"bf16": {"fp8_format": None, "fp8_recipe": None},
@@ -48,6 +49,12 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dispatcher", choices=tuple(DISPATCHERS))
     p.add_argument("--ep-overlap", action="store_true", default=None,
                    help="overlap the expert all-to-all with the other micro-batch's compute")
+    p.add_argument("--delay-wgrad", action="store_true", default=None,
+                   help="delay the experts' weight gradients (with --ep-overlap)")
+    p.add_argument("--tp-comm-overlap", action="store_true", default=None,
+                   help="overlap TP communication with GEMMs (TP > 1)")
+    p.add_argument("--cuda-graphs", metavar="SCOPES|none",
+                   help=f"TE CUDA graphs of these scopes, comma-separated: {','.join(CUDA_GRAPH_MODULES)}; none: off")
     p.add_argument("--precision", choices=tuple(PRECISIONS))
     p.add_argument("--fsdp", action="store_true", default=None,
                    help="Megatron FSDP: weights, gradients and optimizer states sharded over data parallel")
@@ -78,7 +85,9 @@ def layout_config(base: TrainingConfig, a, model=None, notes: list[str] | None =
             changes["vpp"] = None  # the layout's stages over PP
     elif model is not None and _has_split(base) and (
             changes.get("pp", base.pp) != base.pp or ("vpp" in changes and changes["vpp"] != base.vpp)):
-        split = split_fields(model.num_layers, changes.get("pp", base.pp), changes.get("vpp", base.vpp))
+        pp, vpp = changes.get("pp", base.pp), changes.get("vpp", base.vpp)
+        # a layout string where no first/last or accounted split reaches (as plan's search builds it)
+        split = pipeline_split(model, pp, vpp)
         if notes is not None:
             notes.append(f"the baseline's pipeline split ({split_text(base)}) is for PP{base.pp}"
                          + (f" VPP{base.vpp}" if base.vpp else "") + f"; recomputed: {split_text(split) or 'even'}"
@@ -90,6 +99,12 @@ def layout_config(base: TrainingConfig, a, model=None, notes: list[str] | None =
         changes.update(DISPATCHERS[a.dispatcher])
     if a.ep_overlap:
         changes["overlap_ep_a2a"] = True
+    if a.delay_wgrad:
+        changes["delay_wgrad"] = True
+    if a.tp_comm_overlap:
+        changes["tp_comm_overlap"] = True
+    if a.cuda_graphs is not None:
+        changes.update(graph_fields(a.cuda_graphs))
     if a.precision:
         changes.update(PRECISIONS[a.precision])
     if a.fsdp or a.fsdp_sharding:
@@ -113,6 +128,19 @@ def layout_config(base: TrainingConfig, a, model=None, notes: list[str] | None =
     elif "tp" in changes and c.tp == 1:
         c = c.replace(sequence_parallel=False)  # nothing to split the sequence over
     return c
+
+
+def graph_fields(text: str) -> dict:
+    """--cuda-graphs: 'none' turns graphs off, else TE graphs of the scopes named; ValueError (one
+    line) for a scope Megatron does not know."""
+    if text == "none":
+        return {"cuda_graph_impl": "none", "cuda_graph_modules": ()}
+    scopes = tuple(s for s in text.split(",") if s)
+    bad = [s for s in scopes if s not in CUDA_GRAPH_MODULES]
+    if bad or not scopes:
+        raise ValueError(f"--cuda-graphs {text}: {', '.join(bad) or 'no scope'} unknown; use 'none' or scopes of "
+                         f"{', '.join(CUDA_GRAPH_MODULES)}")
+    return {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": scopes}
 
 
 def _has_split(c) -> bool:

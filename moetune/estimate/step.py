@@ -3,7 +3,7 @@ micro-batch, what the expert all-to-all and tensor-parallel collectives add, pip
 the pipeline's fill and drain, the data-parallel gradient reduce and parameter gather left exposed,
 and the optimizer's step.
 
-    step = m x (compute + host + a2a + tp + pp_send) of the slowest stage
+    step = m x (compute + host + a2a + tp + pp_send + cp) of the slowest stage
            + fill/drain ((PP-1)/VPP of that stage's micro-batch time)
            + exposed DP reduce + exposed DP gather + optimizer
 
@@ -192,11 +192,12 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
         backward, forward = s["gpu"] * 2 / 3, s["gpu"] / 3
         fs = comm.fsdp_sync(dense, experts, c, world, node.gpu_type, node.nvlink_domain, rates) if c.fsdp else None
         s["fsdp_gather"], s["fsdp_reduce"] = fsdp_exposed(fs, w.layers, forward, backward) if fs else (0.0, 0.0)
+        s["cp"] = comm.cp_exchange(m, c, w.layers, node.gpu_type, node.nvlink_domain, rates)["ms"]
         # the host queues launches ahead of the GPU's stream, communication included, so the larger
         # of the two sets the pace; but where the host waits on the GPU (a dropless MoE layer's
         # token counts) the queue empties and the GPU waits for the launches after it, which
         # costs most near balance (host_wait_excess, replayed from moetune's own trace)
-        stream = s["compute"] + s["a2a"] + s["tp"] + s["pp"] + s["fsdp_gather"] + s["fsdp_reduce"]
+        stream = s["compute"] + s["a2a"] + s["tp"] + s["pp"] + s["cp"] + s["fsdp_gather"] + s["fsdp_reduce"]
         excess = rates.curve("host_wait_excess").at(s["host"] / stream) if stream else 0.0
         s["host_exposed"] = max(s["host"], stream) * (1 + excess) - stream
         s["micro_batch"] = stream + s["host_exposed"]
@@ -217,6 +218,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
     bubble = (c.pp - 1) / (c.vpp or 1) * top["micro_batch"]
     terms = {"compute": mb * top["compute"], "host_launch": mb * top["host_exposed"],
              "ep_a2a": mb * top["a2a"], "tp_collectives": mb * top["tp"], "pp_sends": mb * top["pp"],
+             "cp_exchange": mb * top["cp"],
              "pipeline_bubble": bubble,
              "dp_grad_reduce": max(s["dp_reduce"] for s in stages) + mb * top["fsdp_reduce"],
              "dp_param_gather": max(s["dp_gather"] for s in stages) + mb * top["fsdp_gather"],

@@ -94,10 +94,11 @@ def test_a_layout_measured_to_fit_is_planned_though_its_estimate_is_not(capsys, 
     headroom fits, so plan lists it (without recompute) with its measurement."""
     from moetune.paths import ROOT
     db = str(ROOT / "benchmarks" / "one_gpu_tuning" / "moetune.db")
-    argv = ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--format", "json", "--limit", "1000"]
-    def layout(r):  # without virtual stages, as measured
+    argv = ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--format", "json", "--limit", "5000"]
+    def layout(r):  # without virtual stages or CP, at micro batch 1, as measured
         c = r["config"]
-        return (c["tp"], c["pp"], c["ep"], tuple(c["recompute_modules"])) if c["vpp"] is None else None
+        measured = c["vpp"] is None and c["cp"] == 1 and c["micro_batch"] == 1
+        return (c["tp"], c["pp"], c["ep"], tuple(c["recompute_modules"])) if measured else None
     _, alone = _json(capsys, argv)
     assert (2, 2, 128, ()) not in map(layout, alone)
     _, rows = _json(capsys, ["--db", db] + argv)
@@ -114,7 +115,7 @@ def test_plan_lists_the_baseline_where_it_fits(capsys, no_store):
     assert main(["plan", "deepseek_v3", "--order", "memory"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.endswith("baseline"))
-    assert row.split()[:4] == ["2", "16", "-", "64"]  # TP, PP, VPP, EP
+    assert row.split()[:5] == ["2", "1", "16", "-", "64"]  # TP, CP, PP, VPP, EP
     rc, rows = _json(capsys, ["plan", "deepseek_v3", "--order", "memory", "--format", "json"])
     assert rc == 0 and {k: rows[0]["config"][k] for k in ("tp", "pp", "ep")} == {"tp": 2, "pp": 16, "ep": 64}
 
@@ -150,7 +151,8 @@ def test_an_unknown_dispatcher_names_itself(capsys, tmp_path, no_store):
 def test_a_global_batch_no_layout_divides_names_it(capsys, tmp_path, no_store):
     """A global batch of 15 with micro batch 2: every layout is refused by the batch, and plan says
     so (with a batch that would divide) instead of "no layout fits; add GPUs"."""
-    assert main(["plan", proxy_variant(tmp_path, "global_batch: 16", "global_batch: 15")]) == 2
+    # the micro batch kept at the baseline's (the search tries 1 too, which 15 takes)
+    assert main(["plan", proxy_variant(tmp_path, "global_batch: 16", "global_batch: 15"), "--micro-batch", "2"]) == 2
     out = capsys.readouterr()
     assert out.out == "" and len(out.err.splitlines()) == 1, out.err
     assert "global_batch_not_divisible" in out.err and "global batch 15" in out.err and "add GPUs" not in out.err
@@ -163,7 +165,7 @@ def test_more_gpus_than_the_global_batch_can_feed_names_the_batch(capsys, no_sto
     out = capsys.readouterr()
     assert out.out == "" and len(out.err.splitlines()) == 1, out.err
     assert out.err.startswith("moetune plan: no layout of qwen3_30b_a3b on 10000000 GPUs can run: ")
-    assert "global_batch 1024 with micro batch 1 feeds at most 1024 data-parallel ranks, 262144 GPUs" in out.err
+    assert "global_batch 1024 with micro batch 1 feeds at most 1024 data-parallel ranks, 524288 GPUs" in out.err
     assert "add GPUs" not in out.err
 
 

@@ -96,3 +96,31 @@ def test_deepep_sends_a_token_once_per_remote_domain():
     assert deepep["share_across"] == pytest.approx(nccl["share_across"] * hit / 4)
     # inside one domain nothing crosses, whatever the dispatcher
     assert comm.a2a(m, c.replace(ep=8), "H100", 8, Rates())["share_across"] == 0
+
+
+def test_the_allgather_dispatcher_gathers_every_token_over_the_ep_group():
+    """allgather: each rank's 2048 tokens x 1024 x 2 B = 4 MiB gathered over EP 4 (a ring moves 3/4
+    of the 16 MiB whole to each rank) inside one NVLink domain at the collective row's share, and
+    reduce-scattered back; forward and backward, four rings. It moves tokens to every peer, not
+    top-k copies, so it costs more than the all-to-all for this top-2 model at EP 4 over NVLink."""
+    rates = Rates()
+    c = TrainingConfig(ep=4, micro_batch=2, dispatcher="allgather")
+    r = comm.a2a(TOY, c, "H100", 8, rates)
+    one = 4 * 4 * 2**20 * 3 / 4 / (H100_NVLINK * rates["collective_nvlink"]) * 1e3
+    assert r["dispatcher"] == "allgather" and r["dispatch_ms"] == pytest.approx(one)
+    assert r["ms"] == pytest.approx(4 * one)
+    assert comm.dispatcher_name(c) == "allgather" and r["link"] == "nvlink"
+
+
+def test_context_parallel_passes_keys_and_values_around_its_ring():
+    """CP 2: one step passes the rank's keys and values (1024 / 2 tokens x 8 groups x 128 x 2 x 2 B)
+    to its peer forward, and backward passes them again with their gradients: three times, per
+    layer; none without CP; a CP group wider than the NVLink domain goes over the NIC."""
+    rates = Rates()
+    assert comm.cp_exchange(TOY, TrainingConfig(), 4, "H100", 8, rates)["ms"] == 0.0
+    r = comm.cp_exchange(TOY, TrainingConfig(cp=2), 4, "H100", 8, rates)
+    nbytes = 512 * 8 * 128 * 2 * 2
+    assert r["bytes"] == nbytes and r["link"] == "nvlink"
+    assert r["ms"] == pytest.approx(3 * 4 * nbytes / (H100_NVLINK * rates["collective_nvlink"]) * 1e3)
+    wide = comm.cp_exchange(TOY, TrainingConfig(cp=2, tp=8, sequence_parallel=True), 4, "H100", 8, rates)
+    assert wide["link"] == "nic"

@@ -286,3 +286,21 @@ def test_fsdp_layouts_moetune_renders_pass_megatron():
     assert results[:-1] == [None] * len(cases), results
     assert results[-1] and "fsdp_dtensor" in results[-1], results[-1]
     assert [check(c, e.model, e.cluster) for c in cases] == [[]] * len(cases)
+
+
+def test_plans_fastest_layouts_of_the_flagships_pass_megatron(no_store):
+    """The ten fastest layouts `moetune plan` lists for each flagship (layout strings, CP, ETP,
+    DeepEP, EP and TP-comm overlap, CUDA graph scopes among them), and NVIDIA's DeepSeek-V3 PP8 VPP4
+    as the search builds it, pass Megatron's validate_args."""
+    from moetune.estimate.readings import StoreReadings
+    from moetune.estimate.search import search
+    from moetune.estimate.space import pipeline_split
+    cases = []
+    for name in ("qwen3_30b_a3b", "qwen3_235b", "deepseek_v3"):
+        e = load_experiment(name)
+        cases += [(e, lay.config) for lay in search(e, StoreReadings.empty(), limit=10).layouts]
+    ds = load_experiment("deepseek_v3")
+    cases.append((ds, ds.baseline.replace(pp=8, vpp=4, **pipeline_split(ds.model, 8, 4))))
+    assert any(c.pp_layout for _, c in cases) and any(c.cuda_graph_impl != "none" for _, c in cases)
+    results = mv.validate([c.to_args(e.model) + run_args() for e, c in cases], [e.cluster.gpus for e, _ in cases])
+    assert [(e.name, r) for (e, _), r in zip(cases, results, strict=True) if r] == []
