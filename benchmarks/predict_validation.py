@@ -12,10 +12,14 @@ differ by more than 10 %, and whether the prediction orders them the same way.""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import io
 import itertools
 import json
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -24,34 +28,80 @@ from moetune.analysis import figures
 from moetune.analysis.logs import parse_log
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.schema import load_experiment
-from moetune.estimate.memory import plan_cluster
+from moetune.estimate.memory import padded_vocab, plan_cluster
 from moetune.estimate import Node, predict
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = ROOT / "benchmarks" / "predict_validation.yaml"
 BANK = ROOT / "data" / "trial_bank" / "bank.jsonl"
-LAYOUT = ("tp", "pp", "vpp", "ep", "etp", "micro_batch", "global_batch", "seq_length")
+LAYOUT = ("tp", "pp", "vpp", "ep", "etp", "cp", "micro_batch", "global_batch", "seq_length")
 PAIR_GAP = 0.10
 BANK_CPUS_PER_RANK = 16.0  # the nvidia-h200-x2 device machine: 32 cores, 2 GPUs
+
+
+@functools.cache
+def imported_experiment(name: str, hf_config: str, gpus: int):
+    """The experiment `moetune new NAME --from-hf CONFIG --gpus N` writes (a model moetune imports
+    rather than ships), loaded from a scratch file."""
+    from moetune.cli import new
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / f"{name}.yaml"
+        with contextlib.redirect_stdout(io.StringIO()):
+            if new.main([name, "--from-hf", str(ROOT / hf_config), "--gpus", str(gpus), "--out", str(out)]):
+                raise SystemExit(f"{hf_config}: moetune new could not import it")
+        return load_experiment(out)
+
+
+def megatron_flop_per_token(model, seq: int, tp: int, causal: bool) -> float:
+    """Model FLOPs a token (forward and backward) as Megatron-LM's training loop counts them for a
+    GQA/MHA model with gated MLPs: 12 x layers x hidden x (attention projections, score and value
+    products, MLP or routed and shared experts) plus the logits; `causal`: only half the score matrix
+    (Megatron-LM from 2025), else all of it (MCore v0.8). Turns a published TFLOP/s/GPU into tokens/s."""
+    if model.multi_latent_attention:
+        raise ValueError(f"{model.name}: the MLA FLOP count is not written here")
+    h, layers = model.hidden_size, model.num_layers
+    q_ratio = (model.kv_channels or h // model.num_attention_heads) * model.num_attention_heads / h
+    moe = sum(model.moe_layer_pattern) if model.moe_layer_pattern else layers - model.first_dense_layers
+    attn = h * h * (1 + model.num_query_groups / model.num_attention_heads
+                    + seq / h * (0.5 if causal else 1.0)) * q_ratio
+    mlp = h * 1.5 * (model.ffn_hidden_size * (layers - moe) / layers
+                     + (model.moe_ffn_hidden_size * model.moe_router_topk
+                        + (model.moe_shared_expert_intermediate_size or 0)) * moe / layers)
+    return 12 * layers * (attn + mlp) + 6 * h * padded_vocab(model, tp)
+
+
+def measured_tokens(row: dict, model) -> float:
+    """The row's published figure as tokens/s/GPU: as given, from a step time, or from model
+    TFLOP/s/GPU under the FLOP count its `flop_count` names."""
+    lay = row["layout"]
+    if row.get("tokens_per_s_per_gpu"):
+        return row["tokens_per_s_per_gpu"]
+    if row.get("step_time_s"):
+        return round(lay["global_batch"] * lay["seq_length"] / row["gpus"] / row["step_time_s"], 1)
+    causal = {"megatron_causal": True, "megatron_v0.8": False}[row["flop_count"]]
+    return round(row["tflops_per_gpu"] * 1e12
+                 / megatron_flop_per_token(model, lay["seq_length"], lay.get("tp", 1), causal), 1)
 
 
 def public_rows(path: Path = PUBLIC) -> list[dict]:
     data = yaml.safe_load(path.read_text())
     out = []
     for row in data["rows"]:
-        exp = load_experiment(row["model"])
+        exp = (imported_experiment(row["model"], row["hf_config"], row["gpus"]) if row.get("hf_config")
+               else load_experiment(row["model"]))
         cluster, world, _ = plan_cluster(exp, row["gpus"], "H100")
         config = exp.baseline.replace(**{**data["common"], **row["settings"], **row["layout"]})
         p = predict(exp.model, config, Node.of(cluster), world)
-        seq = row["layout"]["seq_length"]
-        measured = row.get("tokens_per_s_per_gpu") or round(
-            row["layout"]["global_batch"] * seq / row["gpus"] / row["step_time_s"], 1)
+        measured = measured_tokens(row, exp.model)
         out.append({"id": row["id"], "model": row["model"], "release": row["release"],
                     "table": row.get("table") or row["release"],
                     "hardware": row["hardware"], "source": row["source"], "section": row["section"],
                     "layout": {k: row["layout"].get(k) for k in LAYOUT}, "settings": row["settings"],
                     "measured": measured, "predicted": round(p.tokens_per_s_per_gpu, 1),
                     "error": measured / p.tokens_per_s_per_gpu - 1,
+                    "step_ms": round(p.step_time_ms, 1),
+                    # the slowest stage's compute a micro-batch, by kind of kernel
+                    "compute_parts_ms": {k: round(v, 1) for k, v in p.inputs.get("compute_parts_ms", {}).items()},
                     "terms": {k: round(v, 1) for k, v in p.terms.items()}})
     return out
 

@@ -118,7 +118,7 @@ def baseline_misfit(exp, gpus: int | None = None, gpu_type: str | None = None, o
     best = "; ".join(_layout_words(lay.config) + f" {lay.memory_gb:.1f} GB" for lay in found.layouts)
     c = base.config
     offer = (f"fitting layouts (moetune plan {exp.name}): {best}" if best else
-             "no layout fits; add GPUs, or consider offloading and full recompute")
+             "no layout fits, full recompute included; add GPUs, or consider offloading")
     usable = (1 - PLAN_HEADROOM_SHARE) * (base.capacity_gb or 0)
     return (f"{exp.path or exp.name}: the baseline {_layout_words(c)} does not fit by the estimate "
             f"({base.memory_gb:.1f} of {base.capacity_gb:.0f} GB, {usable:.0f} usable); {offer}")

@@ -24,6 +24,7 @@ import yaml
 from moetune.cli.common import exit_code, positive_int, refusal_line
 from moetune.estimate import StoreReadings
 from moetune.estimate.search import search
+from moetune.estimate.space import BRING_UP
 from moetune.experiment import constraints, extra_args, megatron_import
 from moetune.experiment import gpus as gpu_table
 from moetune.experiment import megatron_validate as megatron
@@ -216,7 +217,7 @@ def _main(argv: list[str], db: str | None) -> int:
     batch = args.global_batch or default_global_batch(gpus)
     exp = Experiment(name=name, description=f"{name} on {gpus} {args.gpu_type}", model=model,
                      cluster=cluster, baseline=TrainingConfig(global_batch=batch, **BASE))
-    found = search(exp, StoreReadings(db), limit=1)
+    found = search(exp, StoreReadings(db), limit=1, fixed=BRING_UP)  # a first trial's: none on
     if not found.layouts:
         raise ConfigError(f"no layout of {name} fits on {found.world}x {args.gpu_type} ({found.capacity_gb:.0f} GB "
                           f"each) at global batch {batch}; give more GPUs (--gpus) or a larger --gpu-type; "

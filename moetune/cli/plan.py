@@ -26,8 +26,11 @@ from moetune.experiment.schema import ConfigError
 
 # the fields each of predict's layout flags sets (beside INT_FLAGS, each its own field)
 FLAG_FIELDS = {"dispatcher": ("dispatcher", "flex_backend"), "ep_overlap": ("overlap_ep_a2a",),
+               "delay_wgrad": ("delay_wgrad",), "tp_comm_overlap": ("tp_comm_overlap",),
+               "cuda_graphs": ("cuda_graph_impl", "cuda_graph_modules"),
                "precision": ("fp8_format", "fp8_recipe"),
                "recompute": ("recompute_granularity", "recompute_modules", "recompute_num_layers"),
+               "fsdp": ("fsdp",), "fsdp_sharding": ("fsdp", "fsdp_sharding"),
                **{k: SPLIT_FIELDS + ("vpp",) for k in SPLIT_FIELDS}}
 
 
@@ -41,6 +44,46 @@ def fixed_fields(a, asked: TrainingConfig, base: TrainingConfig) -> dict:
     if "pp" in names and asked.pp != base.pp:
         names += SPLIT_FIELDS
     return {k: getattr(asked, k) for k in dict.fromkeys(names)}
+
+
+def dispatcher_text(c: TrainingConfig) -> str:
+    """The dispatcher as plan shows it: alltoall, allgather, or flex's backend."""
+    return c.flex_backend if c.dispatcher == "flex" and c.flex_backend else c.dispatcher
+
+
+def overlap_text(c: TrainingConfig) -> str:
+    """The overlaps on: ep (EP all-to-all), +wgrad (delayed), tp (TP comm); '-' for none."""
+    on = (["ep+wgrad" if c.delay_wgrad else "ep"] if c.overlap_ep_a2a else []) + (["tp"] if c.tp_comm_overlap else [])
+    return ",".join(on) or "-"
+
+
+def graphs_text(c: TrainingConfig) -> str:
+    """CUDA graph scopes, shortly: '-' none, 'full' a whole iteration, else the scopes' initials
+    (a attn, r moe_router, p moe_preprocess, m mlp, e moe)."""
+    if c.cuda_graph_impl in (None, "none"):
+        return "-"
+    if c.cuda_graph_impl == "full_iteration":
+        return "full"
+    short = {"attn": "a", "moe_router": "r", "moe_preprocess": "p", "mlp": "m", "moe": "e"}
+    return "".join(short.get(s, "?") for s in c.cuda_graph_modules) or "layer"
+
+
+def recompute_text(c: TrainingConfig) -> str:
+    """The recompute column: full, the selective modules, or '-'."""
+    return "full" if c.recompute_granularity == "full" else ",".join(c.recompute_modules) or "-"
+
+
+def search_counts(space) -> list[str]:
+    """What the speed search went through, in two lines: layouts considered, fitting and dropped by
+    reason; the fitting layouts' settings priced and not kept, by reason."""
+    why = ", ".join(f"{code} {n}" for code, n in space.dropped.most_common())
+    kept = ", ".join(f"{code} {n}" for code, n in space.settings_dropped.most_common())
+    return [f"searched {space.considered} layouts: {len(space.fit)} fit" + (f"; dropped: {why}" if why else ""),
+            f"each fitting layout priced with no overlap or CUDA graphs; {space.settings_priced} settings "
+            f"(dispatcher, EP/TP overlap, CUDA graphs) priced for the {len(space.fit) - space.bounded} that can be "
+            f"among the {space.keep} fastest" + (f", not kept: {kept}" if kept else "")
+            + (f"; the other {space.bounded} are slower than the {space.keep}th even with every communication "
+               "and launch hidden" if space.bounded else "")]
 
 
 def main(argv: list[str], db: str | None = None) -> int:
@@ -117,7 +160,7 @@ def _main(argv: list[str], db: str | None = None) -> int:
               "; ".join(f"{v.code}: {v.message}" for v in found.common_refusal()), file=sys.stderr)
         return 2
     if not layouts:
-        print(f"no layout of {exp.name} fits; add GPUs, or consider offloading and full recompute")
+        print(f"no layout of {exp.name} fits, full recompute included; add GPUs, or consider offloading")
         return code
     order = ("fastest predicted first (tokens/s/GPU, routing assumed balanced)" if args.order == "speed" else
              "least model parallelism first, the baseline first where the search does not hold it")
@@ -125,9 +168,12 @@ def _main(argv: list[str], db: str | None = None) -> int:
           f"shown (--limit {args.limit}), {order}"
           + ("; the band: each rate at the ends of its spread, added in quadrature (docs/prediction.md)"
              if args.order == "speed" else ""))
-    # the column fits its names
-    rw = max([18] + [len(",".join(lay.config.recompute_modules)) for lay in layouts])
-    print(f"{'TP':>3} {'PP':>3} {'VPP':>3} {'EP':>4} {'recompute':<{rw}} {'GB/GPU':>7} {'measured':>8} "
+    if found.space is not None:
+        for line in search_counts(found.space):
+            print(line)
+    rw = max([9] + [len(recompute_text(lay.config)) for lay in layouts])  # the column fits its names
+    print(f"{'TP':>3} {'CP':>2} {'PP':>3} {'VPP':>3} {'EP':>4} {'ETP':>3} {'MB':>2} {'dispatcher':<10} "
+          f"{'overlap':<10} {'graphs':<6} {'recompute':<{rw}} {'GB/GPU':>7} {'measured':>8} "
           f"{'tok/s/GPU':>9} {'ms/step (band)':>22}  band mostly from")
     for lay in layouts:
         c = lay.config
@@ -137,7 +183,9 @@ def _main(argv: list[str], db: str | None = None) -> int:
         step = (f"{head['step_time_ms']:.0f} ({head['step_time_low_ms']:.0f}-{head['step_time_high_ms']:.0f})"
                 if "step_time_low_ms" in head else "-")
         rows = ", ".join(head.get("band_rows") or []) or "-"
-        note = (f"  ({split_text(c)})" if split_text(c) else "") + ("  baseline" if lay is base else "")
-        print(f"{c.tp:>3} {c.pp:>3} {c.vpp or '-':>3} {c.ep:>4} {','.join(c.recompute_modules) or '-':<{rw}} "
+        note = ((f"  ({split_text(c)})" if split_text(c) else "") + (f"  FSDP {c.fsdp_sharding}" if c.fsdp else "")
+                + ("  baseline" if lay is base else ""))
+        print(f"{c.tp:>3} {c.cp:>2} {c.pp:>3} {c.vpp or '-':>3} {c.ep:>4} {c.etp or c.tp:>3} {c.micro_batch:>2} "
+              f"{dispatcher_text(c):<10} {overlap_text(c):<10} {graphs_text(c):<6} {recompute_text(c):<{rw}} "
               f"{lay.memory_gb:>7.1f} {seen} {speed if speed is not None else '-':>9} {step:>22}  {rows}{note}")
     return code

@@ -1,6 +1,7 @@
 """`moetune predict MODEL [--gpus N --gpu-type T] [--tp --pp --vpp --ep --etp --cp --micro-batch
 --global-batch --first-pp-layers --last-pp-layers --pp-layout --account-for-embedding
---account-for-loss --dispatcher D --ep-overlap --precision P --recompute R] [--compute fit|analytic]
+--account-for-loss --dispatcher D --ep-overlap --precision P --recompute R --fsdp --fsdp-sharding S]
+[--compute fit|analytic]
 [--format text|json]`: a layout's predicted step time and tokens/s/GPU with every term it adds up
 (experiment/predict). Each flag left out is the experiment's baseline's; a layout the constraint
 table refuses is one line naming the rule, exit 2, as `moetune check` names it. Compute comes from a fit or
@@ -14,12 +15,13 @@ import sys
 from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, refusal_line, refuse_unknown_values
 from moetune.estimate import Prediction, StoreReadings, price
 from moetune.estimate.memory import plan_cluster
+from moetune.estimate.space import pipeline_split
 from moetune.experiment import constraints
-from moetune.experiment.config import RECOMPUTE_MODULES, TrainingConfig
-from moetune.experiment.pipeline import split_fields
+from moetune.experiment.config import CUDA_GRAPH_MODULES, FSDP_SHARDING, RECOMPUTE_MODULES, TrainingConfig
 from moetune.experiment.schema import ConfigError
 
 DISPATCHERS = {"alltoall": {"dispatcher": "alltoall", "flex_backend": None},
+               "allgather": {"dispatcher": "allgather", "flex_backend": None},
                "deepep": {"dispatcher": "flex", "flex_backend": "deepep"},
                "hybridep": {"dispatcher": "flex", "flex_backend": "hybridep"}}
 PRECISIONS = {"bf16": {"fp8_format": None, "fp8_recipe": None},
@@ -47,7 +49,18 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dispatcher", choices=tuple(DISPATCHERS))
     p.add_argument("--ep-overlap", action="store_true", default=None,
                    help="overlap the expert all-to-all with the other micro-batch's compute")
+    p.add_argument("--delay-wgrad", action="store_true", default=None,
+                   help="delay the experts' weight gradients (with --ep-overlap)")
+    p.add_argument("--tp-comm-overlap", action="store_true", default=None,
+                   help="overlap TP communication with GEMMs (TP > 1)")
+    p.add_argument("--cuda-graphs", metavar="SCOPES|none",
+                   help=f"TE CUDA graphs of these scopes, comma-separated: {','.join(CUDA_GRAPH_MODULES)}; none: off")
     p.add_argument("--precision", choices=tuple(PRECISIONS))
+    p.add_argument("--fsdp", action="store_true", default=None,
+                   help="Megatron FSDP: weights, gradients and optimizer states sharded over data parallel")
+    p.add_argument("--fsdp-sharding", choices=FSDP_SHARDING,
+                   help="what Megatron FSDP shards (--data-parallel-sharding-strategy; implies --fsdp; "
+                        "default optim_grads_params)")
     p.add_argument("--recompute", metavar="MODULES|full|none",
                    help=f"'full', 'none', or selective modules, comma-separated: {','.join(RECOMPUTE_MODULES)}")
 
@@ -72,7 +85,9 @@ def layout_config(base: TrainingConfig, a, model=None, notes: list[str] | None =
             changes["vpp"] = None  # the layout's stages over PP
     elif model is not None and _has_split(base) and (
             changes.get("pp", base.pp) != base.pp or ("vpp" in changes and changes["vpp"] != base.vpp)):
-        split = split_fields(model.num_layers, changes.get("pp", base.pp), changes.get("vpp", base.vpp))
+        pp, vpp = changes.get("pp", base.pp), changes.get("vpp", base.vpp)
+        # a layout string where no first/last or accounted split reaches (as plan's search builds it)
+        split = pipeline_split(model, pp, vpp)
         if notes is not None:
             notes.append(f"the baseline's pipeline split ({split_text(base)}) is for PP{base.pp}"
                          + (f" VPP{base.vpp}" if base.vpp else "") + f"; recomputed: {split_text(split) or 'even'}"
@@ -84,8 +99,16 @@ def layout_config(base: TrainingConfig, a, model=None, notes: list[str] | None =
         changes.update(DISPATCHERS[a.dispatcher])
     if a.ep_overlap:
         changes["overlap_ep_a2a"] = True
+    if a.delay_wgrad:
+        changes["delay_wgrad"] = True
+    if a.tp_comm_overlap:
+        changes["tp_comm_overlap"] = True
+    if a.cuda_graphs is not None:
+        changes.update(graph_fields(a.cuda_graphs))
     if a.precision:
         changes.update(PRECISIONS[a.precision])
+    if a.fsdp or a.fsdp_sharding:
+        changes.update(fsdp=True, **({"fsdp_sharding": a.fsdp_sharding} if a.fsdp_sharding else {}))
     if a.recompute == "none":
         changes.update(recompute_granularity=None, recompute_modules=(), recompute_num_layers=None)
     elif a.recompute == "full":
@@ -97,10 +120,27 @@ def layout_config(base: TrainingConfig, a, model=None, notes: list[str] | None =
             raise ValueError(f"--recompute {a.recompute}: {', '.join(bad)} unknown; use 'full', 'none' or modules of "
                              f"{', '.join(RECOMPUTE_MODULES)}")
         changes.update(recompute_granularity="selective", recompute_modules=mods)
+    if changes.get("pp") == 1 and "vpp" not in changes:
+        changes["vpp"] = None  # one stage has no virtual stages
     c = base.replace(**changes)
     if c.tp > 1 and c.ep > 1:
         c = c.replace(sequence_parallel=True)  # Megatron requires it for MoE with TP
+    elif "tp" in changes and c.tp == 1:
+        c = c.replace(sequence_parallel=False)  # nothing to split the sequence over
     return c
+
+
+def graph_fields(text: str) -> dict:
+    """--cuda-graphs: 'none' turns graphs off, else TE graphs of the scopes named; ValueError (one
+    line) for a scope Megatron does not know."""
+    if text == "none":
+        return {"cuda_graph_impl": "none", "cuda_graph_modules": ()}
+    scopes = tuple(s for s in text.split(",") if s)
+    bad = [s for s in scopes if s not in CUDA_GRAPH_MODULES]
+    if bad or not scopes:
+        raise ValueError(f"--cuda-graphs {text}: {', '.join(bad) or 'no scope'} unknown; use 'none' or scopes of "
+                         f"{', '.join(CUDA_GRAPH_MODULES)}")
+    return {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": scopes}
 
 
 def _has_split(c) -> bool:
@@ -137,6 +177,8 @@ def render_text(name: str, c: TrainingConfig, p: Prediction, extra_args: list[st
         lines.append(band_line(p.band))
     lines.append(f"  {i['micro_batches']} micro-batches a step, bubble fraction {i['bubble_fraction']:.3f}; "
                  "routing assumed balanced")
+    if i.get("fsdp"):
+        lines.append(fsdp_line(i["dp_sync"]))
     if "calibration" in i:
         lines.append(f"  rates measured ({i['calibration']}): {', '.join(i['rates_measured']) or 'none'}; "
                      "the rest published (--format json: each rate's source)")
@@ -146,6 +188,19 @@ def render_text(name: str, c: TrainingConfig, p: Prediction, extra_args: list[st
         lines.append(f"  note: extra_args not priced: {' '.join(extra_args)} (passed to Megatron as written; "
                      "the prediction is of the model without them)")
     return "\n".join(lines)
+
+
+def fsdp_line(d: dict) -> str:
+    """Megatron FSDP's collectives of the slowest stage in words: each micro-batch's, and what its
+    compute leaves exposed (in the dp_* terms)."""
+    each = (f"each micro-batch gathers {d['param_bytes'] / 1e9:.1f} GB of weights forward "
+            f"({d['forward_gather_ms']:.0f} ms) and backward ({d['backward_gather_ms']:.0f} ms), reduce-scatters "
+            f"its gradients ({d['backward_reduce_ms']:.0f} ms)" if d["forward_gather_ms"] else
+            f"each micro-batch reduce-scatters its gradients ({d['backward_reduce_ms']:.0f} ms)"
+            if d["backward_reduce_ms"] else "the gradients reduced once a step")
+    return (f"  Megatron FSDP {d['strategy']} over DP {d['dp']} / EDP {d['edp']} ({d['link']}): {each}; exposed "
+            f"{d['exposed_gather_ms_per_micro_batch']:.0f} + {d['exposed_reduce_ms_per_micro_batch']:.0f} ms a "
+            "micro-batch (in dp_param_gather, dp_grad_reduce)")
 
 
 def band_line(b) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from moetune.estimate import fsdp
 from moetune.estimate.flops import BF16, tokens
 from moetune.estimate.rates import Rates
 from moetune.experiment import gpus
@@ -18,10 +19,10 @@ PARAM_BYTES = 2  # bf16 weights, gathered after the distributed optimizer's step
 
 
 def dispatcher_name(c: TrainingConfig) -> str:
-    """alltoall | deepep | hybridep (the flex dispatcher by its backend; allgather priced as alltoall)."""
+    """alltoall | allgather | deepep | hybridep (the flex dispatcher by its backend)."""
     if c.dispatcher == "flex":
         return c.flex_backend or "deepep"
-    return "alltoall"
+    return "allgather" if c.dispatcher == "allgather" else "alltoall"
 
 
 # (dispatch over NVLink, combine over NVLink, dispatch over the NIC, combine over the NIC): rows of
@@ -64,9 +65,11 @@ def a2a(m: ModelArch, c: TrainingConfig, gpu_type: str, nvlink_domain: int, rate
     """The expert all-to-all of one MoE layer for one micro-batch: dispatch and combine forward,
     and their mirror in backward. Each runs NVLink and NIC transfers at once: the slower sets it.
     DeepEP and HybridEP send a token across once per remote domain (remote_domain_share)."""
+    name = dispatcher_name(c)
+    if name == "allgather":
+        return allgather(m, c, gpu_type, nvlink_domain, rates)
     sent = tokens(m, c) / c.tp * m.moe_router_topk * m.hidden_size * BF16  # sequence parallel: T/TP each
     inside, across = ep_peer_shares(c, nvlink_domain)
-    name = dispatcher_name(c)
     if name in DEDUPLICATING:
         across *= remote_domain_share(m, c, nvlink_domain)
     nvl_d, nvl_c, nic_d, nic_c = (rates[r] for r in A2A_ROWS[name])
@@ -75,6 +78,38 @@ def a2a(m: ModelArch, c: TrainingConfig, gpu_type: str, nvlink_domain: int, rate
     dispatch, combine = one(nvl_d, nic_d), one(nvl_c, nic_c)
     return {"dispatcher": name, "bytes_sent": sent, "share_in_nvlink": inside, "share_across": across,
             "dispatch_ms": 1e3 * dispatch, "combine_ms": 1e3 * combine, "ms": 2e3 * (dispatch + combine)}
+
+
+def allgather(m: ModelArch, c: TrainingConfig, gpu_type: str, nvlink_domain: int, rates: Rates) -> dict:
+    """The allgather dispatcher of one MoE layer for one micro-batch: every rank's tokens (T/TP each)
+    gathered over the EP group, whatever experts they go to, and the experts' output
+    reduce-scattered back; forward and mirrored in backward, as ring collectives over the group
+    (EP ranks ETP apart: NVLink while they fit a domain, else the NIC)."""
+    whole = c.ep * tokens(m, c) / c.tp * m.hidden_size * BF16
+    rate, link = link_rate(c.ep * (c.etp or c.tp), gpu_type, nvlink_domain, rates)
+    one = ring_ms(whole, c.ep, rate)
+    inside, across = ep_peer_shares(c, nvlink_domain)
+    return {"dispatcher": "allgather", "bytes_sent": whole * (c.ep - 1) / c.ep, "share_in_nvlink": inside,
+            "share_across": across, "link": link, "dispatch_ms": one, "combine_ms": one, "ms": 4 * one}
+
+
+def cp_exchange(m: ModelArch, c: TrainingConfig, layers: int, gpu_type: str, nvlink_domain: int,
+                rates: Rates) -> dict:
+    """Context parallel's ring attention for one micro-batch: in each of CP-1 steps a rank passes its
+    share of the sequence's keys and values to the next CP rank; backward passes them again with
+    their gradients (three times the forward's bytes). CP peers are TP ranks apart. Taken as
+    exposed: the rate table has no row for how much of it attention hides."""
+    if c.cp <= 1:
+        return {"ms": 0.0}
+    if m.multi_latent_attention:
+        dims = (m.qk_head_dim or 0) + (m.qk_pos_emb_head_dim or 0) + (m.v_head_dim or 0)
+        per_token = m.num_attention_heads * dims / c.tp
+    else:
+        d = m.kv_channels or m.hidden_size // m.num_attention_heads
+        per_token = 2 * d * max(m.num_query_groups / c.tp, 1)
+    nbytes = tokens(m, c) * per_token * BF16
+    rate, link = link_rate(c.tp * c.cp, gpu_type, nvlink_domain, rates)
+    return {"ms": 3 * (c.cp - 1) * layers * 1e3 * nbytes / rate, "bytes": nbytes, "link": link}
 
 
 def link_rate(span: int, gpu_type: str, nvlink_domain: int, rates: Rates) -> tuple[float, str]:
@@ -127,3 +162,27 @@ def dp_sync(dense: float, experts: float, c: TrainingConfig, world: int, gpu_typ
         reduce, gather = 2 * reduce, 0.0
     return {"reduce_ms": reduce, "gather_ms": gather, "dp": dp, "edp": edp, "link": d_link,
             "grad_bytes": (dense + experts) * GRAD_BYTES}
+
+
+def fsdp_sync(dense: float, experts: float, c: TrainingConfig, world: int, gpu_type: str,
+              nvlink_domain: int, rates: Rates) -> dict:
+    """Megatron FSDP's collectives of one stage's parameters (`dense` over the DP x CP group,
+    `experts` over the expert-data-parallel group), gradients in bf16 (estimate/fsdp.py). Under
+    optim_grads_params every micro-batch gathers the weights layer by layer in forward and again in
+    backward, and reduce-scatters the gradients layer by layer in backward; under optim_grads only
+    the reduce-scatter runs each micro-batch and the (replicated) weights are gathered once after the
+    step; under optim and no_shard the reduce waits for the last micro-batch, as the distributed
+    optimizer's and DDP's do (megatron_fsdp.py: is_delay_grad_reduce)."""
+    dp = world // (c.tp * c.pp)  # DP x CP
+    edp = world // ((c.etp or c.tp) * c.ep * c.pp)
+    rate, link = link_rate(world // c.pp, gpu_type, nvlink_domain, rates)
+    gather = ring_ms(dense * fsdp.PARAM_BYTES, dp, rate) + ring_ms(experts * fsdp.PARAM_BYTES, edp, rate)
+    reduce = ring_ms(dense * fsdp.GRAD_BYTES, dp, rate) + ring_ms(experts * fsdp.GRAD_BYTES, edp, rate)
+    s = fsdp.STRATEGIES[c.fsdp_sharding]
+    return {"strategy": c.fsdp_sharding, "dp": dp, "edp": edp, "link": link,
+            "param_bytes": (dense + experts) * fsdp.PARAM_BYTES,
+            "forward_gather_ms": gather if s.weights else 0.0,  # a micro-batch's
+            "backward_gather_ms": gather if s.weights else 0.0,
+            "backward_reduce_ms": reduce if s.grads else 0.0,
+            "step_reduce_ms": 0.0 if s.grads else reduce * (1 if s.optimizer else 2),  # no_shard: all-reduce
+            "step_gather_ms": gather if s.optimizer and not s.weights else 0.0}

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from moetune.experiment import gpus
 from moetune.experiment.config import TrainingConfig
@@ -129,7 +130,7 @@ class KernelTable:
         self.gemms: dict[str, dict[tuple[int, int, int], float]] = {}
         self.attention: dict[tuple[int, int, int, int, int], tuple[float, float]] = {}
         # a shape's nearest measured one, found once: a layout is priced many times (plan, a band)
-        self._nearest: dict[tuple, float] = {}
+        self._nearest: dict[tuple, Any] = {}
         for r in record.get("rows", []):
             if r.get("kind") == "gemm" and r.get("tflop_s", 0) > 0:
                 self.gemms.setdefault(r["dtype"], {})[(r["m"], r["k"], r["n"])] = float(r["tflop_s"])
@@ -161,7 +162,10 @@ class KernelTable:
             return self.attention[key]
         if not self.attention:
             raise KeyError("no attention rows")
-        near = min(self.attention, key=lambda s: _log_distance(s[1:], key[1:]) + _log_distance(s[:1], key[:1]))
+        if key not in self._nearest:  # the scan once a shape: plan prices thousands of layouts
+            self._nearest[key] = min(self.attention, key=lambda s: _log_distance(s[1:], key[1:])
+                                     + _log_distance(s[:1], key[:1]))
+        near = self._nearest[key]
         scale = a.forward_flop() / Attention(*near).forward_flop()
         f, b = self.attention[near]
         return f * scale, b * scale

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from moetune.errors import MoetuneError
-from moetune.estimate import activations
+from moetune.estimate import activations, fsdp
 from moetune.experiment import fit
 from moetune.experiment.config import TrainingConfig, run_args
 from moetune.experiment.constraints import check
@@ -239,6 +239,10 @@ def _stage_estimate(m: ModelArch, c: TrainingConfig, gpus: int, stage: int) -> E
     grads = 4 * (dense + replicated + experts)
     opt = ((bytes_per_param(dp * c.cp, c) - 6) * (dense + replicated)
            + (bytes_per_param(edp, c) - 6) * experts)
+    if c.fsdp:  # Megatron FSDP in place of the above (estimate/fsdp.py)
+        layer = (p.dense / c.tp + p.replicated + p.experts / (etp * c.ep)) / m.num_layers
+        fs = fsdp.model_state(c, dense + replicated, experts, dp * c.cp, edp, layer)
+        weights, grads, opt = fs.weights, fs.grads, fs.optimizer
     microbatches = max(1, c.global_batch // (c.micro_batch * max(dp, 1)))
     s = (c.seq_length or m.seq_length) / c.cp
     if c.recompute_granularity == "full":
@@ -259,6 +263,8 @@ def _stage_estimate(m: ModelArch, c: TrainingConfig, gpus: int, stage: int) -> E
     notes = []
     if c.recompute_granularity == "full":
         notes.append("full recompute: one checkpoint per layer")
+    if c.fsdp:
+        notes.append(f"Megatron FSDP {c.fsdp_sharding}: {fs.gathered / GB:.1f} GB of two layers held whole")
     return Estimate(weights / GB, grads / GB, opt / GB, act / GB,
                     parameters_b=(p.total + mtp_params(m).total) / 1e9, notes=notes)
 

@@ -91,6 +91,8 @@ class StoreReadings:
         """(ms of one micro-batch on the layout's slowest measured rank, where from): a fit's step of
         its fit_micro_batches, or a one-GPU trial's judged step of its samples, of this model on this
         GPU type; the fastest such record wins."""
+        if not self._measurements():  # none to match: spare the key (plan asks thousands of times)
+            return None
         want = compute_key(config)
         found = [(ms, src) for model, gpu, key, ms, src in self._measurements()
                  if model in (exp.name, exp.model.name) and gpu == gpu_type and key == want]

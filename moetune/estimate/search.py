@@ -1,14 +1,13 @@
-"""The layout search `moetune plan` shows: the memory-feasible layouts of an experiment on its
-cluster (memory.plan), the baseline among them, each with the measured peak the store holds of
-it, ranked by predicted tokens/s/GPU (price), or least model parallelism first."""
+"""The layout search `moetune plan` shows: the layouts of an experiment on its cluster that pass the
+constraints and fit (estimate/space.py, the speed order; memory.plan, the memory order), the
+baseline among them, each with the measured peak the store holds of it, ranked by predicted
+tokens/s/GPU (price), or least model parallelism first."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 
 from moetune.estimate.memory import (
-    PLAN_MAX_PP,
-    PLAN_TP,
     Layout,
     TooFewGPUs,
     baseline_layout,
@@ -17,7 +16,8 @@ from moetune.estimate.memory import (
 )
 from moetune.estimate.pricing import price
 from moetune.estimate.readings import StoreReadings
-from moetune.experiment.config import TrainingConfig
+from moetune.estimate.space import CPS, MAX_PP, TPS, Space, search_space
+from moetune.experiment.config import TrainingConfig, run_args
 from moetune.experiment.schema import cluster_section
 
 # Fields that do not change a layout's memory: how long it runs and what is profiled. Routing's
@@ -57,6 +57,7 @@ class Search:
     capacity_gb: float
     predicted: dict[int, dict] = field(default_factory=dict)
     refused: list[list] = field(default_factory=list)  # memory.plan's: each candidate left out, why
+    space: Space | None = None  # the speed search's counts (estimate/space.py); None for --order memory
 
     def common_refusal(self) -> list:
         """The constraint violations (of the first candidate) whose rules refused every candidate
@@ -77,13 +78,14 @@ def batch_bound(exp, world: int) -> str | None:
     the search's largest TP×PP×CP GPUs; None where it can feed `world`."""
     base = exp.baseline
     ranks = base.global_batch // max(base.micro_batch, 1)
-    parallel = max(PLAN_TP) * PLAN_MAX_PP * max(base.cp, 1)
+    cp = max(base.cp, *CPS)
+    parallel = max(TPS) * MAX_PP * cp
     most = ranks * parallel
     if world <= most:
         return None
     return (f"baseline.global_batch {base.global_batch} with micro batch {base.micro_batch} feeds at most "
             f"{ranks} data-parallel ranks, {most} GPUs at the search's largest TP×PP×CP "
-            f"({max(PLAN_TP)}×{PLAN_MAX_PP}×{max(base.cp, 1)}); {world} GPUs need a global batch of "
+            f"({max(TPS)}×{MAX_PP}×{cp}); {world} GPUs need a global batch of "
             f"{-(-world // parallel) * max(base.micro_batch, 1)} or more")
 
 
@@ -138,17 +140,38 @@ def search(exp, readings: StoreReadings, gpus: int | None = None, gpu_type: str 
         base = baseline_layout(exp, gpus, gpu_type, measured=measured)
     except TooFewGPUs:
         base = None
-    speed = order == "speed"
+    if order == "speed":
+        return _by_speed(exp, readings, gpus, gpu_type, limit, fixed, base, world, capacity,
+                         measured if peaks else None)
     refused: list[list] = []
-    layouts = plan(exp, gpus, gpu_type, limit=10**6 if speed else limit, measured=measured, virtual=speed,
-                   refused=refused, fixed=fixed)
+    layouts = plan(exp, gpus, gpu_type, limit=limit, measured=measured, refused=refused, fixed=fixed)
     # the baseline is a candidate too, where it fits and the search's grid does not hold it
     if base is not None and base.fits and all(layout_key(lay.config.to_dict()) != layout_key(
             base.config.to_dict()) for lay in layouts):
         layouts.insert(0, base)
-    predicted: dict[int, dict] = {}
-    if speed:
-        layouts, predicted = ranked(exp, layouts, gpus, gpu_type, readings)
-        layouts = layouts[:limit]
-        banded(exp, layouts, predicted, gpus, gpu_type, readings)
-    return Search(layouts, base, world, capacity, predicted, refused)
+    return Search(layouts, base, world, capacity, {}, refused)
+
+
+def _same_layout(a: TrainingConfig, b: TrainingConfig) -> bool:
+    """Whether two configs are one layout (layout_key), the cheap fields compared first."""
+    return (a.tp, a.pp, a.ep, a.vpp, a.cp, a.micro_batch) == (b.tp, b.pp, b.ep, b.vpp, b.cp, b.micro_batch) \
+        and layout_key(a.to_dict()) == layout_key(b.to_dict())
+
+
+def _by_speed(exp, readings: StoreReadings, gpus: int | None, gpu_type: str | None, limit: int,
+              fixed: dict | None, base: Layout | None, world: int, capacity: float, measured) -> Search:
+    """The `limit` fastest of the search space (estimate/space.py), the baseline among them where it
+    fits and the space does not hold it, each with its band."""
+    space = search_space(exp, readings, gpus, gpu_type, keep=max(limit, 10), fixed=fixed, measured=measured)
+    m = exp.model
+    layouts = [Layout(f.config, [], f.memory_gb, f.breakdown, f.config.tp * f.config.pp, capacity_gb=capacity,
+                      measured_gb=f.measured_gb) for f in space.fit[:limit]]
+    if base is not None and base.fits and not any(_same_layout(f.config, base.config) for f in space.fit):
+        layouts.append(base)
+    layouts, predicted = ranked(exp, layouts, gpus, gpu_type, readings)
+    layouts = layouts[:limit]
+    for lay in layouts:
+        if not lay.args:
+            lay.args = lay.config.to_args(m) + run_args()
+    banded(exp, layouts, predicted, gpus, gpu_type, readings)
+    return Search(layouts, base, world, capacity, predicted, space.refused, space)

@@ -3,11 +3,13 @@ micro-batch, what the expert all-to-all and tensor-parallel collectives add, pip
 the pipeline's fill and drain, the data-parallel gradient reduce and parameter gather left exposed,
 and the optimizer's step.
 
-    step = m x (compute + host + a2a + tp + pp_send) of the slowest stage
+    step = m x (compute + host + a2a + tp + pp_send + cp) of the slowest stage
            + fill/drain ((PP-1)/VPP of that stage's micro-batch time)
            + exposed DP reduce + exposed DP gather + optimizer
 
-with m = global batch / (micro batch x DP) micro-batches per step."""
+with m = global batch / (micro batch x DP) micro-batches per step. Under Megatron FSDP the weights'
+gathers and the gradients' reduce-scatters of each micro-batch (comm.fsdp_sync) run in the stage's
+stream too; what its compute leaves exposed is reported in the DP gather and reduce terms."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -138,6 +140,20 @@ def ep_overlapped_share(c: TrainingConfig, micro_batches: int, stage: int = 0) -
     return max(0, total - min(total, warmup)) / total if total else 0.0
 
 
+def fsdp_exposed(fs: dict, layers: int, forward: float, backward: float) -> tuple[float, float]:
+    """(gather, reduce) ms of one micro-batch's Megatron FSDP collectives (comm.fsdp_sync) that its
+    compute does not hide. They run a layer at a time, beside the compute of the layer before (the
+    next layer's weights prefetched): the gather of a pass's first layer and the reduce of its last
+    have nothing to hide behind; the rest hide as far as the pass's compute lasts, as the
+    distributed optimizer's overlapped gather and reduce do."""
+    n = max(layers, 1)
+    gf, gb, rb = fs["forward_gather_ms"], fs["backward_gather_ms"], fs["backward_reduce_ms"]
+    rest_f = max(0.0, gf * (1 - 1 / n) - forward)
+    rest_b = max(0.0, (gb + rb) * (1 - 1 / n) - backward)
+    share_g = gb / (gb + rb) if gb + rb else 0.0
+    return gf / n + rest_f + gb / n + rest_b * share_g, rb / n + rest_b * (1 - share_g)
+
+
 def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rates | None = None,
             measured_ms: float | None = None) -> Prediction:
     """The step's predicted time. `measured_ms`: a fit's or one-GPU trial's measured time of one
@@ -172,21 +188,29 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
         tp = comm.tp_collectives(m, c, w.layers, w.moe_layers, node.gpu_type, node.nvlink_domain, rates)
         s["tp"] = tp["ms"] * (1 - rates["tp_overlap_hidden"] if c.tp_comm_overlap else 1.0)
         s["pp"] = comm.pp_sends(m, c, rates)["ms"]
+        dense, experts = stage_params(m, c, w.layers, w.moe_layers, w.index == 0, w.index == c.pp - 1)
+        backward, forward = s["gpu"] * 2 / 3, s["gpu"] / 3
+        fs = comm.fsdp_sync(dense, experts, c, world, node.gpu_type, node.nvlink_domain, rates) if c.fsdp else None
+        s["fsdp_gather"], s["fsdp_reduce"] = fsdp_exposed(fs, w.layers, forward, backward) if fs else (0.0, 0.0)
+        s["cp"] = comm.cp_exchange(m, c, w.layers, node.gpu_type, node.nvlink_domain, rates)["ms"]
         # the host queues launches ahead of the GPU's stream, communication included, so the larger
         # of the two sets the pace; but where the host waits on the GPU (a dropless MoE layer's
         # token counts) the queue empties and the GPU waits for the launches after it, which
         # costs most near balance (host_wait_excess, replayed from moetune's own trace)
-        stream = s["compute"] + s["a2a"] + s["tp"] + s["pp"]
+        stream = s["compute"] + s["a2a"] + s["tp"] + s["pp"] + s["cp"] + s["fsdp_gather"] + s["fsdp_reduce"]
         excess = rates.curve("host_wait_excess").at(s["host"] / stream) if stream else 0.0
         s["host_exposed"] = max(s["host"], stream) * (1 + excess) - stream
         s["micro_batch"] = stream + s["host_exposed"]
-        dense, experts = stage_params(m, c, w.layers, w.moe_layers, w.index == 0, w.index == c.pp - 1)
         dp = comm.dp_sync(dense, experts, c, world, node.gpu_type, node.nvlink_domain, rates)
-        backward, forward = s["gpu"] * 2 / 3, s["gpu"] / 3
+        if fs:  # FSDP's own collectives replace the data-parallel ones: what is left once a step
+            dp = {**fs, "reduce_ms": fs["step_reduce_ms"], "gather_ms": fs["step_gather_ms"],
+                  "exposed_gather_ms_per_micro_batch": s["fsdp_gather"],
+                  "exposed_reduce_ms_per_micro_batch": s["fsdp_reduce"]}
         s["dp_reduce"] = max(0.0, dp["reduce_ms"] - backward) if c.overlap_grad_reduce else dp["reduce_ms"]
         s["dp_gather"] = max(0.0, dp["gather_ms"] - forward) if c.overlap_param_gather else dp["gather_ms"]
         s["dp"] = dp
-        shards = (dense / dp["dp"] + experts / dp["edp"]) if c.distributed_optimizer else dense + experts
+        sharded = c.distributed_optimizer or (c.fsdp and c.fsdp_sharding != "no_shard")
+        shards = (dense / dp["dp"] + experts / dp["edp"]) if sharded else dense + experts
         opt_bytes = shards * OPTIMIZER_BYTES + (dense + experts) * 2 * comm.GRAD_BYTES  # + zero, norm
         g = gpus.GPUS[node.gpu_type]
         s["optimizer"] = 1e3 * opt_bytes / (g.hbm_tb_s * 1e12 * rates["hbm_efficiency"])
@@ -194,9 +218,10 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
     bubble = (c.pp - 1) / (c.vpp or 1) * top["micro_batch"]
     terms = {"compute": mb * top["compute"], "host_launch": mb * top["host_exposed"],
              "ep_a2a": mb * top["a2a"], "tp_collectives": mb * top["tp"], "pp_sends": mb * top["pp"],
+             "cp_exchange": mb * top["cp"],
              "pipeline_bubble": bubble,
-             "dp_grad_reduce": max(s["dp_reduce"] for s in stages),
-             "dp_param_gather": max(s["dp_gather"] for s in stages),
+             "dp_grad_reduce": max(s["dp_reduce"] for s in stages) + mb * top["fsdp_reduce"],
+             "dp_param_gather": max(s["dp_gather"] for s in stages) + mb * top["fsdp_gather"],
              "optimizer": max(s["optimizer"] for s in stages)}
     step = sum(terms.values())
     seq = c.seq_length or m.seq_length
@@ -210,7 +235,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
               "host_launch_ms_per_micro_batch": top["host"],
               "ep_a2a_ms_per_micro_batch": top["a2a_total"],
               "ep_overlap": c.overlap_ep_a2a,
-              "ep_a2a_per_layer": a2a or {}, "dp_sync": top["dp"],
+              "ep_a2a_per_layer": a2a or {}, "dp_sync": top["dp"], "fsdp": c.fsdp,
               "kernel_table": table.source if table else "none: GEMMs by gemm_efficiency's curve"}
     return Prediction(step, c.global_batch * seq / (step / 1e3) / world, terms, source, inputs,
                       {n: rates.rows[n].to_dict() for n in rates.rows})

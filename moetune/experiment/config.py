@@ -24,6 +24,8 @@ OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_nor
 CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
 FP8_RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
+# Megatron FSDP's --data-parallel-sharding-strategy values, least sharded first (megatron-core 0.19)
+FSDP_SHARDING = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,14 @@ class TrainingConfig:
     """Shard optimizer states over data-parallel ranks; off by default."""
     precision_aware_optimizer: bool = False
     """Optimizer states in lower precision (Transformer Engine's FusedAdam); off by default."""
+    fsdp: bool = False
+    """Megatron FSDP (--use-megatron-fsdp) in place of the data-parallel gradient reduce: what
+    fsdp_sharding names is sharded over the data-parallel group and gathered layer by layer as the
+    passes need it; Megatron then runs its distributed optimizer whatever distributed_optimizer
+    says. Off by default."""
+    fsdp_sharding: str = "optim_grads_params"
+    """What Megatron FSDP shards over the data-parallel group (--data-parallel-sharding-strategy):
+    optim_grads_params (everything, Megatron's default), optim_grads, optim or no_shard."""
     recompute_granularity: str | None = None
     """Activation recompute: selective or full; None: none."""
     recompute_modules: tuple[str, ...] = ()
@@ -202,6 +212,8 @@ class TrainingConfig:
             argv += spec.render(getattr(self, spec.field))
         if self.recompute_granularity == "full":
             argv += ["--recompute-method", "uniform"]
+        if self.fsdp:  # Megatron FSDP saves only in its own format and refuses to start without it
+            argv += ["--ckpt-format", FSDP_CKPT_FORMAT]
         if self.offload_modules:
             argv += ["--fine-grained-activation-offloading"]
         argv += ["--bf16"]
@@ -237,6 +249,10 @@ class TrainingConfig:
         if model and values.get("seq_length") == model.seq_length:
             values["seq_length"] = None
         return cls(**values)
+
+
+FSDP_CKPT_FORMAT = "fsdp_dtensor"
+"""The --ckpt-format Megatron FSDP requires (megatron/training/arguments.py, validate_args)."""
 
 
 TE_LESS_FLAGS = ("--no-rope-fusion", "--no-persist-layer-norm", "--no-gradient-accumulation-fusion",
@@ -308,6 +324,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("overlap_param_gather", "--overlap-param-gather", "switch"),
     Flag("distributed_optimizer", "--use-distributed-optimizer", "switch"),
     Flag("precision_aware_optimizer", "--use-precision-aware-optimizer", "switch"),
+    Flag("fsdp", "--use-megatron-fsdp", "switch"),
+    Flag("fsdp_sharding", "--data-parallel-sharding-strategy", "str", "optim_grads_params"),
     Flag("recompute_granularity", "--recompute-granularity", "str"),
     Flag("recompute_modules", "--recompute-modules", "list"),
     Flag("recompute_num_layers", "--recompute-num-layers", "int"),

@@ -12,6 +12,7 @@ from moetune.experiment.config import (
     CUDA_GRAPH_MODULES,
     DISPATCHERS,
     FLEX_BACKENDS,
+    FSDP_SHARDING,
     OFFLOAD_MODULES,
     RECOMPUTE_MODULES,
     TrainingConfig,
@@ -31,6 +32,9 @@ ROUTER = "Megatron-LM megatron/core/transformer/moe/moe_utils.py (torch.topk ove
 LAYOUT = "Megatron-LM megatron/core/transformer/pipeline_parallel_layer_layout.py"
 DEVICE = "../shared/device-notes.md (seen on the GPU machine)"
 GPU_SHEETS = "NVIDIA data sheets (FP8 tensor cores from Hopper on)"
+FSDP_ADAPTER = "Megatron-LM megatron/core/distributed/fsdp/mcore_fsdp_adapter.py (Megatron FSDP's wrapper)"
+FSDP_ONLY = ("Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py (the sharding strategy "
+             "is read by Megatron FSDP alone)")
 DROPLESS_GRAPH_MODULES = ("attn", "moe_router", "moe_preprocess")
 
 
@@ -253,12 +257,23 @@ RULES: tuple[Rule, ...] = (
     ("shared_experts_recompute_without_shared", MEGATRON,
      lambda c, e: "shared_experts" in c.recompute_modules and not e.m.moe_shared_expert_intermediate_size,
      "shared_experts recompute needs a model with shared experts"),
+    # Megatron FSDP turns the distributed optimizer on itself
     ("precision_aware_needs_distopt", MEGATRON,
-     lambda c, e: c.precision_aware_optimizer and not c.distributed_optimizer,
-     "--use-precision-aware-optimizer needs --use-distributed-optimizer"),
+     lambda c, e: c.precision_aware_optimizer and not (c.distributed_optimizer or c.fsdp),
+     "--use-precision-aware-optimizer needs --use-distributed-optimizer (or --use-megatron-fsdp)"),
     ("param_gather_overlap_needs_distopt", MEGATRON,
-     lambda c, e: c.overlap_param_gather and not (c.distributed_optimizer and c.overlap_grad_reduce),
-     "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce"),
+     lambda c, e: c.overlap_param_gather and not ((c.distributed_optimizer or c.fsdp) and c.overlap_grad_reduce),
+     "--overlap-param-gather needs --use-distributed-optimizer (or --use-megatron-fsdp) and --overlap-grad-reduce"),
+    ("unknown_fsdp_sharding", MEGATRON, lambda c, e: c.fsdp_sharding not in FSDP_SHARDING,
+     f"the FSDP sharding strategy (--data-parallel-sharding-strategy) must be one of {', '.join(FSDP_SHARDING)}"),
+    ("fsdp_sharding_without_fsdp", FSDP_ONLY,
+     lambda c, e: not c.fsdp and c.fsdp_sharding != FSDP_SHARDING[-1],
+     "--data-parallel-sharding-strategy does nothing without --use-megatron-fsdp; turn FSDP on or leave "
+     "the strategy at optim_grads_params"),
+    ("fsdp_ep_overlap_layer_graphs", FSDP_ADAPTER,
+     lambda c, e: c.fsdp and c.overlap_ep_a2a and c.cuda_graph_impl not in ("none", "full_iteration"),
+     "EP all-to-all overlap under Megatron FSDP takes no per-layer CUDA graphs; use full_iteration "
+     "graphs or none"),
     ("pad_without_capacity", MEGATRON, lambda c, e: c.pad_to_capacity and not c.capacity_factor,
      "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor"),
     ("unknown_dispatcher", README, lambda c, e: c.dispatcher not in DISPATCHERS,

@@ -41,6 +41,12 @@ ENV_RULES: tuple[tuple[Callable[[Mapping[str, Any], Any], Any], dict[str, Value]
     (lambda c, k: not c.get("overlap_ep_a2a") and not _flex(c)
      and (c.get("tp_comm_overlap") or c.get("sequence_parallel")),
      {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, "megatron-core-moe-readme.md (example launch script)"),
+    # Megatron FSDP refuses to start with one connection; this row comes after the one above so it
+    # wins where sequence parallelism would ask for one
+    (lambda c, k: c.get("fsdp") and not c.get("overlap_ep_a2a") and not _flex(c),
+     {"CUDA_DEVICE_MAX_CONNECTIONS": "8"},
+     "megatron-core 0.19.2 validate_args (megatron/training/arguments.py: Megatron FSDP needs "
+     "CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset); " + BRIDGE + " (8 on H100 MoE recipes)"),
     # the dispatcher's kernels run beside the layernorms: leave them their SMs
     (lambda c, k: _flex(c) in FLEX_SMS_DEFAULT,
      {"NVTE_FWD_LAYERNORM_SM_MARGIN": _dispatcher_sms, "NVTE_BWD_LAYERNORM_SM_MARGIN": _dispatcher_sms},

@@ -54,6 +54,7 @@ def controlled_flags() -> dict[str, str]:
     fixed = [t for t in run_args() + list(TE_LESS_FLAGS + APEX_LESS_FLAGS + FAKE_GROUP_ARGS) if t.startswith("--")]
     out.update({flag: "moetune's run flags" for flag in fixed + ["--bf16", "--recompute-method",
                                                                   "--fine-grained-activation-offloading"]})
+    out["--ckpt-format"] = "baseline.fsdp"
     return out
 
 

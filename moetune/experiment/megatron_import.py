@@ -41,7 +41,9 @@ OTHER_PRECISION = {"--fp16": "FP16 (moetune's trials run in BF16)"}
 IMPLIED = {"--bf16": "moetune's trials run in BF16",
            "--max-position-embeddings": "moetune renders it equal to --seq-length (RoPE has no table)",
            **{f: "moetune sets it where the image or --transformer-impl local needs it"
-              for f in TE_LESS_FLAGS + APEX_LESS_FLAGS}}
+              for f in TE_LESS_FLAGS + APEX_LESS_FLAGS},
+           "--ckpt-format": "moetune's trials save no checkpoint; it renders fsdp_dtensor with "
+                            "--use-megatron-fsdp, as Megatron FSDP requires"}
 # launchers whose options come before the script; world = nodes x processes a node
 NNODES = ("--nnodes",)
 NPROC = ("--nproc-per-node", "--nproc_per_node")

@@ -206,3 +206,19 @@ def splits(num_layers: int, pp: int, vpp: int | None) -> bool:
     f = split_fields(num_layers, pp, vpp)
     return pp <= 1 or num_layers % (pp * (vpp or 1)) == 0 or f["first_pp_layers"] is not None \
         or f["account_for_embedding"]
+
+
+def balanced_layout(num_layers: int, mtp_layers: int, pp: int, vpp: int | None) -> str | None:
+    """A --pipeline-model-parallel-layout for `num_layers` over PP x VPP stages where no first/last
+    or accounted split does: the middle stages `b` layers each, the first (with the embedding)
+    and the last (with the MTP layers and the loss) sharing the rest, the last the lighter; as
+    DeepSeek-V3's 61 layers over PP8 VPP4 run, Et|(tt|)*30mL. None where there are under 3 stages."""
+    stages = pp * (vpp or 1)
+    if pp <= 1 or stages < 3:
+        return None
+    for b in range(max(1, num_layers // stages), num_layers + 1):
+        rest = num_layers - (stages - 2) * b
+        if 0 <= rest <= 2 * b:
+            last = rest // 2
+            return f"E{'t' * (rest - last)}|({'t' * b}|)*{stages - 2}{'t' * last}{'m' * mtp_layers}L"
+    return None

@@ -63,6 +63,9 @@ DEFAULTED = ("deepep_num_sms", "hybridep_num_sms", "recompute_num_layers", "manu
 # fields set by `mixed_precision` (below), and those of the measurement alone
 PRECISION_FIELDS = ("fp8_format", "fp8_recipe")
 MEASURING_FIELDS = ("train_iters", "profile_step_start", "profile_step_end", "force_balance")
+# Megatron FSDP's fields: set only where it is on (Bridge's default is off), with the checkpoint
+# format it requires (Megatron-Bridge skills/nemo-mbridge-perf-megatron-fsdp, Enablement)
+FSDP_FIELDS = ("fsdp", "fsdp_sharding")
 
 # Megatron's --fp8-recipe -> Bridge's named MixedPrecisionConfig recipe (mixed_precision.py)
 FP8_RECIPES = {"tensorwise": "bf16_with_fp8_current_scaling_mixed", "delayed": "bf16_with_fp8_delayed_scaling_mixed",
@@ -176,8 +179,12 @@ def layout_lines(config: TrainingConfig, seq_length: int) -> list[str]:
                    "the recipe named sets its own format (mixed_precision.fp8): match it where they differ")
     else:
         out.append(override("mixed_precision", "bf16_mixed"))
+    if config.fsdp:
+        out += [override("dist.use_megatron_fsdp", True), override("ddp.use_megatron_fsdp", True),
+                override("ddp.data_parallel_sharding_strategy", config.fsdp_sharding),
+                override("checkpoint.ckpt_format", "fsdp_dtensor")]
     flags = {f.field: f.flag for f in FLAGS}
-    known = set(LAYOUT_KEYS) | set(PRECISION_FIELDS) | set(MEASURING_FIELDS)
+    known = set(LAYOUT_KEYS) | set(PRECISION_FIELDS) | set(MEASURING_FIELDS) | set(FSDP_FIELDS)
     for field in values:
         if field not in known:
             rendered = next((f for f in FLAGS if f.field == field), None)

@@ -40,7 +40,7 @@ LAYOUT_FIELDS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dispatcher", "flex_backe
 MS_PER_HOUR = 3.6e6
 # the model's terms (estimate/step.py) by the part of a trial's trace that measures them
 TERM_GROUPS = {"compute": ("compute", "optimizer"),
-               "comm": ("ep_a2a", "tp_collectives", "pp_sends", "dp_grad_reduce", "dp_param_gather"),
+               "comm": ("ep_a2a", "tp_collectives", "pp_sends", "cp_exchange", "dp_grad_reduce", "dp_param_gather"),
                "idle": ("host_launch", "pipeline_bubble")}
 TERM_FLOOR = 0.05  # a part the model gives less of the step than this says little of its own error
 

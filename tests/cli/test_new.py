@@ -12,6 +12,7 @@ from moetune.cli.main import main
 from moetune.estimate import StoreReadings
 from moetune.estimate.memory import estimate
 from moetune.estimate.search import search
+from moetune.estimate.space import BRING_UP
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.schema import list_experiments, load_experiment
 
@@ -31,7 +32,7 @@ def test_writes_an_experiment_of_the_model_with_the_fastest_fitting_baseline(cap
     shipped = load_experiment("qwen3_30b_a3b").model
     assert exp.name == "q3" and exp.model == type(shipped)(**{**shipped.to_dict(), "name": "q3"})
     assert (exp.cluster.nodes, exp.cluster.gpus_per_node, exp.cluster.gpu_type, exp.cluster.world) == (2, 8, "H100", 16)
-    best = search(exp, StoreReadings(None), limit=1).layouts[0]
+    best = search(exp, StoreReadings(None), limit=1, fixed=BRING_UP).layouts[0]
     assert exp.baseline == best.config
     assert estimate(exp.model, exp.baseline, 16).total_gb < 80
     text = out.read_text()
@@ -101,15 +102,9 @@ def test_gpt_oss_120b_predicted_near_nvidia_published_throughput(capsys, no_stor
     out = tmp_path / "g.yaml"
     assert _new("gpt_oss_120b", "gpt_oss_120b", "--gpus", "64", "--out", str(out)) == 0
     capsys.readouterr()
-    # the predicted layout is TP1, which keeps no sequence parallelism; the imported baseline may
-    # (under Megatron's attention dropout the windowed layers run TE's unfused attention, and the
-    # plan's choice needs TP)
-    import yaml
-    data = yaml.safe_load(out.read_text())
-    data["baseline"]["sequence_parallel"] = False
-    out.write_text(yaml.safe_dump(data))
+    # no virtual stages and no recompute, as published, whatever the baseline `new` chose has
     assert main(["predict", str(out), "--tp", "1", "--pp", "4", "--ep", "8", "--micro-batch", "4",
-                 "--global-batch", "512", "--format", "json"]) == 0
+                 "--global-batch", "512", "--vpp", "1", "--recompute", "none", "--format", "json"]) == 0
     predicted = json.loads(capsys.readouterr().out)["tokens_per_s_per_gpu"]
     assert predicted == pytest.approx(5630, rel=0.20)
 

@@ -96,10 +96,11 @@ def test_a_layout_measured_to_fit_is_planned_though_its_estimate_is_not(capsys, 
     from moetune.estimate.memory import plan
     from moetune.paths import ROOT
     db = str(ROOT / "benchmarks" / "one_gpu_tuning" / "moetune.db")
-    argv = ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--format", "json", "--limit", "1000"]
-    def layout(r):  # without virtual stages, as measured
+    argv = ["plan", "qwen3_235b", "--gpus", "256", "--gpu-type", "H100", "--format", "json", "--limit", "5000"]
+    def layout(r):  # without virtual stages or CP, at micro batch 1, as measured
         c = r["config"]
-        return (c["tp"], c["pp"], c["ep"], tuple(c["recompute_modules"])) if c["vpp"] is None else None
+        measured = c["vpp"] is None and c["cp"] == 1 and c["micro_batch"] == 1
+        return (c["tp"], c["pp"], c["ep"], tuple(c["recompute_modules"])) if measured else None
     _, alone = _json(capsys, argv)
     row = next(r for r in alone if layout(r) == (2, 2, 128, ()))
     assert row["estimate_gb"] == pytest.approx(68.91, rel=0.02)
@@ -125,7 +126,7 @@ def test_plan_lists_the_baseline_where_it_fits(capsys, no_store):
     assert main(["plan", "deepseek_v3", "--order", "memory"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.endswith("baseline"))
-    assert row.split()[:4] == ["2", "16", "-", "64"]  # TP, PP, VPP, EP
+    assert row.split()[:5] == ["2", "1", "16", "-", "64"]  # TP, CP, PP, VPP, EP
     rc, rows = _json(capsys, ["plan", "deepseek_v3", "--order", "memory", "--format", "json"])
     assert rc == 0 and {k: rows[0]["config"][k] for k in ("tp", "pp", "ep")} == {"tp": 2, "pp": 16, "ep": 64}
 
@@ -161,7 +162,8 @@ def test_an_unknown_dispatcher_names_itself(capsys, tmp_path, no_store):
 def test_a_global_batch_no_layout_divides_names_it(capsys, tmp_path, no_store):
     """A global batch of 15 with micro batch 2: every layout is refused by the batch, and plan says
     so (with a batch that would divide) instead of "no layout fits; add GPUs"."""
-    assert main(["plan", proxy_variant(tmp_path, "global_batch: 16", "global_batch: 15")]) == 2
+    # the micro batch kept at the baseline's (the search tries 1 too, which 15 takes)
+    assert main(["plan", proxy_variant(tmp_path, "global_batch: 16", "global_batch: 15"), "--micro-batch", "2"]) == 2
     out = capsys.readouterr()
     assert out.out == "" and len(out.err.splitlines()) == 1, out.err
     assert "global_batch_not_divisible" in out.err and "global batch 15" in out.err and "add GPUs" not in out.err
@@ -174,7 +176,7 @@ def test_more_gpus_than_the_global_batch_can_feed_names_the_batch(capsys, no_sto
     out = capsys.readouterr()
     assert out.out == "" and len(out.err.splitlines()) == 1, out.err
     assert out.err.startswith("moetune plan: no layout of qwen3_30b_a3b on 10000000 GPUs can run: ")
-    assert "global_batch 1024 with micro batch 1 feeds at most 1024 data-parallel ranks, 262144 GPUs" in out.err
+    assert "global_batch 1024 with micro batch 1 feeds at most 1024 data-parallel ranks, 524288 GPUs" in out.err
     assert "add GPUs" not in out.err
 
 
@@ -183,3 +185,17 @@ def test_plan_describes_its_default_order(capsys):
     assert main(["plan", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "fastest predicted first" in text and "memory fits, least model parallelism first" not in text
+
+
+def test_plan_with_fsdp_keeps_it_in_every_layout(capsys, no_store):
+    """`plan --fsdp` lists only FSDP layouts, each estimated as FSDP (its weights sharded: less than
+    the same layout's under the distributed optimizer), and says so on each row."""
+    argv = ["plan", "qwen3_235b", "--gpus", "256", "--fsdp", "--recompute", "full", "--micro-batch", "4",
+            "--global-batch", "8192", "--limit", "3"]
+    capsys.readouterr()
+    assert main(argv + ["--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(r["config"]["fsdp"] for r in rows)
+    assert all(r["breakdown"]["weights_gb"] < 20 for r in rows)  # 470 GB of bf16 weights over 256 GPUs
+    assert main(argv) == 0
+    assert "FSDP optim_grads_params" in capsys.readouterr().out

@@ -79,6 +79,11 @@ def test_plan_ranks_the_predicted_fastest_first(capsys, no_store):
     flags = [f"--{k.replace('_', '-')}={top[k]}" for k in ("tp", "pp", "ep", "micro_batch")]
     flags += [f"--vpp={top['vpp']}"] if top["vpp"] else []
     flags += [f"--recompute={','.join(top['recompute_modules'])}"] if top["recompute_modules"] else []
+    # the settings the search chose for it
+    flags += [f"--cp={top['cp']}", f"--dispatcher={top['flex_backend'] or top['dispatcher']}"]
+    flags += [f"--cuda-graphs={','.join(top['cuda_graph_modules']) or 'none'}"]
+    flags += [f for f, on in (("--ep-overlap", top["overlap_ep_a2a"]), ("--delay-wgrad", top["delay_wgrad"]),
+                              ("--tp-comm-overlap", top["tp_comm_overlap"])) if on]
     d = _json(capsys, ["predict", "qwen3_30b_a3b", "--format", "json"] + flags)
     # plan rounds to whole tokens and 0.1 ms, predict's JSON to 0.1 token: compare within that
     assert d["tokens_per_s_per_gpu"] == pytest.approx(speeds[0], abs=1)
@@ -150,6 +155,17 @@ def test_a_changed_pp_does_not_inherit_the_baselines_uneven_split(capsys, no_sto
     assert "layers_not_divisible_by_pp: the 56 middle layers must split evenly over 6 middle stages" in line
 
 
+def test_a_pp_and_vpp_no_split_reaches_get_a_layout_string(capsys, no_store):
+    """deepseek_v3 at `--pp 8 --vpp 4`: 61 layers over 32 virtual stages take no first/last or
+    accounted split; predict prices DeepSeek's layout string for it (as plan's search builds it)."""
+    capsys.readouterr()
+    assert main(["predict", "deepseek_v3", "--pp", "8", "--vpp", "4", "--format", "json"]) == 0
+    out = capsys.readouterr()
+    d = json.loads(out.out)
+    assert d["config"]["pp_layout"] == "Et|(tt|)*30mL" and d["config"]["vpp"] == 4
+    assert "recomputed: layout Et|(tt|)*30mL" in out.err
+
+
 def test_vpp_1_means_no_virtual_stages(capsys, no_store):
     """qwen3_235b's baseline has VPP 4: `--vpp 1` prices it without virtual stages (and so without
     the embedding and loss split that VPP 4 needed, recomputed for PP 8 alone)."""
@@ -177,3 +193,45 @@ def test_predict_and_plan_show_the_band_and_the_rows_that_dominate_it(capsys, no
         assert p["step_time_low_ms"] < p["step_time_ms"] < p["step_time_high_ms"] and len(p["band_rows"]) == 3
     fitted = _json(capsys, ["--db", ONE_GPU_DB, "predict", "qwen3_30b_a3b", "--format", "json", "--compute", "fit"])
     assert not {"kernel_table_rate", "attention_efficiency"} & set(fitted["band"]["rows"])
+
+
+NVIDIA_FSDP = ["predict", "qwen3_235b", "--gpus", "256", "--tp", "1", "--pp", "1", "--ep", "8", "--fsdp",
+               "--micro-batch", "4", "--recompute", "full", "--global-batch", "8192"]
+
+
+def test_predict_prices_nvidias_fsdp_layout_and_shows_its_collectives(capsys, no_store):
+    """qwen3_235b at NVIDIA's FSDP layout (TP1 PP1 EP8, micro batch 4, full recompute): TP1 drops the
+    baseline's sequence parallelism and PP1 its virtual stages; the JSON's dp_sync holds FSDP's
+    per-micro-batch gathers and reduces, the DP terms their exposed part, and the text says so; an
+    unknown strategy is argparse's refusal, exit 2."""
+    d = _json(capsys, NVIDIA_FSDP + ["--format", "json"])
+    c, sync = d["config"], d["inputs"]["dp_sync"]
+    assert c["fsdp"] and not c["sequence_parallel"] and c["vpp"] is None and c["fsdp_sharding"] == "optim_grads_params"
+    assert sync["strategy"] == "optim_grads_params" and (sync["dp"], sync["edp"]) == (256, 32)
+    mb = d["inputs"]["micro_batches"]
+    assert mb == 8 and d["terms"]["dp_param_gather"] == pytest.approx(
+        mb * sync["exposed_gather_ms_per_micro_batch"], abs=1e-2)
+    assert main(NVIDIA_FSDP) == 0
+    text = capsys.readouterr().out
+    assert "Megatron FSDP optim_grads_params over DP 256 / EDP 32" in text and "exposed" in text
+    og = _json(capsys, NVIDIA_FSDP + ["--fsdp-sharding", "optim_grads", "--format", "json"])
+    assert og["config"]["fsdp_sharding"] == "optim_grads" and og["inputs"]["dp_sync"]["forward_gather_ms"] == 0
+    capsys.readouterr()
+    assert main(NVIDIA_FSDP + ["--fsdp-sharding", "everything"]) == 2
+    assert "--fsdp-sharding: invalid choice" in capsys.readouterr().err
+
+
+def test_the_settings_flags_price_what_they_set(capsys, no_store):
+    """--cuda-graphs takes scopes (fewer host launches than none) or refuses an unknown one in one
+    line; --tp-comm-overlap at TP 1 is refused by the constraint table's rule, exit 2."""
+    base = ["predict", "qwen3_30b_a3b", "--format", "json"]
+    off = _json(capsys, base + ["--cuda-graphs", "none"])
+    graphed = _json(capsys, base + ["--cuda-graphs", "attn,moe_router,moe_preprocess"])
+    assert graphed["terms"]["host_launch"] < off["terms"]["host_launch"]
+    assert graphed["terms"]["compute"] == off["terms"]["compute"]
+    capsys.readouterr()
+    assert main(base + ["--cuda-graphs", "attn,bogus"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bogus unknown" in err[0]
+    assert main(base + ["--tp-comm-overlap"]) == 2
+    assert "tp_comm_overlap_needs_sp" in capsys.readouterr().err

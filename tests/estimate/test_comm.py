@@ -58,6 +58,28 @@ def test_dp_reduce_bytes():
     assert plain["reduce_ms"] == pytest.approx(2 * r["reduce_ms"]) and plain["gather_ms"] == 0
 
 
+def test_fsdp_gathers_and_reduces_each_micro_batch():
+    """Megatron FSDP, 1e9 dense and 2e9 expert parameters on 16 ranks over two nodes (EP 2: EDP 8):
+    each micro-batch gathers the 2 B bf16 weights forward and backward and reduce-scatters the
+    bf16 gradients, dense over 16 ranks and experts over 8, through the NIC; nothing is left for
+    once a step. Under optim_grads only the reduce runs each micro-batch and the weights are
+    gathered once a step; under optim the reduce waits for the step; under no_shard it is an
+    all-reduce and nothing is gathered."""
+    c = TrainingConfig(fsdp=True, ep=2, etp=1)
+    r = comm.fsdp_sync(1e9, 2e9, c, 16, "H100", 8, Rates())
+    one = (2e9 * 15 / 16 + 4e9 * 7 / 8) / NIC * 1e3
+    assert r["link"] == "nic" and (r["dp"], r["edp"]) == (16, 8) and r["param_bytes"] == 6e9
+    assert r["forward_gather_ms"] == r["backward_gather_ms"] == r["backward_reduce_ms"] == pytest.approx(one)
+    assert r["step_reduce_ms"] == r["step_gather_ms"] == 0.0
+    og = comm.fsdp_sync(1e9, 2e9, c.replace(fsdp_sharding="optim_grads"), 16, "H100", 8, Rates())
+    assert (og["forward_gather_ms"], og["step_reduce_ms"]) == (0.0, 0.0)
+    assert og["backward_reduce_ms"] == og["step_gather_ms"] == pytest.approx(one)
+    optim = comm.fsdp_sync(1e9, 2e9, c.replace(fsdp_sharding="optim"), 16, "H100", 8, Rates())
+    assert optim["backward_reduce_ms"] == 0.0
+    assert optim["step_reduce_ms"] == optim["step_gather_ms"] == pytest.approx(one)
+    whole = comm.fsdp_sync(1e9, 2e9, c.replace(fsdp_sharding="no_shard"), 16, "H100", 8, Rates())
+    assert whole["step_reduce_ms"] == pytest.approx(2 * one) and whole["step_gather_ms"] == 0.0
+
 def test_deepep_sends_a_token_once_per_remote_domain():
     """Qwen3-30B-A3B's routing (128 experts, top-8) at EP 16 over two 8-GPU domains: an all-to-all
     sends 8 x 8/16 = 4 copies of a token across, DeepEP one whenever any of its 8 experts is among
@@ -74,3 +96,31 @@ def test_deepep_sends_a_token_once_per_remote_domain():
     assert deepep["share_across"] == pytest.approx(nccl["share_across"] * hit / 4)
     # inside one domain nothing crosses, whatever the dispatcher
     assert comm.a2a(m, c.replace(ep=8), "H100", 8, Rates())["share_across"] == 0
+
+
+def test_the_allgather_dispatcher_gathers_every_token_over_the_ep_group():
+    """allgather: each rank's 2048 tokens x 1024 x 2 B = 4 MiB gathered over EP 4 (a ring moves 3/4
+    of the 16 MiB whole to each rank) inside one NVLink domain at the collective row's share, and
+    reduce-scattered back; forward and backward, four rings. It moves tokens to every peer, not
+    top-k copies, so it costs more than the all-to-all for this top-2 model at EP 4 over NVLink."""
+    rates = Rates()
+    c = TrainingConfig(ep=4, micro_batch=2, dispatcher="allgather")
+    r = comm.a2a(TOY, c, "H100", 8, rates)
+    one = 4 * 4 * 2**20 * 3 / 4 / (H100_NVLINK * rates["collective_nvlink"]) * 1e3
+    assert r["dispatcher"] == "allgather" and r["dispatch_ms"] == pytest.approx(one)
+    assert r["ms"] == pytest.approx(4 * one)
+    assert comm.dispatcher_name(c) == "allgather" and r["link"] == "nvlink"
+
+
+def test_context_parallel_passes_keys_and_values_around_its_ring():
+    """CP 2: one step passes the rank's keys and values (1024 / 2 tokens x 8 groups x 128 x 2 x 2 B)
+    to its peer forward, and backward passes them again with their gradients: three times, per
+    layer; none without CP; a CP group wider than the NVLink domain goes over the NIC."""
+    rates = Rates()
+    assert comm.cp_exchange(TOY, TrainingConfig(), 4, "H100", 8, rates)["ms"] == 0.0
+    r = comm.cp_exchange(TOY, TrainingConfig(cp=2), 4, "H100", 8, rates)
+    nbytes = 512 * 8 * 128 * 2 * 2
+    assert r["bytes"] == nbytes and r["link"] == "nvlink"
+    assert r["ms"] == pytest.approx(3 * 4 * nbytes / (H100_NVLINK * rates["collective_nvlink"]) * 1e3)
+    wide = comm.cp_exchange(TOY, TrainingConfig(cp=2, tp=8, sequence_parallel=True), 4, "H100", 8, rates)
+    assert wide["link"] == "nic"

@@ -12,7 +12,8 @@ import pytest
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.schema import load_experiment
 from moetune.paths import ROOT
-from moetune.estimate.measured import a2a_bytes, gemm_curve, measured_rates, probe_sizes, rates_for
+from moetune.estimate.measured import (LINK_TABLE_ROWS, a2a_bytes, gemm_curve, link_table, measured_rates,
+                                       probe_sizes, rates_for)
 from moetune.estimate.rates import Rates
 
 
@@ -68,8 +69,8 @@ def test_rows_of_another_gpu_or_of_cpu_leave_the_gpu_rates_published():
 
 
 def test_a_stored_calibration_applies_to_its_gpu_type_only():
-    """rates_for: no row, or a row taken on another GPU type, gives the published table; a row of
-    the cluster's type replaces what it measured and names the calibration."""
+    """rates_for: no row, or a row taken on another GPU type, names no calibration; a row of the
+    cluster's type replaces what it measured and names the calibration."""
     exp = load_experiment("qwen3_30b_a3b")
     cluster = exp.cluster
     row = SimpleNamespace(id=7, gpu_type=cluster.gpu_type, job_id="42", created_at="t", record=RECORD)
@@ -80,6 +81,28 @@ def test_a_stored_calibration_applies_to_its_gpu_type_only():
     assert label.startswith(f"calibration 7 of cluster {cluster.name}")
     assert rates["nic_gb_s"] == 40.0 and rates.rows["nic_gb_s"].source.startswith("measured:")
     assert not rates.rows["attention_efficiency"].source.startswith("measured:")
+
+
+def test_without_a_calibration_the_shipped_link_table_sets_nvlinks_rows_only():
+    """An H100 cluster with no calibration reads NCCL's NVLink rows from the H200's shipped link
+    table (same NVLink), each the probe's bus bandwidth at the size nearest the layout's all-to-all
+    over NVLink's 450 GB/s, never above what it measured; every other row stays published; a
+    stored calibration's rows win over the table's; a GPU of another NVLink has no table."""
+    exp = load_experiment("qwen3_30b_a3b")
+    rates, label = rates_for(None, exp.cluster, exp.model, exp.baseline)
+    assert label is None
+    record, table = link_table("H100")
+    assert "H200" in table and "standing for the H100" in table
+    busbw = {r["op"]: r["busbw_gb_s"] for r in record["rows"] if r["bytes"] == max(record["sizes"])}
+    for name in LINK_TABLE_ROWS:
+        assert rates.rows[name].source.startswith(f"measured: {table}")
+        assert rates[name] <= max(busbw.values()) / 450
+    assert rates["collective_nvlink"] == pytest.approx((busbw["all_gather"] + busbw["reduce_scatter"]) / 2 / 450)
+    assert not {n for n, r in rates.rows.items() if r.source.startswith("measured:")} - set(LINK_TABLE_ROWS)
+    row = SimpleNamespace(id=7, gpu_type=exp.cluster.gpu_type, job_id="42", created_at="t", record=RECORD)
+    calibrated, _ = rates_for(row, exp.cluster, exp.model, exp.baseline)
+    assert calibrated.rows["alltoall_nvlink"].source.startswith("measured: calibration 7")
+    assert link_table("B200") is None
 
 
 def test_probe_sizes_are_the_layouts_messages_as_powers_of_two_under_the_cap():

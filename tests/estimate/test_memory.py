@@ -52,6 +52,25 @@ def test_knobs_move_the_estimate_the_right_way():
     assert estimate(e.model, e.baseline.replace(ep=8), 16).weights_gb > base.weights_gb
 
 
+def test_fsdp_model_state_falls_with_data_parallel_where_the_distributed_optimizers_weights_do_not():
+    """Under Megatron FSDP weights and gradients are sharded: doubling the GPUs (the data-parallel
+    group) shrinks them towards the two whole layers it holds, where the distributed optimizer keeps
+    every weight and gradient on every rank; the optimizer states shrink alike under both."""
+    e = load_experiment("qwen3_235b")
+    c = e.baseline.replace(tp=1, pp=1, vpp=None, ep=8, etp=1, sequence_parallel=False, account_for_embedding=False,
+                           account_for_loss=False, micro_batch=4, global_batch=8192, recompute_granularity="full",
+                           recompute_modules=(), recompute_num_layers=1)
+    dist = [estimate(e.model, c, g) for g in (128, 256, 512)]
+    fsdp = [estimate(e.model, c.replace(fsdp=True), g) for g in (128, 256, 512)]
+    assert dist[0].weights_gb == dist[2].weights_gb and dist[0].grads_gb == dist[2].grads_gb
+    assert fsdp[0].weights_gb > fsdp[1].weights_gb > fsdp[2].weights_gb
+    assert fsdp[0].grads_gb > fsdp[1].grads_gb > fsdp[2].grads_gb
+    assert [f.optimizer_gb for f in fsdp] == pytest.approx([d.optimizer_gb for d in dist])
+    assert [f.activations_gb for f in fsdp] == [d.activations_gb for d in dist]
+    # NVIDIA's layout: 235B parameters over 256 H100 fit where the distributed optimizer's cannot
+    assert fsdp[1].total_gb < 0.9 * 80 < dist[1].total_gb
+    assert any("FSDP" in n for n in fsdp[1].notes)
+
 def test_plan_least_model_parallel_first(capsys):
     """plan lists distinct fitting layouts least model parallelism first, recompute only where needed;
     the command prints them as JSON."""
@@ -179,7 +198,9 @@ def test_plan_cli_errors(capsys):
     assert "no layout of deepseek_v3 fits" in capsys.readouterr().out
     assert main(["mixtral_8x7b", "--gpus", "16", "--limit", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("mixtral_8x7b on 16x H100") and len(lines) == 4
+    # the header, the search's two lines of counts, the columns and the two rows the limit shows
+    assert lines[0].startswith("mixtral_8x7b on 16x H100") and len(lines) == 6
+    assert lines[1].startswith("searched ") and len([ln for ln in lines[4:] if ln.split()[0].isdigit()]) == 2
 
 
 FIT = Path(__file__).resolve().parents[2] / "benchmarks" / "fit_lease"

@@ -7,11 +7,98 @@ from moetune.experiment.schema import load_experiment
 
 def test_the_global_batch_bounds_the_gpus_it_can_feed():
     """qwen3_30b_a3b's global batch 1024 at micro batch 1 feeds 1024 data-parallel ranks: up to
-    8x32 model-parallel GPUs each (the search's largest TP and PP), 262144 GPUs; past that the bound
+    8x32x2 model-parallel GPUs each (the search's largest TP, PP and CP), 524288 GPUs; past that the bound
     names the batch, within it there is none."""
     exp = load_experiment("qwen3_30b_a3b")
     assert exp.baseline.global_batch == 1024 and exp.baseline.micro_batch == 1 and exp.baseline.cp == 1
-    assert batch_bound(exp, 262144) is None and batch_bound(exp, 64) is None
-    why = batch_bound(exp, 262145)
-    assert why is not None and "global_batch 1024" in why and "at most 1024 data-parallel ranks, 262144 GPUs" in why
+    assert batch_bound(exp, 524288) is None and batch_bound(exp, 64) is None
+    why = batch_bound(exp, 524289)
+    assert why is not None and "global_batch 1024" in why and "at most 1024 data-parallel ranks, 524288 GPUs" in why
     assert "a global batch of 1025 or more" in why
+
+
+def _space(name, **cluster):
+    from moetune.estimate.readings import StoreReadings
+    from moetune.estimate.space import search_space
+    exp = load_experiment(name)
+    if cluster:
+        exp = exp.model_copy(update={"cluster": exp.cluster.model_copy(update=cluster)})
+    return exp, search_space(exp, StoreReadings.empty())
+
+
+def test_the_search_counts_add_up_and_settings_keep_memory():
+    """Every layout considered either fits or is dropped for one reason (a rule of the constraint
+    table, or memory); the fitting ones come fastest first, and the settings chosen for each do not
+    change its estimate (which is why only the fastest of them is kept)."""
+    from moetune.estimate.memory import estimate
+    from moetune.estimate.space import MEMORY, SETTINGS_OFF
+    from moetune.experiment.constraints import RULES
+    exp, space = _space("qwen3_30b_a3b")
+    assert space.considered == len(space.fit) + sum(space.dropped.values()) > 1000
+    assert set(space.dropped) <= {code for code, *_ in RULES} | {MEMORY}
+    steps = [f.step_ms for f in space.fit]
+    assert steps == sorted(steps)
+    for f in space.fit[:20]:
+        off = f.config.replace(**SETTINGS_OFF)
+        assert estimate(exp.model, f.config, 16).total_gb == estimate(exp.model, off, 16).total_gb
+    assert any(f.config.cuda_graph_impl != "none" or f.config.overlap_ep_a2a for f in space.fit[:5])
+
+
+def test_the_dispatchers_searched_are_those_the_image_has():
+    """Without DeepEP in the image no layout takes the flex dispatcher; with it (and HybridEP), some do."""
+    _, without = _space("qwen3_30b_a3b", has_deep_ep=False)
+    assert all(f.config.dispatcher != "flex" for f in without.fit)
+    _, both = _space("qwen3_30b_a3b", has_deep_ep=True, has_hybrid_ep=True)
+    assert any(f.config.dispatcher == "flex" for f in both.fit[:5])
+
+
+def _rank(space, **layout):
+    return next(i + 1 for i, f in enumerate(space.fit) if all(getattr(f.config, k) == v for k, v in layout.items()))
+
+
+NVIDIA_30B = dict(tp=1, cp=1, pp=1, vpp=None, ep=16, etp=1, micro_batch=1)
+
+
+def test_nvidia_qwen3_30b_layout_is_among_plans_five_fastest(no_store):
+    """Qwen3-30B-A3B on 16 H100: NVIDIA's TP1 PP1 EP16 (flex dispatcher) is among plan's five fastest
+    rows, with the flex dispatcher the search chose for it."""
+    from moetune.estimate.readings import StoreReadings
+    from moetune.estimate.search import search
+    found = search(load_experiment("qwen3_30b_a3b"), StoreReadings.empty(), limit=5)
+    hits = [lay.config for lay in found.layouts if all(getattr(lay.config, k) == v for k, v in NVIDIA_30B.items())]
+    assert len(hits) == 1 and hits[0].dispatcher == "flex"
+
+
+def test_nvidia_qwen3_235b_layout_is_behind_by_less_than_its_band():
+    """Qwen3-235B on 256 H100: NVIDIA's TP2 PP8 VPP4 EP32 fits and is searched, but ranks below the
+    five fastest: the layouts above it (PP4) are faster by less than its band's low end allows, by
+    a smaller fill and drain and a lighter slowest stage than its last (which holds the output layer)."""
+    from moetune.estimate.pricing import price
+    from moetune.estimate.readings import StoreReadings
+    exp, space = _space("qwen3_235b")
+    rank = _rank(space, tp=2, cp=1, pp=8, vpp=4, ep=32, etp=1, micro_batch=1)
+    nv = space.fit[rank - 1]
+    assert rank > 5 and nv.config.account_for_embedding and nv.config.account_for_loss
+    p = price(exp, nv.config, StoreReadings.empty(), with_band=True)
+    best = price(exp, space.fit[0].config, StoreReadings.empty())
+    assert p.band is not None and p.band.low_ms < best.step_time_ms < p.step_time_ms
+    assert best.terms["pipeline_bubble"] < p.terms["pipeline_bubble"] and best.terms["compute"] < p.terms["compute"]
+
+
+def test_nvidia_deepseek_v3_layout_is_reached_but_its_estimate_does_not_fit():
+    """DeepSeek-V3 on 1024 H100: NVIDIA's PP8 VPP4 over 61 layers has no first/last or accounted
+    split; the search builds DeepSeek's layout string for it, which the constraint table passes. With
+    NVIDIA's recompute (mla_up_proj, mlp) the estimate is over the plan's share of 80 GB, so only a
+    heavier recompute fits, and that is slower than plan's five fastest."""
+    from moetune.estimate.memory import PLAN_HEADROOM_SHARE, estimate
+    from moetune.estimate.space import pipeline_split
+    from moetune.experiment.constraints import check
+    exp, space = _space("deepseek_v3")
+    split = pipeline_split(exp.model, 8, 4)
+    assert split["pp_layout"] == "Et|(tt|)*30mL"
+    nv = exp.baseline.replace(pp=8, vpp=4, ep=64, **split, recompute_modules=("mla_up_proj", "mlp"))
+    assert check(nv, exp.model, exp.cluster) == []
+    assert estimate(exp.model, nv, 1024).total_gb > (1 - PLAN_HEADROOM_SHARE) * 80
+    rank = _rank(space, tp=2, cp=1, pp=8, vpp=4, ep=64, etp=1, micro_batch=1)
+    found = space.fit[rank - 1]
+    assert rank > 5 and found.config.pp_layout == "Et|(tt|)*30mL" and found.step_ms > space.fit[4].step_ms

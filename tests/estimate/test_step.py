@@ -87,3 +87,49 @@ def test_the_wait_excess_peaks_at_balance_and_fades_either_way():
     assert at[1.0] > at[1.5] > at[3.0] >= at[50.0] > 0
     (x0, y0), (x1, y1) = curve.points[3], curve.points[4]
     assert curve.at((x0 + x1) / 2) == pytest.approx((y0 + y1) / 2)
+
+
+def test_the_ep_overlap_hides_only_the_micro_batches_that_pair_up():
+    """Without a pipeline the first forward and the last backward run alone: (M-1)/M of the
+    passes pair up, none of one micro-batch's; with interleaved 1F1B, the chunks past the warm-up;
+    so with one micro-batch a step the overlap hides nothing and with more it hides more."""
+    assert step.ep_overlapped_share(TrainingConfig(), 1) == 0.0
+    assert step.ep_overlapped_share(TrainingConfig(), 2) == 0.5
+    assert step.ep_overlapped_share(TrainingConfig(), 64) == pytest.approx(63 / 64)
+    # PP 8 VPP 4, 32 micro-batches: stage 0 warms up (8-1)*2 + 3*8 = 38 of 128 chunks, the last 24
+    c = TrainingConfig(pp=8, vpp=4)
+    assert step.ep_overlapped_share(c, 32, 0) == pytest.approx(90 / 128)
+    assert step.ep_overlapped_share(c, 32, 7) == pytest.approx(104 / 128)
+    node, exp_model = Node("H100", 8, 8, 16.0), TOY
+    base = TrainingConfig(ep=8, micro_batch=1, global_batch=1)
+    one = predict(exp_model, base.replace(overlap_ep_a2a=True), node, 8)
+    assert one.terms["ep_a2a"] == pytest.approx(predict(exp_model, base, node, 8).terms["ep_a2a"])
+    many = base.replace(global_batch=16)
+    assert predict(exp_model, many.replace(overlap_ep_a2a=True), node, 8).terms["ep_a2a"] < \
+        predict(exp_model, many, node, 8).terms["ep_a2a"]
+
+
+def test_fsdp_exposes_a_passs_first_gather_and_last_reduce_and_what_its_compute_cannot_hide():
+    """Eight layers, 80 ms to gather forward and backward and to reduce: with ample compute only the
+    first layer's gathers and the last layer's reduce (10 ms each) are left; with 50 ms of forward and
+    100 ms of backward the rest shows too, the backward's split between gather and reduce by volume."""
+    fs = {"forward_gather_ms": 80.0, "backward_gather_ms": 80.0, "backward_reduce_ms": 80.0}
+    assert step.fsdp_exposed(fs, 8, 1e3, 2e3) == pytest.approx((20.0, 10.0))
+    gather, reduce = step.fsdp_exposed(fs, 8, 50.0, 100.0)
+    assert gather == pytest.approx(10 + 20 + 10 + 40 / 2) and reduce == pytest.approx(10 + 40 / 2)
+
+
+def test_fsdp_replaces_the_data_parallel_collectives_in_the_step():
+    """Under FSDP the step's DP terms are its micro-batches' exposed gathers and reduces, part of each
+    micro-batch's time; the terms still add up to the step, and the JSON says what was gathered."""
+    c = TrainingConfig(ep=8, etp=1, micro_batch=1, global_batch=32, distributed_optimizer=True)
+    node = Node("H100", 8, 8, 28)
+    dist, fsdp = predict(TOY, c, node, world=16), predict(TOY, c.replace(fsdp=True), node, world=16)
+    d = fsdp.inputs["dp_sync"]
+    assert fsdp.inputs["fsdp"] and d["strategy"] == "optim_grads_params" and d["forward_gather_ms"] > 0
+    mb = fsdp.inputs["micro_batches"]
+    assert fsdp.terms["dp_param_gather"] == pytest.approx(mb * d["exposed_gather_ms_per_micro_batch"])
+    assert fsdp.terms["dp_grad_reduce"] == pytest.approx(mb * d["exposed_reduce_ms_per_micro_batch"])
+    assert fsdp.terms["compute"] == pytest.approx(dist.terms["compute"])
+    assert fsdp.step_time_ms == pytest.approx(sum(fsdp.terms.values()))
+    assert not dist.inputs["fsdp"] and "forward_gather_ms" not in dist.inputs["dp_sync"]

@@ -94,3 +94,20 @@ def test_linear_biases_under_te_grouped_experts_turn_bias_dropout_fusion_off():
     assert "--no-bias-dropout-fusion" in grouped.to_args(biased)
     assert "--no-bias-dropout-fusion" not in grouped.to_args(m)
     assert "--no-bias-dropout-fusion" not in grouped.replace(grouped_gemm=False).to_args(biased)
+
+
+def test_megatron_fsdp_renders_its_checkpoint_format_and_reads_back():
+    """FSDP renders --use-megatron-fsdp with the fsdp_dtensor checkpoint format Megatron requires, the
+    sharding strategy only where it is not Megatron's default, and the argv parses back to the config;
+    without FSDP none of it is rendered."""
+    cfg = TrainingConfig(fsdp=True, ep=8)
+    argv = cfg.to_args(MODEL)
+    assert "--use-megatron-fsdp" in argv and argv[argv.index("--ckpt-format") + 1] == "fsdp_dtensor"
+    assert "--data-parallel-sharding-strategy" not in argv
+    assert TrainingConfig.from_args(argv, MODEL) == cfg
+    optim = cfg.replace(fsdp_sharding="optim_grads")
+    argv = optim.to_args(MODEL)
+    assert argv[argv.index("--data-parallel-sharding-strategy") + 1] == "optim_grads"
+    assert TrainingConfig.from_args(argv, MODEL) == optim
+    plain = TrainingConfig(ep=8).to_args(MODEL)
+    assert not {"--use-megatron-fsdp", "--ckpt-format", "--data-parallel-sharding-strategy"} & set(plain)

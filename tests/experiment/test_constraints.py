@@ -1,7 +1,7 @@
 """Forbidden combinations, each refused with its own code and a message that names the fix."""
 import pytest
 
-from moetune.experiment.config import TrainingConfig
+from moetune.experiment.config import FSDP_SHARDING, TrainingConfig
 from moetune.experiment.constraints import RULES, check
 from moetune.experiment.schema import Cluster, load_experiment
 from moetune.experiment.model import ModelArch
@@ -95,6 +95,10 @@ CASES = [
     ({"grouped_gemm": True, "recompute_granularity": "selective", "recompute_modules": ["moe"],
       "offload_modules": ["expert_fc1"]}, {}, "offload_inside_recomputed_moe"),
     ({"offload_modules": ["fused_group_mlp"]}, {}, "fused_group_mlp_offload_needs_op_fuser"),
+    ({"fsdp": True, "fsdp_sharding": "everything"}, {}, "unknown_fsdp_sharding"),
+    ({"fsdp_sharding": "optim"}, {}, "fsdp_sharding_without_fsdp"),
+    ({"fsdp": True, "overlap_ep_a2a": True, "cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["attn"]},
+     {}, "fsdp_ep_overlap_layer_graphs"),
 ]
 
 
@@ -249,3 +253,22 @@ def test_model_shapes_megatron_cannot_build(model, code):
     from dataclasses import replace
     assert [v.code for v in check(OK.replace(tp=1, sequence_parallel=False), replace(MODEL, **model),
                                   Cluster(**H100))] == [code]
+
+
+def test_megatron_fsdp_stands_in_for_the_distributed_optimizer():
+    """Megatron FSDP turns the distributed optimizer on itself: the precision-aware optimizer and the
+    overlapped parameter gather pass with FSDP and no --use-distributed-optimizer, and are refused
+    without either."""
+    cfg = OK.replace(distributed_optimizer=False, precision_aware_optimizer=True, overlap_grad_reduce=True,
+                     overlap_param_gather=True)
+    codes = [v.code for v in check(cfg, MODEL, Cluster(**H100))]
+    assert codes == ["precision_aware_needs_distopt", "param_gather_overlap_needs_distopt"]
+    assert check(cfg.replace(fsdp=True), MODEL, Cluster(**H100)) == []
+
+
+def test_megatron_fsdp_with_pipeline_and_each_strategy_passes():
+    """FSDP with PP, VPP, CP, TP and EP overlap (graphs off or of the whole iteration), and every
+    sharding strategy Megatron has, passes the table: Megatron takes them all."""
+    for changes in ({"pp": 2}, {"pp": 2, "vpp": 2}, {"cp": 2, "global_batch": 32},
+                    {"overlap_ep_a2a": True}, *({"fsdp_sharding": s} for s in FSDP_SHARDING)):
+        assert check(OK.replace(fsdp=True, **changes), MODEL, Cluster(**H100)) == [], changes

@@ -40,3 +40,17 @@ def test_te_graphs_pass_with_the_job_env_and_fail_without_it():
     assert got[2] is None  # no expandable segments, no refusal: the env is what decides
     assert got[3] is None
     assert mv.validate([argv], WORLD) == [None]  # the default is the rendered job env
+
+
+def test_megatron_fsdp_gets_more_than_one_connection_and_megatron_needs_it():
+    """FSDP with sequence parallelism gets CUDA_DEVICE_MAX_CONNECTIONS 8, where sequence parallelism
+    alone gets 1 (and EP overlap keeps its 32); Megatron 0.19.2 accepts the FSDP argv with the
+    rendered environment and refuses it with one connection."""
+    fsdp = OK.replace(fsdp=True)
+    env = config_env(fsdp.to_dict())
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "8" and config_env(OK.to_dict())["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert config_env(fsdp.replace(overlap_ep_a2a=True).to_dict())["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
+    argv = fsdp.to_args(MODEL) + run_args()
+    got = mv.validate([argv, argv], WORLD, envs=[env, {**env, "CUDA_DEVICE_MAX_CONNECTIONS": "1"}])
+    assert got[0] is None, got[0]
+    assert got[1] and "CUDA_DEVICE_MAX_CONNECTIONS" in got[1], got[1]

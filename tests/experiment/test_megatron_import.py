@@ -90,3 +90,14 @@ def test_imported_hf_models_read_back_whole(config):
     path = Path(__file__).resolve().parents[1] / "data" / "hf_configs" / f"{config}.json"
     model = model_from_hf(read_config(path), config)
     assert mi.import_argv(model.to_args(), config).model == model
+
+
+def test_megatron_fsdp_command_line_reads_back_as_fsdp():
+    """A command line with Megatron FSDP imports as fsdp with its strategy; its --ckpt-format is
+    dropped (moetune renders it with FSDP), never left in extra_args, where it is refused."""
+    argv = MODEL + ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads",
+                    "--ckpt-format", "fsdp_dtensor", "--use-distributed-optimizer"]
+    got = mi.import_argv(argv, "m")
+    assert got.baseline.fsdp and got.baseline.fsdp_sharding == "optim_grads" and got.baseline.distributed_optimizer
+    assert got.extra_args == [] and "--ckpt-format fsdp_dtensor" in dict(got.dropped)
+    assert controlled_flags()["--ckpt-format"] == "baseline.fsdp"

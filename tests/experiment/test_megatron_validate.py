@@ -262,3 +262,45 @@ def test_megatron_version_0_17_accepts_a_graphed_config_by_its_old_flag_name():
     assert "unrecognized arguments: --cuda-graph-modules" in (mv.parser_refusal(argv, mcore="0.17") or "")
     assert mv.validate([args_for_megatron(argv, "0.17.1")], e.cluster.gpus, mcore="0.17") == [None]
     assert mv.validate([argv], e.cluster.gpus) == [None]
+
+
+# NVIDIA's Megatron FSDP layout of Qwen3-235B on 256 H100 (docs/prediction.md), and near it
+FSDP = dict(tp=1, pp=1, vpp=None, ep=8, etp=1, sequence_parallel=False, account_for_embedding=False,
+            account_for_loss=False, micro_batch=4, global_batch=8192, recompute_granularity="full",
+            recompute_modules=(), recompute_num_layers=1, fsdp=True)
+
+
+def test_fsdp_layouts_moetune_renders_pass_megatron():
+    """Megatron's validate_args and TransformerConfig take the FSDP layouts moetune renders (with the
+    job's environment): NVIDIA's, with PP and VPP, with TP and sequence parallelism, with every
+    sharding strategy; moetune's table passes them too. Without the checkpoint format moetune adds,
+    Megatron refuses the same argv."""
+    e = load_experiment("qwen3_235b")
+    nvidia = e.baseline.replace(**FSDP)
+    cases = [nvidia, nvidia.replace(pp=2, vpp=47), nvidia.replace(tp=2, sequence_parallel=True),
+             *(nvidia.replace(fsdp_sharding=s) for s in ("optim_grads", "optim", "no_shard"))]
+    argvs = [c.to_args(e.model) + run_args() for c in cases]
+    fmt = argvs[0].index("--ckpt-format")
+    no_format = argvs[0][:fmt] + argvs[0][fmt + 2:]
+    results = mv.validate(argvs + [no_format], 256)
+    assert results[:-1] == [None] * len(cases), results
+    assert results[-1] and "fsdp_dtensor" in results[-1], results[-1]
+    assert [check(c, e.model, e.cluster) for c in cases] == [[]] * len(cases)
+
+
+def test_plans_fastest_layouts_of_the_flagships_pass_megatron(no_store):
+    """The ten fastest layouts `moetune plan` lists for each flagship (layout strings, CP, ETP,
+    DeepEP, EP and TP-comm overlap, CUDA graph scopes among them), and NVIDIA's DeepSeek-V3 PP8 VPP4
+    as the search builds it, pass Megatron's validate_args."""
+    from moetune.estimate.readings import StoreReadings
+    from moetune.estimate.search import search
+    from moetune.estimate.space import pipeline_split
+    cases = []
+    for name in ("qwen3_30b_a3b", "qwen3_235b", "deepseek_v3"):
+        e = load_experiment(name)
+        cases += [(e, lay.config) for lay in search(e, StoreReadings.empty(), limit=10).layouts]
+    ds = load_experiment("deepseek_v3")
+    cases.append((ds, ds.baseline.replace(pp=8, vpp=4, **pipeline_split(ds.model, 8, 4))))
+    assert any(c.pp_layout for _, c in cases) and any(c.cuda_graph_impl != "none" for _, c in cases)
+    results = mv.validate([c.to_args(e.model) + run_args() for e, c in cases], [e.cluster.gpus for e, _ in cases])
+    assert [(e.name, r) for (e, _), r in zip(cases, results, strict=True) if r] == []

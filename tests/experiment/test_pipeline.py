@@ -93,3 +93,19 @@ def test_uneven_split_finds_what_divides():
     assert uneven_split(94, 8, 4) == (None, None)
     assert split_fields(94, 8, 4)["account_for_embedding"] and split_fields(94, 8, 4)["account_for_loss"]
     assert split_fields(48, 8, None) == split_fields(1, 1, None)  # even: every split field unset
+
+
+@pytest.mark.parametrize("layers,mtp,pp,vpp", [(61, 1, 8, 4), (61, 1, 16, None), (94, 0, 8, 4), (32, 0, 2, 5),
+                                               (61, 0, 2, 6)])
+def test_a_balanced_layout_is_one_megatron_takes(layers, mtp, pp, vpp):
+    """A layout for any PP x VPP of 3 or more stages: Megatron's rules pass it, it has PP x VPP stages,
+    no middle stage is lighter than the first or last, and DeepSeek-V3's PP8 VPP4 is its own form."""
+    from moetune.experiment.pipeline import balanced_layout
+    text = balanced_layout(layers, mtp, pp, vpp)
+    assert text is not None and layout_problem(text, pp, layers, mtp) is None
+    stages = [s.count("t") for s in expand_layout(text)]
+    assert len(stages) == pp * (vpp or 1) and sum(stages) == layers
+    assert min(stages[1:-1]) >= max(stages[0], stages[-1])
+    if (layers, pp, vpp) == (61, 8, 4):
+        assert text == "Et|(tt|)*30mL"
+    assert balanced_layout(layers, mtp, 1, None) is None

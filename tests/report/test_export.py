@@ -149,6 +149,16 @@ def test_bridge_precision_recompute_and_quoting():
     assert hydra_value("([0]*3+[1]*58)") == "'([0]*3+[1]*58)'" and hydra_value("it's") == "'it\\'s'"
 
 
+def test_bridge_overrides_of_megatron_fsdp():
+    """FSDP on: Bridge's two FSDP switches, the sharding strategy and the checkpoint format it needs;
+    off: none of them, and no comment calling them missing."""
+    out = layout_lines(TrainingConfig(fsdp=True, fsdp_sharding="optim_grads"), 4096)
+    for line in ("dist.use_megatron_fsdp=true", "ddp.use_megatron_fsdp=true",
+                 "ddp.data_parallel_sharding_strategy=optim_grads", "checkpoint.ckpt_format=fsdp_dtensor"):
+        assert line in out, line
+    plain = "\n".join(layout_lines(TrainingConfig(), 4096))
+    assert "fsdp" not in plain and "sharding" not in plain
+
 def test_diff_names_each_change_its_decision_and_evidence(store):
     text = export.render(export.choose(store, STUDY), "diff")
     rows = {r.split(" | ")[0].strip("| `"): r for r in text.splitlines() if r.startswith("| `")}

@@ -12,24 +12,26 @@ from moetune.tune import dryrun
 
 
 def test_baseline_priced_by_price_and_charged_as_a_whole_job():
-    """The baseline's predicted step is price()'s; its GPU-hours are the GPUs x (iterations x step +
-    start-up), with the band from the step-time error and the bank's start-up range."""
+    """The baseline's predicted step and its band are price()'s; its GPU-hours are the GPUs x
+    (iterations x step + start-up), low and high at the band's ends and the bank's start-up range."""
     exp = load_experiment("moe_proxy")
     plan = dryrun.dry_run(exp)
-    step = price(exp, exp.baseline, StoreReadings.empty()).step_time_ms
+    p = price(exp, exp.baseline, StoreReadings.empty(), with_band=True)
+    step = p.step_time_ms
     assert plan.baseline.step_ms == pytest.approx(step)
+    assert plan.baseline.step_band_ms == pytest.approx((p.band.low_ms, p.band.high_ms))
     lo_s, mid_s, hi_s = dryrun.START_UP_S
     iters, gpus = exp.baseline.train_iters, plan.gpus
     lo, mid, hi = plan.baseline.gpu_hours
     assert mid == pytest.approx(gpus * (iters * step / 1e3 + mid_s) / 3600)
-    assert lo == pytest.approx(gpus * (iters * step * (1 - dryrun.STEP_ERROR) / 1e3 + lo_s) / 3600)
-    assert hi == pytest.approx(gpus * (iters * step * (1 + dryrun.STEP_ERROR) / 1e3 + hi_s) / 3600)
+    assert lo == pytest.approx(gpus * (iters * p.band.low_ms / 1e3 + lo_s) / 3600)
+    assert hi == pytest.approx(gpus * (iters * p.band.high_ms / 1e3 + hi_s) / 3600)
     assert lo < mid < hi and mid > gpus * iters * step / 1e3 / 3600  # more than the iterations alone
 
 
 def test_a_long_step_is_charged_at_most_the_time_limit():
     """A job the time limit would end is charged the limit, as Slurm would end it there."""
-    lo, mid, hi = dryrun._whole_job_hours(4, 10_000_000.0, 20, 30)
+    lo, mid, hi = dryrun._whole_job_hours(4, (9_000_000.0, 10_000_000.0, 11_000_000.0), 20, 30)
     assert lo == mid == hi == pytest.approx(4 * 0.5)
 
 
@@ -61,7 +63,7 @@ def test_cli_dry_run_prints_the_plan_and_writes_nothing(tmp_path, monkeypatch, c
     exp = load_experiment("moe_proxy")
     step = price(exp, exp.baseline, StoreReadings.empty()).step_time_ms
     assert f"baseline {step:.1f} (" in " ".join(out.split())
-    assert "budget: 3 trials" in out and "--max-trials" in out and "±11% step time" in out
+    assert "budget: 3 trials" in out and "--max-trials" in out and "with their band" in out
     assert list(tmp_path.iterdir()) == []
     assert main(["demo", "--dry-run"]) == 0
     assert "moe_proxy: dry run" in capsys.readouterr().out and list(tmp_path.iterdir()) == []
