@@ -190,21 +190,15 @@ def moe_bytes(m: ModelArch, c: TrainingConfig) -> float:
 
 def moe_transient_bytes(m: ModelArch, c: TrainingConfig) -> float:
     """Token copies one MoE layer holds while it runs and frees when it returns, once a stage (not
-    per micro batch in flight). alltoall: the tokens permuted for the all-to-all, its output (the
-    experts' input itself when one expert is local), the experts' output and the combining
-    all-to-all's result. flex (DeepEP, HybridEP): the received tokens, the experts' output and its
-    unpermuted copy (a token goes once to a rank however many of its experts sit there, so at most
-    this; the communication buffers are allocated outside PyTorch's allocator). allgather: every
-    token of the expert-parallel group gathered, and the same unpermuted before the reduce-scatter."""
+    per micro batch in flight): under the alltoall dispatcher the tokens permuted for the
+    all-to-all, its output (the experts' input itself when one expert is local), the experts' output
+    and the combining all-to-all's result. Counted so for every dispatcher, as the layout search
+    takes a layout's dispatchers to need the same memory (estimate/space.py): flex (DeepEP,
+    HybridEP) holds one copy fewer (it receives a token once a rank, and its buffers are outside
+    PyTorch's allocator), allgather the expert-parallel group's tokens twice instead."""
     if "moe" in c.recompute_modules:
         return 0.0
-    t, h = routed_tokens(m, c), m.hidden_size
-    if c.dispatcher == "flex":
-        return 3 * BF16 * t * h
-    if c.dispatcher == "allgather":
-        _, tsp = _tokens(m, c)
-        return 2 * BF16 * tsp * c.ep * (c.etp or c.tp) * h + BF16 * t * h
-    return (4 if m.num_experts // c.ep > 1 else 3) * BF16 * t * h
+    return (4 if m.num_experts // c.ep > 1 else 3) * BF16 * routed_tokens(m, c) * m.hidden_size
 
 
 def layer_bytes(m: ModelArch, c: TrainingConfig, moe: bool) -> float:

@@ -85,11 +85,12 @@ def test_nvidia_qwen3_235b_layout_is_behind_by_less_than_its_band():
     assert best.terms["pipeline_bubble"] < p.terms["pipeline_bubble"] and best.terms["compute"] < p.terms["compute"]
 
 
-def test_nvidia_deepseek_v3_layout_is_reached_but_its_estimate_does_not_fit():
+def test_nvidia_deepseek_v3_layout_is_reached_and_its_estimate_fits():
     """DeepSeek-V3 on 1024 H100: NVIDIA's PP8 VPP4 over 61 layers has no first/last or accounted
     split; the search builds DeepSeek's layout string for it, which the constraint table passes. With
-    NVIDIA's recompute (mla_up_proj, mlp) the estimate is over the plan's share of 80 GB, so only a
-    heavier recompute fits, and that is slower than plan's five fastest."""
+    NVIDIA's recompute (mla_up_proj, mlp) the estimate is within the plan's share of 80 GB, as NVIDIA
+    runs it on H100s; the search reaches the layout (with a rung of its own recompute ladder), slower
+    than plan's five fastest."""
     from moetune.estimate.memory import PLAN_HEADROOM_SHARE, estimate
     from moetune.estimate.space import pipeline_split
     from moetune.experiment.constraints import check
@@ -98,7 +99,7 @@ def test_nvidia_deepseek_v3_layout_is_reached_but_its_estimate_does_not_fit():
     assert split["pp_layout"] == "Et|(tt|)*30mL"
     nv = exp.baseline.replace(pp=8, vpp=4, ep=64, **split, recompute_modules=("mla_up_proj", "mlp"))
     assert check(nv, exp.model, exp.cluster) == []
-    assert estimate(exp.model, nv, 1024).total_gb > (1 - PLAN_HEADROOM_SHARE) * 80
+    assert estimate(exp.model, nv, 1024).total_gb <= (1 - PLAN_HEADROOM_SHARE) * 80
     rank = _rank(space, tp=2, cp=1, pp=8, vpp=4, ep=64, etp=1, micro_batch=1)
     found = space.fit[rank - 1]
     assert rank > 5 and found.config.pp_layout == "Et|(tt|)*30mL" and found.step_ms > space.fit[4].step_ms
