@@ -30,8 +30,9 @@ MICRO_BATCHES = (1, 2)
 MAX_PP = 32
 MAX_VPP = 8
 MAX_EP = 128
-# the optimizer's sharding: the distributed optimizer; Megatron FSDP joins here as a second value
-SHARDINGS: tuple[dict, ...] = ({"distributed_optimizer": True},)
+# the optimizer's sharding: the distributed optimizer, or Megatron FSDP (weights, gradients and
+# optimizer states sharded over data parallel), searched where it stands in for a pipeline (PP 1)
+SHARDINGS: tuple[dict, ...] = ({"distributed_optimizer": True}, {"distributed_optimizer": True, "fsdp": True})
 # the settings' dimensions, in the order they are chosen; each value a dict of TrainingConfig fields
 DISPATCHER_VALUES: tuple[dict, ...] = (
     {"dispatcher": "alltoall", "flex_backend": None}, {"dispatcher": "allgather", "flex_backend": None},
@@ -144,6 +145,8 @@ def _grid(exp, world: int, base: TrainingConfig, fixed: dict):
                                 continue
                             for mb in keep("micro_batch", MICRO_BATCHES):
                                 for shard in SHARDINGS:
+                                    if shard.get("fsdp") and pp > 1:
+                                        continue
                                     yield {"tp": tp, "cp": cp, "pp": pp, "vpp": vpp, **split, "ep": ep, "etp": etp,
                                            "sequence_parallel": tp > 1, "micro_batch": mb, **shard}
 

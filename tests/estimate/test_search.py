@@ -44,6 +44,18 @@ def test_the_search_counts_add_up_and_settings_keep_memory():
     assert any(f.config.cuda_graph_impl != "none" or f.config.overlap_ep_a2a for f in space.fit[:5])
 
 
+def test_fsdp_is_searched_without_a_pipeline_and_sheds_memory():
+    """Megatron FSDP is a value of the optimizer's sharding where it stands in for a pipeline: every
+    FSDP layout found is at PP 1, some fit, and each holds less memory than the same layout with the
+    distributed optimizer."""
+    from moetune.estimate.memory import estimate
+    exp, space = _space("qwen3_30b_a3b")
+    fsdp = [f.config for f in space.fit if f.config.fsdp]
+    assert fsdp and all(c.pp == 1 for c in fsdp)
+    for c in fsdp[:10]:
+        assert estimate(exp.model, c, 16).total_gb < estimate(exp.model, c.replace(fsdp=False), 16).total_gb
+
+
 def test_the_dispatchers_searched_are_those_the_image_has():
     """Without DeepEP in the image no layout takes the flex dispatcher; with it (and HybridEP), some do."""
     _, without = _space("qwen3_30b_a3b", has_deep_ep=False)
