@@ -23,8 +23,8 @@ BF16, FP32, INT64, MASK = 2, 4, 8, 1
 # Megatron's hidden dropout (0.1 by default; moetune does not change it) keeps a one-byte mask of
 # each bias-dropout-add output. Fused attention draws its dropout from a saved RNG state instead.
 HIDDEN_DROPOUT = True
-# Megatron's attention dropout, 0.1 by default, which moetune does not change either.
-ATTENTION_DROPOUT = True
+# Megatron's attention dropout where the model does not set it (ModelArch.attention_dropout)
+ATTENTION_DROPOUT = 0.1
 
 
 def _tokens(m: ModelArch, c: TrainingConfig) -> tuple[float, float]:
@@ -104,11 +104,13 @@ def unfused_share(m: ModelArch, c: TrainingConfig) -> float:
     """The share of layers whose attention runs unfused, keeping the score matrix. All of them under
     Megatron's local attention. Under TE, its backend selection (get_attention_backend) rules out
     flash attention for a softmax offset (sinks) and cuDNN's fused attention for a sliding window
-    with dropout, so a model with sinks runs its windowed layers on TE's unfused attention (GPT-OSS:
-    every other layer; its fit died in TE's unfused softmax)."""
+    with dropout, so a model with sinks and attention dropout runs its windowed layers on TE's
+    unfused attention (GPT-OSS at Megatron's default dropout: every other layer; its fit died in
+    TE's unfused softmax). Its own config's dropout, 0, leaves them to cuDNN."""
     if c.transformer_impl == "local":
         return 1.0
-    if m.softmax_type != "vanilla" and m.window_size and ATTENTION_DROPOUT:
+    dropout = ATTENTION_DROPOUT if m.attention_dropout is None else m.attention_dropout
+    if m.softmax_type != "vanilla" and m.window_size and dropout:
         return m.window_layers() / m.num_layers
     return 0.0
 

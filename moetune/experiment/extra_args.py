@@ -24,7 +24,7 @@ def _model_samples() -> list[str]:
                      moe_router_enable_expert_bias=True, moe_router_pre_softmax=True, moe_shared_expert_gate=True,
                      add_qkv_bias=True, rotary_percent=0.5, window_size=8, window_attn_skip_freq=2,
                      softmax_type="learnable", add_bias_linear=True, activation="quick_geglu", glu_linear_offset=1.0,
-                     activation_func_clamp_value=7.0)
+                     activation_func_clamp_value=7.0, attention_dropout=0.0)
     plain = ModelArch(name="plain", num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=4,
                       ffn_hidden_size=64, moe_ffn_hidden_size=32, num_experts=4, moe_router_topk=2, vocab_size=128,
                       seq_length=64)

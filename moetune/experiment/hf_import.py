@@ -159,6 +159,8 @@ ROWS: tuple[Row, ...] = (
     Row("layer_types", "window_attn_skip_freq", "--window-attn-skip-freq", WINDOWED,
         lambda v, _c: _skip_freq(v) or None),
     Row("attention_bias", "add_bias_linear", "--disable-bias-linear", (GPTOSS,), lambda v, _c: bool(v)),
+    # GPT-OSS only: with its window and sinks the dropout decides TE's attention backend and memory
+    Row("attention_dropout", "attention_dropout", "--attention-dropout", (GPTOSS,), lambda v, _c: float(v)),
     Row("swiglu_limit", "activation_func_clamp_value", "--activation-func-clamp-value", (GPTOSS,),
         lambda v, _c: float(v) if v else None),
 )

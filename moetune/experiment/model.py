@@ -61,6 +61,9 @@ class ModelArch:
     activation: Literal["swiglu", "quick_geglu"] = "swiglu"  # the gated MLP's activation
     glu_linear_offset: float = 0.0  # added to the GLU's linear half (GPT-OSS: 1)
     activation_func_clamp_value: Annotated[float, Field(gt=0)] | None = None  # GLU inputs clamped (GPT-OSS: 7)
+    # dropout on the attention probabilities; None: Megatron's default, 0.1 (with a sliding window
+    # it decides whether TE's fused attention runs, and so what attention keeps: estimate/activations.py)
+    attention_dropout: Annotated[float, Field(ge=0, lt=1)] | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -121,7 +124,8 @@ class ModelArch:
             add_bias_linear="--disable-bias-linear" not in argv,
             activation="quick_geglu" if "--quick-geglu" in argv else "swiglu",
             glu_linear_offset=val("--glu-linear-offset", float, 0.0),
-            activation_func_clamp_value=val("--activation-func-clamp-value", float))
+            activation_func_clamp_value=val("--activation-func-clamp-value", float),
+            attention_dropout=val("--attention-dropout", float))
 
     @property
     def moe_layers(self) -> int:
@@ -216,6 +220,8 @@ class ModelArch:
             a += ["--glu-linear-offset", str(self.glu_linear_offset)]
         if self.activation_func_clamp_value:
             a += ["--activation-func-clamp-value", str(self.activation_func_clamp_value)]
+        if self.attention_dropout is not None:
+            a += ["--attention-dropout", str(self.attention_dropout)]
         return a
 
     def window_layers(self) -> int:

@@ -159,12 +159,12 @@ def test_from_megatron_unknown_flags_go_to_extra_args_measuring_flags_dropped(ca
     tokenizer, schedule and checkpoints are dropped, each named in the YAML's comment."""
     exp = load_experiment("mixtral_8x7b")
     argv = [t for t in _shipped_argv(exp) if t not in ("--mock-data",)]
-    argv += ["--attention-dropout", "0.0", "--data-path", "1.0", "/data/a_text", "--save", "/ckpt",
+    argv += ["--hidden-dropout", "0.0", "--data-path", "1.0", "/data/a_text", "--save", "/ckpt",
              "--use-flash-attn", "--lr", "3e-4", "--no-check-for-nan-in-loss-and-grad"]
     out = tmp_path / "m.yaml"
     assert main(["new", "m", "--from-megatron", "--gpus", "64", "--out", str(out), "--", *argv]) == 0
     new = load_experiment(out)
-    assert new.extra_args == ["--attention-dropout", "0.0", "--use-flash-attn", "--no-check-for-nan-in-loss-and-grad"]
+    assert new.extra_args == ["--hidden-dropout", "0.0", "--use-flash-attn", "--no-check-for-nan-in-loss-and-grad"]
     comment = "\n".join(line for line in out.read_text().splitlines() if line.startswith("#"))
     for dropped in ("--data-path 1.0 /data/a_text", "--save /ckpt", "--lr 3e-4", "--train-iters 20"):
         assert dropped in comment

@@ -132,3 +132,21 @@ def test_expert_tensor_parallelism_gathers_tokens_and_splits_the_ffn():
     grown = act.moe_bytes(m, two) - act.moe_bytes(m, one)
     t = act.routed_tokens(m, one)
     assert grown == pytest.approx(2 * t * m.hidden_size + 4 * t)  # one more hidden-wide copy, its weight
+
+
+def test_gpt_oss_own_attention_dropout_leaves_its_windowed_layers_fused():
+    """GPT-OSS's config sets attention dropout 0: with sinks and a window TE's cuDNN attention
+    takes its windowed layers and nothing keeps a score matrix; at Megatron's default dropout
+    (0.1, as its fit ran) every windowed layer runs unfused and keeps one."""
+    from pathlib import Path
+
+    from moetune.estimate.activations import unfused_share
+    from moetune.experiment.config import TrainingConfig
+    from moetune.experiment.hf_import import model_from_hf, read_config
+    path = Path(__file__).resolve().parents[1] / "data" / "hf_configs" / "gpt_oss_120b.json"
+    m = model_from_hf(read_config(path), "gpt_oss_120b")
+    c = TrainingConfig(transformer_impl="transformer_engine")
+    assert m.attention_dropout == 0.0 and unfused_share(m, c) == 0.0
+    default = m.__class__(**{**m.to_dict(), "attention_dropout": None})
+    assert unfused_share(default, c) == default.window_layers() / default.num_layers > 0
+    assert "--attention-dropout" in m.to_args() and "--attention-dropout" not in default.to_args()

@@ -24,7 +24,7 @@ def _with_extra(tmp_path, extra) -> Path:
 
 def test_extra_args_load_and_survive_the_store(tmp_path):
     """An experiment's extra_args load as written and read back from its stored record."""
-    extra = ["--moe-aux-loss-coeff", "0.01", "--attention-dropout", "0.0"]
+    extra = ["--moe-aux-loss-coeff", "0.01", "--hidden-dropout", "0.0"]
     exp = load_experiment(_with_extra(tmp_path, extra))
     assert exp.extra_args == extra
     assert Experiment.from_stored(exp.to_stored()).extra_args == extra

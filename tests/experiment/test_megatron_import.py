@@ -46,11 +46,11 @@ def test_each_flag_lands_in_one_place():
     """Model and layout read, `--flag=value` split, unknown flags in extra_args in order, measuring
     flags dropped with the table's why; no controlled flag in extra_args."""
     argv = MODEL + ["--tensor-model-parallel-size=2", "--expert-model-parallel-size", "4", "--use-flash-attn",
-                    "--lr", "3e-4", "--attention-dropout", "0.1", "--train-iters", "1000", "--bf16"]
+                    "--lr", "3e-4", "--hidden-dropout", "0.1", "--train-iters", "1000", "--bf16"]
     got = mi.import_argv(argv, "m")
     assert (got.model.num_layers, got.model.num_experts, got.model.name) == (4, 8, "m")
     assert (got.baseline.tp, got.baseline.ep, got.baseline.train_iters) == (2, 4, 20)
-    assert got.extra_args == ["--use-flash-attn", "--attention-dropout", "0.1"]
+    assert got.extra_args == ["--use-flash-attn", "--hidden-dropout", "0.1"]
     assert ("--lr 3e-4", MEASURING["--lr"].why) in got.dropped and "--train-iters 1000" in dict(got.dropped)
     assert not set(got.extra_args) & set(controlled_flags())
     assert not got.batch_given and got.world is None
