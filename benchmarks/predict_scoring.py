@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--price-only", type=Path, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.price_only:
-        print(json.dumps(pv.public_rows(a.price_only)))
+        print(json.dumps(pv.public_rows(a.price_only, skip_unknown=True)))
         return 0
     r = report(a.frozen, {"built_on": pv.PUBLIC, "unseen": a.rows.resolve()})
     a.out.write_text(json.dumps(r, indent=1) + "\n")

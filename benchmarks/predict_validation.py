@@ -28,8 +28,8 @@ from moetune.analysis import figures
 from moetune.analysis.logs import parse_log
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.schema import load_experiment
-from moetune.estimate.memory import padded_vocab, plan_cluster
-from moetune.estimate import Node, predict
+from moetune.estimate.memory import padded_vocab
+from moetune.estimate import Node, StoreReadings, predict, price
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = ROOT / "benchmarks" / "predict_validation.yaml"
@@ -83,15 +83,22 @@ def measured_tokens(row: dict, model) -> float:
                  / megatron_flop_per_token(model, lay["seq_length"], lay.get("tp", 1), causal), 1)
 
 
-def public_rows(path: Path = PUBLIC) -> list[dict]:
+def public_rows(path: Path = PUBLIC, skip_unknown: bool = False) -> list[dict]:
+    """Each row priced as `moetune predict` prices it with nothing measured in the store (the
+    published rates and the shipped tables). `skip_unknown`: leave out a row whose settings name a
+    field this moetune's TrainingConfig lacks (an older, frozen model), rather than fail."""
     data = yaml.safe_load(path.read_text())
     out = []
     for row in data["rows"]:
         exp = (imported_experiment(row["model"], row["hf_config"], row["gpus"]) if row.get("hf_config")
                else load_experiment(row["model"]))
-        cluster, world, _ = plan_cluster(exp, row["gpus"], "H100")
-        config = exp.baseline.replace(**{**data["common"], **row["settings"], **row["layout"]})
-        p = predict(exp.model, config, Node.of(cluster), world)
+        try:
+            config = exp.baseline.replace(**{**data["common"], **row["settings"], **row["layout"]})
+        except TypeError:
+            if skip_unknown:
+                continue
+            raise
+        p = price(exp, config, StoreReadings.empty(), gpus=row["gpus"], gpu_type="H100")
         measured = measured_tokens(row, exp.model)
         out.append({"id": row["id"], "model": row["model"], "release": row["release"],
                     "table": row.get("table") or row["release"],

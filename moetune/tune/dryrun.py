@@ -28,7 +28,7 @@ from moetune.tune import predicted
 
 # what the step's band stands beside: docs/prediction.md "Validation" and "Scored on unseen runs"
 STEP_ERROR_SOURCE = ("step times with their band (each rate at the ends of its spread, docs/prediction.md); "
-                     "the model's median absolute error is 11% on its 18 public H100 rows and 12% on 10 it "
+                     "the model's median absolute error is 11% on its 19 public H100 rows and 12% on 10 it "
                      "was not shaped on (its trial-bank rows, a small proxy on 2x H200, are off by 48%)")
 # a job's time beyond its iterations at the judged step: start-up, warm-up, the profiled window;
 # the trial bank's 30 completed jobs (data/trial_bank/bank.jsonl wall_s less 16 iterations x the
