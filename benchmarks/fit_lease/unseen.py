@@ -7,7 +7,11 @@ layouts their publishers train them with.
 
 Kimi-K2 (DeepSeek-V3's architecture, 384 experts, 61 layers) at TP2 PP16 EP64 (ETP 1) on 1024 GPUs, the
 layout whose rank 0 the estimate put 24 % high; GPT-OSS-120B at NVIDIA's published layout, TP1 PP4
-EP8, micro batch 4, global batch 512 on 64 GPUs (Megatron-Bridge performance summary, 25.11)."""
+EP8, micro batch 4, global batch 512 on 64 GPUs (Megatron-Bridge performance summary, 25.11).
+
+The committed unseen.json is the one measured on 2026-11-28 (unseen_results.jsonl): rendered before
+the importer carried GPT-OSS's attention dropout (0.0), so its GPT-OSS ranks ran at Megatron's 0.1,
+on TE's unfused attention; re-rendering now adds `--attention-dropout 0.0`."""
 from __future__ import annotations
 
 import json
