@@ -216,6 +216,9 @@ NEUTRAL: tuple[Neutral, ...] = (
             "layer kinds other than full attention, or sliding layers in no --window-attn-skip-freq pattern"),
     Neutral("experts_per_token", lambda v, c: v == c.get("num_experts_per_tok"), "a second top-k"),
     Neutral("use_qk_norm", lambda v, c: _off(v) or _family(c) == GLM, "QK norm"),
+    # without attention sinks the dropout changes nothing moetune prices (fused attention keeps an
+    # RNG state, not a mask); GPT-OSS's, with sinks, is mapped (ROWS)
+    Neutral("attention_dropout", lambda _v, _c: True, "attention dropout"),
 )
 
 # keys that do not change the architecture moetune prices or Megatron builds at seq_length:
@@ -224,7 +227,7 @@ NEUTRAL: tuple[Neutral, ...] = (
 IGNORED = frozenset({
     "architectures", "model_type", "auto_map", "transformers_version", "_name_or_path", "name_or_path",
     "torch_dtype", "dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "tokenizer_class",
-    "quantization_config", "max_position_embeddings", "initializer_range", "rms_norm_eps", "attention_dropout",
+    "quantization_config", "max_position_embeddings", "initializer_range", "rms_norm_eps",
     "hidden_dropout", "output_router_logits", "router_aux_loss_coef", "aux_loss_alpha", "seq_aux",
     "router_jitter_noise", "rope_scaling", "rope_interleave", "ep_size", "output_attentions",
     "output_hidden_states", "return_dict", "id2label", "label2id", "is_encoder_decoder", "tie_encoder_decoder",
