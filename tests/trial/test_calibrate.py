@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from moetune.cli.main import main
+from moetune.estimate.measured import LINK_TABLE_ROWS
 from moetune.experiment.megatron_validate import venv_python
 from moetune.store import Store
 from tests.conftest import stand_in_experiment
@@ -50,7 +51,10 @@ def test_calibration_through_slurm_is_stored_and_replaces_the_published_link_rat
     db = str(tmp_path / "db.sqlite")
     exp = stand_in_experiment(tmp_path, "calib", cluster={**CLUSTER, "python": _torch_python()})
     before = _predict(capsys, db, exp)
-    assert all(not r["source"].startswith("measured:") for r in before["rates"].values())
+    # before: only the NVLink rows of the link table shipped for the GPU type (estimate/link_tables)
+    shipped = {n for n, r in before["rates"].items() if r["source"].startswith("measured:")}
+    assert shipped == set(LINK_TABLE_ROWS)
+    assert all(before["rates"][n]["source"].startswith("measured: link table") for n in shipped)
     code = main(["--db", db, "calibrate", exp, "--executor", "slurm", "--runs", str(tmp_path / "runs"),
                  "--nodes", "2", "--gpus", "4", "--timeout", "300"])
     out = capsys.readouterr().out
