@@ -5,7 +5,7 @@
 #   bash benchmarks/device/comm.sh start EXPERIMENT NAME ...   # TE and DeepEP built side by side, then
 #        the calibration's link probe (calibrate.sh) on 2 GPUs and on every GPU, then each named run
 #        of benchmarks/device/comm_sweep.py in the order named (run.sh sweep: every rank under nsys,
-#        slimmed and xz'd)
+#        slimmed and xz'd); NO_PROBE=1 leaves the link probe out (its table is shipped already)
 #   bash benchmarks/device/comm.sh wait SECONDS   # until it ends or SECONDS pass; the runs finished
 #        since the last call move into $OUT, packed (pack.sh: at most 8 files come back)
 set -u
@@ -29,12 +29,13 @@ case "${1:-}" in
     # the code the runs read, copied: the next call lays the checkout anew under them
     rm -rf "$W/code" && mkdir -p "$W/code" && cp -a moetune benchmarks experiments .devlib "$W/code"/ || exit 1
     cd "$W/code" || exit 1
-    setsid nohup bash -c 'R=$1 exp=$2; shift 2
+    NO_PROBE=${NO_PROBE:-} setsid nohup bash -c 'R=$1 exp=$2; shift 2
         # the link probe first (a minute; the size curves every rate of the links reads), on 2
         # GPUs and on all of them, then the runs
         n=$(nvidia-smi -L | wc -l)
+        [ -n "$NO_PROBE" ] || {
         [ "$n" -gt 2 ] && OUT=$R/calibration2 bash benchmarks/device/calibrate.sh 2 > "$R/calibration2.txt" 2>&1
-        OUT=$R/calibration bash benchmarks/device/calibrate.sh "$n" > "$R/calibration.txt" 2>&1
+        OUT=$R/calibration bash benchmarks/device/calibrate.sh "$n" > "$R/calibration.txt" 2>&1; }
         touch "$R/probed"
         OUT=$R bash benchmarks/device/run.sh sweep "$exp" "$@"
         touch "$R/ended"' comm "$R" "$exp" "$@" > "$W/runner.log" 2>&1 < /dev/null &

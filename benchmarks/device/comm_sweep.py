@@ -45,13 +45,28 @@ def sweep(exp: Experiment) -> list[tuple[str, dict, dict]]:
         ("mbs4_overlap", {"micro_batch": 4, "overlap_ep_a2a": True}),
         ("mbs4_overlap_wgrad", {"micro_batch": 4, "overlap_ep_a2a": True, "delay_wgrad": True}),
         ("mbs4_hybridep", {"micro_batch": 4, "dispatcher": "flex", "flex_backend": "hybridep"}),
+        ("mbs4_deepep", {"micro_batch": 4, "dispatcher": "flex", "flex_backend": "deepep"}),
+        # TP 2 with sequence parallel (EP 4 folded over TP x DP), then its TP all-gathers and
+        # reduce-scatters overlapped by TE's userbuffers: the TP-comm overlap A/B
+        ("tp2_mbs4", {"tp": 2, "sequence_parallel": True, "micro_batch": 4}),
+        ("tp2_mbs4_tpoverlap", {"tp": 2, "sequence_parallel": True, "micro_batch": 4,
+                                "tp_comm_overlap": True}),
         ("fusions", {"permute_fusion": True, "router_fusion": True}),
     ]
     slow = [("slow_" + name, changes, SLOW_LINK) for name, changes in nvlink
             if name in ("baseline", "overlap", "overlap_wgrad", "mbs2", "mbs4", "mbs4_overlap",
                         "mbs4_overlap_wgrad")]
-    return [(f"ep{ep}_{name}", changes, {}) for name, changes in nvlink] + \
-        [(f"ep{ep}_{name}", changes, env) for name, changes, env in slow]
+    # the host's launch cost against the CPUs a rank has: the micro batch 1 baseline (the host
+    # sets its pace) with the job pinned to 4 and 8 of the host's cores a rank (run.sh: CPUS)
+    gpus = exp.cluster.gpus
+    pinned = [(f"baseline_cpus{c}", {}, {"CPUS": str(c * gpus)}) for c in (4, 8)]
+    runs = [(f"ep{ep}_{name}", changes, {}) for name, changes in nvlink] + \
+        [(f"ep{ep}_{name}", changes, env) for name, changes, env in slow + pinned]
+    # each run again with routing forced to balance (--moe-router-force-load-balancing), as
+    # NVIDIA's performance runs route and as the step-time model prices: a fresh router's
+    # imbalance is then out of the A/B
+    return runs + [(f"{name}_balanced", {**changes, "force_balance": True}, env)
+                   for name, changes, env in runs]
 
 
 def config(exp: Experiment, changes: dict) -> TrainingConfig:

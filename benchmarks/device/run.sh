@@ -97,10 +97,13 @@ case "${1:-}" in
       eval "set -- $args"
       envs=(); [ "$env" = - ] || IFS=, read -r -a envs <<< "$env"
       ( for kv in "${envs[@]}"; do export "${kv?}"; done
+        # CPUS=N: the whole job pinned to the host's first N cores (the host's launch cost
+        # against the CPUs a rank has)
+        pin=(); [ -n "${CPUS:-}" ] && pin=(taskset -c "0-$((CPUS - 1))")
         if [ -n "${SWEEP_PROFILE:-}" ] && [[ " $SWEEP_PROFILE " != *" $name "* ]]; then
-          plain "$name" torchrun --standalone --nproc_per_node="$gpus" moetune/workloads/train_moe.py "$@" < /dev/null
+          plain "$name" "${pin[@]}" torchrun --standalone --nproc_per_node="$gpus" moetune/workloads/train_moe.py "$@" < /dev/null
         else
-          profile "$name" torchrun --standalone --nproc_per_node="$gpus" moetune/workloads/train_moe.py "$@" < /dev/null
+          profile "$name" "${pin[@]}" torchrun --standalone --nproc_per_node="$gpus" moetune/workloads/train_moe.py "$@" < /dev/null
         fi )
     done 3< /tmp/sweep.txt
     ;;
