@@ -64,6 +64,9 @@ def row(folder: Path, name: str, env: dict, cfg, exp, gpu_type: str, scratch: Pa
     an = analyze([str(trace)] if trace else [], log=str(log))
     judged = judged_step(an)
     c = an["metrics"]["combined"] if trace else {}
+    if "CPUS" in env:  # a pinned run: priced with the cores a rank had
+        cluster = exp.cluster.model_copy(update={"cpus_per_task": int(env["CPUS"]) // exp.cluster.gpus})
+        exp = exp.model_copy(update={"cluster": cluster})
     pred = price(exp, cfg, StoreReadings.empty(), gpu_type=gpu_type)
     wall_s = json.loads((folder / f"{name}.json").read_text())["wall_s"] if (folder / f"{name}.json").is_file() else None
     out = {"name": name, "env": env, "measured_ms": judged.get("step_time_ms"),
@@ -89,10 +92,13 @@ def overlap_ab(rows: list[dict], configs: dict, gpus: int) -> list[dict]:
     by = {r["name"]: r for r in rows}
     out = []
     for r in rows:
-        if not r["name"].endswith("_overlap"):
+        # a run with routing forced to balance pairs with its balanced twin
+        stem, balanced = r["name"].removesuffix("_balanced"), r["name"].endswith("_balanced")
+        if not stem.endswith("_overlap"):
             continue
+        tail = "_balanced" if balanced else ""
         # NAME_overlap's other side: NAME, or NAME_baseline where the overlap is the sweep's one change
-        base = by.get(r["name"].removesuffix("_overlap")) or by.get(r["name"].removesuffix("overlap") + "baseline")
+        base = by.get(stem.removesuffix("_overlap") + tail) or by.get(stem.removesuffix("overlap") + "baseline" + tail)
         if not base or not base["measured_ms"] or not r["measured_ms"]:
             continue
         transfer, how = base.get("a2a_transfer_ms"), "traced"
@@ -109,6 +115,45 @@ def overlap_ab(rows: list[dict], configs: dict, gpus: int) -> list[dict]:
                     "a2a_transfer_ms": round(transfer, 1), "transfer_from": how, "paired_share": round(paired, 4),
                     "hidden_share": round(saved / (transfer * paired), 3) if paired else None})
     return out
+
+
+def tp_overlap_ab(rows: list[dict]) -> list[dict]:
+    """Each run with TP-comm overlap beside the same run without it (NAME_tpoverlap beside NAME):
+    the step it saved, and the TP collectives' time the model prices for the run without it."""
+    by = {r["name"]: r for r in rows}
+    out = []
+    for r in rows:
+        stem = r["name"].removesuffix("_balanced")
+        if not stem.endswith("_tpoverlap"):
+            continue
+        base = by.get(stem.removesuffix("_tpoverlap") + r["name"][len(stem):])
+        if base and base["measured_ms"] and r["measured_ms"]:
+            out.append({"without": base["name"], "with": r["name"],
+                        "saved_ms": round(base["measured_ms"] - r["measured_ms"], 1),
+                        "predicted_tp_collectives_ms": base["predicted_terms_ms"]["tp_collectives"]})
+    return out
+
+
+def host_cpus(rows: list[dict], gpus: int) -> dict | None:
+    """The pinned runs (CPUS: the job's cores) beside their unpinned twin: each one's step, and the
+    fewest cores a rank had where the step was no slower than the twin's beyond the two spreads."""
+    by = {r["name"]: r for r in rows}
+    runs = []
+    for r in rows:
+        if "CPUS" not in r["env"]:
+            continue
+        stem, tail = r["name"].removesuffix("_balanced"), r["name"][len(r["name"].removesuffix("_balanced")):]
+        twin = by.get(stem.rsplit("_cpus", 1)[0] + tail)
+        if twin and twin["measured_ms"] and r["measured_ms"]:
+            runs.append({"name": r["name"], "cpus_a_rank": int(r["env"]["CPUS"]) // gpus,
+                         "measured_ms": r["measured_ms"], "spread_ms": r["measured_spread_ms"],
+                         "unpinned": twin["name"], "unpinned_ms": twin["measured_ms"],
+                         "unpinned_spread_ms": twin["measured_spread_ms"]})
+    if not runs:
+        return None
+    flat = [x["cpus_a_rank"] for x in runs
+            if x["measured_ms"] - x["unpinned_ms"] <= (x["spread_ms"] or 0) + (x["unpinned_spread_ms"] or 0)]
+    return {"runs": runs, "flat_from_cpus_a_rank": min(flat) if flat else None}
 
 
 def main(argv=None) -> int:
@@ -140,6 +185,7 @@ def main(argv=None) -> int:
         probes[label] = json.loads(Path(path).read_text())
     ab = overlap_ab(rows, configs, gpus)
     record = {"experiment": exp.name, "machine": a.machine, "gpus": gpus, "sweep": rows, "overlap_ab": ab,
+              "tp_overlap_ab": tp_overlap_ab(rows), "host_cpus": host_cpus(rows, gpus),
               "probes": probes, "sweep_gpu_hours": round(hours, 3),
               "median_abs_prediction_error": round(statistics.median(errs), 3) if errs else None,
               "error_over": "the runs on NVLink (the slow link's are not priced as such)"}
@@ -158,6 +204,18 @@ def main(argv=None) -> int:
         for x in ab:
             print(f"| {x['without']} | {x['with']} | {x['saved_ms']} | {x['a2a_transfer_ms']} | {x['paired_share']} | "
                   f"{x['hidden_share']} |")
+    if record["tp_overlap_ab"]:
+        print("\n| without | with | saved ms | TP collectives priced ms |")
+        print("|---|---|---:|---:|")
+        for x in record["tp_overlap_ab"]:
+            print(f"| {x['without']} | {x['with']} | {x['saved_ms']} | {x['predicted_tp_collectives_ms']} |")
+    if record["host_cpus"]:
+        print("\n| run | cores a rank | measured ms | unpinned ms |")
+        print("|---|---:|---:|---:|")
+        for x in record["host_cpus"]["runs"]:
+            print(f"| {x['name']} | {x['cpus_a_rank']} | {x['measured_ms']} ± {x['spread_ms']} | "
+                  f"{x['unpinned_ms']} ± {x['unpinned_spread_ms']} |")
+        print(f"no slower from {record['host_cpus']['flat_from_cpus_a_rank']} cores a rank")
     return 0
 
 

@@ -8,8 +8,9 @@ the 4-GPU H200 host, about half a 400 Gb/s NIC: shared/device-notes.md), a cross
 NCCL's paths only; DeepEP and HybridEP keep NVLink under it, so no dispatcher is compared there.
 
 `python benchmarks/device/comm_sweep.py EXPERIMENT [NAME ...]` prints one line per config: NAME,
-GPUS, ENV (KEY=VALUE,... or -), then the shell-quoted Megatron argv; the runs named, in the order
-named, else all."""
+GPUS, ENV (KEY=VALUE,... or -: the variables moetune's job script exports for that config,
+experiment/environment.py, then the run's own), then the shell-quoted Megatron argv; the runs named,
+in the order named, else all."""
 import shlex
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import checkout  # noqa: E402,F401  (moetune from this checkout)
 
 from moetune.experiment.config import TrainingConfig, run_args  # noqa: E402
+from moetune.experiment.environment import config_env  # noqa: E402
 from moetune.experiment.schema import Experiment, load_experiment  # noqa: E402
 
 SLOW_LINK = {"NCCL_P2P_DISABLE": "1"}
@@ -73,6 +75,13 @@ def config(exp: Experiment, changes: dict) -> TrainingConfig:
     return exp.baseline.replace(**changes)
 
 
+def run_env(exp: Experiment, cfg: TrainingConfig, env: dict) -> dict[str, str]:
+    """What a run exports: the variables a trial of this config gets from moetune's job script
+    (CUDA_DEVICE_MAX_CONNECTIONS above one for the EP overlap and the flex dispatchers, which
+    Megatron's overlap needs; the SM margins and HybridEP's domain size), then the run's own."""
+    return {**config_env(cfg.to_dict(), exp.cluster), **env}
+
+
 def argv(exp: Experiment, cfg: TrainingConfig) -> list[str]:
     return cfg.to_args(exp.model, has_apex=exp.cluster.has_apex) + run_args()
 
@@ -92,8 +101,9 @@ def main(args: list[str]) -> int:
     # in the order named (the runs that matter most first, while device time lasts), else all
     for name in args[1:] or list(by_name):
         changes, env = by_name[name]
-        env_word = ",".join(f"{k}={v}" for k, v in env.items()) or "-"
-        print(name, exp.cluster.gpus, env_word, shlex.join(argv(exp, config(exp, changes))))
+        cfg = config(exp, changes)
+        env_word = ",".join(f"{k}={v}" for k, v in run_env(exp, cfg, env).items()) or "-"
+        print(name, exp.cluster.gpus, env_word, shlex.join(argv(exp, cfg)))
     return 0
 
 

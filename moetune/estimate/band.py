@@ -36,8 +36,9 @@ SPREADS: dict[str, tuple[float, float, str]] = {
     "deepep_rdma_dispatch": (0.5, 1.0, "DeepSeek's H800 figure; users report far less on H100 clusters (DeepEP "
                                        "issues 155, 397, 493), never more"),
     "deepep_rdma_combine": (0.5, 1.0, "as deepep_rdma_dispatch"),
-    "ep_overlap_hidden": (0.18, 1.0, "over NVLink it hid 0.71 of what it could; through host memory, a "
-                                     "cross-node-like link, 0.13 (benchmarks/results/comm_4gpu.json)"),
+    "ep_overlap_hidden": (0.0, 1.0, "over NVLink it hid 0.71 of what it could, through host memory (a "
+                                    "cross-node-like link) 0.13; with routing forced to balance -0.66 and 0.60, "
+                                    "all with one CUDA connection (benchmarks/results/comm_4gpu.json)"),
     "host_cpus_per_rank": (1.0, 1.0, "a count of the measuring host's CPUs, not a rate: how a launch scales "
                                      "with CPUs is the model's assumption"),
 }

@@ -41,5 +41,38 @@ def test_the_committed_sweep_gives_the_rate_row_its_share():
     import json
     from moetune.estimate.rates import Rates
     record = json.loads((Path(results.__file__).parent / "results" / "comm_4gpu.json").read_text())
-    nvlink = next(x for x in record["overlap_ab"] if not x["env"])
+    nvlink = next(x for x in record["overlap_ab"] if x["with"] == "ep4_mbs4_overlap")
     assert Rates()["ep_overlap_hidden"] == pytest.approx(nvlink["hidden_share"], abs=5e-4)
+
+
+def test_the_committed_pinned_runs_are_flat_where_the_model_scales_launches():
+    """The pinned runs are in the record with their cores; the host-bound baseline ran no slower on
+    4 cores a rank than on 16 (so the rate table's CPU ratio is an assumption the host contradicts,
+    and rates.py says so)."""
+    import json
+    from moetune.estimate.rates import Rates
+    record = json.loads((Path(results.__file__).parent / "results" / "comm_4gpu.json").read_text())
+    assert {x["cpus_a_rank"] for x in record["host_cpus"]["runs"]} == {4, 8}
+    assert record["host_cpus"]["flat_from_cpus_a_rank"] == 4
+    assert "contradicted" in Rates().rows["host_cpus_per_rank"].source
+
+
+def test_balanced_runs_pair_with_their_balanced_twins_and_tp_and_pinned_runs_are_read():
+    """A run forced to balance pairs with its balanced twin, never the unbalanced one; the TP-comm
+    overlap pairs with its run without it; a pinned run with its unpinned twin, flat when within the
+    two spreads."""
+    cfg = TrainingConfig(ep=4, micro_batch=4, global_batch=32)
+    rows = [_row("ep4_mbs4", 1500.0, 240.0), _row("ep4_mbs4_balanced", 1300.0, 180.0),
+            _row("ep4_mbs4_overlap_balanced", 1210.0)]
+    configs = {r["name"]: cfg.replace(overlap_ep_a2a="overlap" in r["name"]) for r in rows}
+    (ab,) = results.overlap_ab(rows, configs, 4)
+    assert (ab["without"], ab["saved_ms"]) == ("ep4_mbs4_balanced", 90.0)
+    tp = [dict(_row("ep4_tp2_balanced", 2000.0), predicted_terms_ms={"tp_collectives": 30.0}),
+          _row("ep4_tp2_tpoverlap_balanced", 1800.0)]
+    assert results.tp_overlap_ab(tp) == [{"without": "ep4_tp2_balanced", "with": "ep4_tp2_tpoverlap_balanced",
+                                          "saved_ms": 200.0, "predicted_tp_collectives_ms": 30.0}]
+    pinned = [dict(_row("ep4_baseline", 3800.0), measured_spread_ms=100.0),
+              dict(_row("ep4_baseline_cpus2", 5000.0, env={"CPUS": "8"}), measured_spread_ms=100.0),
+              dict(_row("ep4_baseline_cpus4", 3900.0, env={"CPUS": "16"}), measured_spread_ms=100.0)]
+    host = results.host_cpus(pinned, 4)
+    assert [x["cpus_a_rank"] for x in host["runs"]] == [2, 4] and host["flat_from_cpus_a_rank"] == 4

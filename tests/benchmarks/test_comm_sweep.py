@@ -50,6 +50,22 @@ def test_the_sweep_holds_every_dispatcher_overlap_folding_and_the_slow_link():
     assert all("flex_backend" not in runs[n][0] for n in slow)
 
 
+def test_each_run_exports_what_moetune_renders_for_its_config(capsys):
+    """The overlap and flex-dispatcher runs get more than one CUDA connection (Megatron's EP overlap
+    needs it) and HybridEP its NVLink domain, as a trial's job script would; a slow-link run keeps
+    its own variable beside them; a pinned run names its cores."""
+    assert sweep.main(["qwen3_30b_a3b_ep4", "ep4_overlap", "ep4_hybridep", "ep4_slow_overlap", "ep4_baseline",
+                       "ep4_baseline_cpus4_balanced"]) == 0
+    env = {line.split()[0]: dict(kv.split("=", 1) for kv in line.split()[2].split(","))
+           for line in capsys.readouterr().out.splitlines()}
+    assert env["ep4_overlap"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
+    assert env["ep4_hybridep"]["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] == "4"
+    assert env["ep4_slow_overlap"]["NCCL_P2P_DISABLE"] == "1"
+    assert env["ep4_slow_overlap"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env["ep4_baseline"]
+    assert env["ep4_baseline_cpus4_balanced"]["CPUS"] == "16"
+
+
 def test_the_script_names_an_unknown_run_in_one_line(capsys):
     """A run name the sweep does not hold is one line listing the runs, exit 2."""
     assert sweep.main(["qwen3_30b_a3b_ep4", "ep4_nosuch"]) == 2
