@@ -188,10 +188,8 @@ def table_for(gpu_type: str) -> KernelTable | None:
     own = shipped(gpu_type)
     if own or gpu_type not in gpus.GPUS:
         return own
-    g = gpus.GPUS[gpu_type]
-    for other, h in gpus.GPUS.items():
-        same = (h.generation, h.bf16_tflops, h.fp8_tflops) == (g.generation, g.bf16_tflops, g.fp8_tflops)
-        table = shipped(other) if other != gpu_type and same else None
+    for other in gpus.stand_ins(gpu_type, "generation", "bf16_tflops", "fp8_tflops")[1:]:
+        table = shipped(other)
         if table:
             standing = copy.copy(table)  # its rows and nearest-shape cache shared, its source its own
             standing.source = (f"{table.source} (an {other}'s, standing for the {gpu_type}: the same tensor cores "

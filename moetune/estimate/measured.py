@@ -187,16 +187,24 @@ def link_table(gpu_type: str) -> tuple[dict, str] | None:
     """(the link probe's record shipped for this GPU type, its label), or one of a GPU of the same
     generation and NVLink rate (the H100 and H200 SXM: NVLink 4, 18 links, 450 GB/s a direction,
     the same NVSwitch); None: the published rows stand."""
-    if gpu_type not in gpus.GPUS:
-        return None
-    g = gpus.GPUS[gpu_type]
-    for other in [gpu_type] + sorted(gpus.GPUS):
-        h = gpus.GPUS[other]
-        record = _link_record(other) if (h.generation, h.nvlink_gb_s) == (g.generation, g.nvlink_gb_s) else None
+    for other in gpus.stand_ins(gpu_type, "generation", "nvlink_gb_s"):
+        record = _link_record(other)
         if record:
             standing = "" if other == gpu_type else f", an {other}'s standing for the {gpu_type}"
             return record, f"link table {other} ({record.get('machine', 'shipped')}{standing})"
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _shipped_link_rates(gpu_type: str, nic: float, want_a2a: int | None) -> tuple[tuple[str, tuple[float, str]], ...]:
+    """The shipped link table's NVLink rows for this GPU type, as (name, (value, source)) pairs: a
+    tuple, so no caller can change the cached entry. Cached: the table is constant and plan prices
+    thousands of layouts over a few all-to-all sizes."""
+    table = link_table(gpu_type)
+    if not table:
+        return ()
+    rows = measured_rates(table[0], gpu_type, nic, want_a2a, table[1])
+    return tuple((k, v) for k, v in rows.items() if k in LINK_TABLE_ROWS)
 
 
 def rates_for(row, cluster, model: ModelArch, config: TrainingConfig) -> tuple[Rates, str | None]:
@@ -205,11 +213,8 @@ def rates_for(row, cluster, model: ModelArch, config: TrainingConfig) -> tuple[R
     on another GPU type is not used."""
     nic = next(r.value for r in PUBLISHED if r.name == "nic_gb_s")
     want = a2a_bytes(model, config)
-    found: dict[str, tuple[float, str]] = {}
-    table = link_table(cluster.gpu_type)
-    if table:
-        rows = measured_rates(table[0], cluster.gpu_type, nic, want, table[1])
-        found.update({k: v for k, v in rows.items() if k in LINK_TABLE_ROWS})
+    # a fresh dict over the cached tuple: the calibration's rows below update it
+    found: dict[str, tuple[float, str]] = dict(_shipped_link_rates(cluster.gpu_type, nic, want))
     if row is None or (row.gpu_type and row.gpu_type != cluster.gpu_type):
         return Rates(measured=found), None
     label = f"calibration {row.id} of cluster {cluster.name} (job {row.job_id}, {row.created_at})"

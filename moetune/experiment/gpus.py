@@ -51,3 +51,13 @@ def generation(gpu_type: str | None, default: str = "unknown") -> str:
 def cpus_per_gpu(gpu_type: str | None) -> int | None:
     gpu = GPUS.get(str(gpu_type or ""))
     return gpu.cpus_per_gpu if gpu else None
+
+
+def stand_ins(gpu_type: str, *fields: str) -> list[str]:
+    """`gpu_type` first, then the other types (in the table's order) whose named Gpu fields all equal
+    its own: those whose measured tables may stand for it. [] for a type not in the table."""
+    g = GPUS.get(gpu_type)
+    if g is None:
+        return []
+    key = [getattr(g, f) for f in fields]
+    return [gpu_type] + [t for t, h in GPUS.items() if t != gpu_type and [getattr(h, f) for f in fields] == key]

@@ -102,6 +102,9 @@ def test_without_a_calibration_the_shipped_link_table_sets_nvlinks_rows_only():
     row = SimpleNamespace(id=7, gpu_type=exp.cluster.gpu_type, job_id="42", created_at="t", record=RECORD)
     calibrated, _ = rates_for(row, exp.cluster, exp.model, exp.baseline)
     assert calibrated.rows["alltoall_nvlink"].source.startswith("measured: calibration 7")
+    # the table's rows are cached: the calibration's update above must not have reached the cache
+    again, _ = rates_for(None, exp.cluster, exp.model, exp.baseline)
+    assert {n: again.rows[n].source for n in LINK_TABLE_ROWS} == {n: rates.rows[n].source for n in LINK_TABLE_ROWS}
     assert link_table("B200") is None
 
 

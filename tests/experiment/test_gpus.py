@@ -2,7 +2,7 @@
 its generation and its reference node's CPUs per GPU; an unknown type has none of them."""
 import pytest
 
-from moetune.experiment.gpus import GPU_TYPES, GPUS, cpus_per_gpu, generation, memory_gb
+from moetune.experiment.gpus import GPU_TYPES, GPUS, cpus_per_gpu, generation, memory_gb, stand_ins
 
 
 @pytest.mark.parametrize("gpu, gb, gen", [("H100", 80.0, "hopper"), ("H200", 141.0, "hopper"),
@@ -31,3 +31,28 @@ def test_types_are_the_tables_keys_and_every_row_is_complete():
     assert GPU_TYPES == tuple(GPUS)
     for g in GPUS.values():
         assert g.memory_gb > 0 and g.generation in ("ampere", "hopper", "blackwell") and g.cpus_per_gpu > 0
+
+
+KERNEL_KEY = ("generation", "bf16_tflops", "fp8_tflops")  # estimate/kernels.table_for
+LINK_KEY = ("generation", "nvlink_gb_s")  # estimate/measured.link_table
+
+
+@pytest.mark.parametrize("key", [KERNEL_KEY, LINK_KEY])
+def test_h100_and_h200_stand_for_each_other_and_another_generation_does_not(key):
+    """The type itself first, then the others equal on the key in the table's order; the H100 and
+    H200 (one GH100 die, NVLink 4) match on both keys, the A100 and B200 on neither."""
+    for a, b in (("H100", "H200"), ("H200", "H100")):
+        found = stand_ins(a, *key)
+        assert found[0] == a and b in found and len(set(found)) == len(found)
+        assert "A100" not in found and "B200" not in found
+    assert stand_ins("B200", *key)[0] == "B200" and "H200" not in stand_ins("B200", *key)
+
+
+def test_stand_ins_follow_each_key():
+    """The H800 (NVLink cut to 200 GB/s) stands for the H100 on the kernel key, not the link key;
+    an unknown type has none; a misspelt field fails rather than matching everything."""
+    assert stand_ins("H100", *KERNEL_KEY) == ["H100", "H800", "H200", "GH200"]
+    assert stand_ins("H100", *LINK_KEY) == ["H100", "H200", "GH200"]
+    assert stand_ins("H999", *LINK_KEY) == []
+    with pytest.raises(AttributeError):
+        stand_ins("H100", "nvlink")
