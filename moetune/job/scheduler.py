@@ -279,7 +279,7 @@ def slurm_state(job_id: str) -> JobState:
         return JobState(state=state, exit_code=r["ExitCode"],
                         submit=_clean(r["Submit"]), start=_clean(r["Start"]), end=_clean(r["End"]),
                         elapsed=_clean(r["Elapsed"]), elapsed_s=_seconds(r.get("ElapsedRaw")),
-                        node=_clean(r["NodeList"]), reason=reason)
+                        node=slurm.job_nodes(rows, job_id), reason=reason)
     return _queued(job_id) or JobState(state="UNKNOWN", reason="neither sacct nor squeue knows this job yet")
 
 

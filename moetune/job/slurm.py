@@ -4,6 +4,8 @@ trial is job/scheduler.py's business; this module only asks and answers in Slurm
 
     available()                  -> whether Slurm is here (sbatch and sacct on PATH): the one rule
     WATCHER.rows(job_id)         -> sacct's rows of the job and its steps (one batched, cached sacct)
+    job_nodes(rows, job_id)      -> the job's allocation (all its nodes) from those rows
+    hostnames(nodelist)          -> 'n[1-2],g01' -> ['n1', 'n2', 'g01'] (scontrol show hostnames)
     queue(job_id, array=False)   -> [(state, reason)] as squeue has them now
     find_job(name)               -> id of the newest job of that name
     sbatch_command(options)      -> the sbatch command line of a job;  sbatch(options) -> job id
@@ -27,7 +29,7 @@ ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDE
                     "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT",
                     "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT", "UNKNOWN"})
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Submit", "Start", "End", "Elapsed",
-                "NodeList", "Reason", "ElapsedRaw")
+                "NodeList", "Reason", "ElapsedRaw", "NNodes")
 
 
 class JobError(MoetuneError):
@@ -59,6 +61,68 @@ def base_id(job_id: str) -> str:
 def allocations(rows: list[dict]) -> list[dict]:
     """A job's own rows (an array's elements), not its steps' (what `sacct -X` shows)."""
     return [r for r in rows if "." not in r["JobID"]]
+
+
+def hostnames(nodelist: str | None) -> list[str]:
+    """The node names of a Slurm host list, in its order: 'n[1-2,5],gpu[08-09]' -> n1 n2 n5
+    gpu08 gpu09 (zero padding kept, as `scontrol show hostnames`); [] for none ('None assigned')."""
+    if not nodelist or nodelist in ("None assigned", "Unknown", "None", "N/A"):
+        return []
+    items, depth, start = [], 0, 0
+    for i, c in enumerate(nodelist):  # split at the commas outside brackets
+        depth += (c == "[") - (c == "]")
+        if c == "," and depth == 0:
+            items.append(nodelist[start:i])
+            start = i + 1
+    items.append(nodelist[start:])
+    names: list[str] = []
+    for item in filter(None, (x.strip() for x in items)):
+        m = re.match(r"([^\[]*)\[([^\]]*)\](.*)$", item)
+        if not m:
+            names.append(item)
+            continue
+        head, ranges, tail = m.groups()
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            for k in range(int(lo), int(hi or lo) + 1):
+                names.extend(head + str(k).zfill(len(lo)) + t for t in hostnames(tail) or [tail])
+    return names
+
+
+def _nnodes(row: dict) -> int | None:
+    value = (row.get("NNodes") or "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def nodes_recorded(row: dict) -> bool:
+    """Whether an allocation's row names all the nodes it counts (NNodes). It does not while
+    slurmdbd has recorded the job only from its batch step's record: under load the step's start
+    can reach slurmdbd before the job's own, and the job's row is then created with the batch
+    step's node list (the first node only) and keeps it, even once COMPLETED with NNodes 2, until
+    the job's own start record comes (seen on Slurm 22.05: `1166|COMPLETED|n1|2|...`, a second
+    later `n[1-2]`). Rows without a node list or without a count have nothing to check."""
+    names, count = hostnames(row.get("NodeList")), _nnodes(row)
+    return not names or count is None or len(names) >= count
+
+
+def job_nodes(rows: list[dict], job_id: str | int) -> str | None:
+    """The job's allocation, all its nodes, from sacct's rows of it and its steps: its own row's
+    NodeList where that names every node it counts; else (accounting has the job only from its
+    batch step so far, nodes_recorded) the nodes of its row and of all its steps together, which
+    all ran inside the allocation, as a comma list in first-seen order; None where no row names
+    a node."""
+    job_id = str(job_id)
+    own = [r for r in rows if r["JobID"] == job_id]
+    if not own:
+        return None
+    row = own[-1]
+    if nodes_recorded(row):
+        names = hostnames(row.get("NodeList"))
+        return row["NodeList"] if names else None
+    seen: list[str] = []
+    for r in [row] + [s for s in rows if s["JobID"].startswith(f"{job_id}.")]:
+        seen.extend(n for n in hostnames(r.get("NodeList")) if n not in seen)
+    return ",".join(seen) or None
 
 
 def ended(rows: list[dict]) -> bool:
@@ -104,7 +168,9 @@ class SacctWatcher:
                 row = dict(zip(SACCT_FIELDS, line.split("|"), strict=False))
                 found.setdefault(base_id(row["JobID"]), []).append(row)
         self._rows.update({j: found[j] for j in ids})
-        self._watched -= {j for j in ids if ended(found[j])}
+        # an ended job whose row does not name all its nodes yet is asked again (nodes_recorded)
+        self._watched -= {j for j in ids
+                          if ended(found[j]) and all(map(nodes_recorded, allocations(found[j])))}
         self._asked_at = self._clock()
 
     def clear(self) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -154,3 +156,64 @@ def test_slurm_is_here_when_sbatch_and_sacct_are(tmp_path, monkeypatch):
     assert not slurm.available()
     (tmp_path / "sacct").chmod(0o755)
     assert slurm.available()
+
+
+@pytest.mark.parametrize("nodelist", ["n1", "n[1-2]", "n[1-2,5],gpu[08-10]", "nid[001-003]", "a[1-2]-ib[0-1]"])
+def test_hostnames_expands_a_node_list_as_scontrol_does(nodelist):
+    """slurm.hostnames: the names `scontrol show hostnames` gives (checked against it where it is here)."""
+    expected = {"n1": ["n1"], "n[1-2]": ["n1", "n2"],
+                "n[1-2,5],gpu[08-10]": ["n1", "n2", "n5", "gpu08", "gpu09", "gpu10"],
+                "nid[001-003]": ["nid001", "nid002", "nid003"],
+                "a[1-2]-ib[0-1]": ["a1-ib0", "a1-ib1", "a2-ib0", "a2-ib1"]}[nodelist]
+    assert slurm.hostnames(nodelist) == expected
+    if shutil.which("scontrol"):
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True)
+        assert out.returncode != 0 or out.stdout.split() == expected
+    assert slurm.hostnames("None assigned") == [] and slurm.hostnames("") == []
+
+
+# Real sacct rows (Slurm 22.05 of scripts/slurm-up, -P -o JobID,JobName,State,ExitCode,Submit,
+# Start,End,Elapsed,NodeList,Reason,ElapsedRaw,NNodes) of a 2-node job, read under load before
+# slurmdbd had the job's own start record: its row came from the batch step's (NodeList n1) and
+# still said n1 once COMPLETED with NNodes 2; a second later it said n[1-2].
+BATCH_FIRST = """\
+1166|j|COMPLETED|0:0|2026-11-28T20:12:52|2026-11-28T20:12:53|2026-11-28T20:12:55|00:00:02|n1|None|2|2
+1166.batch|batch|COMPLETED|0:0|2026-11-28T20:12:53|2026-11-28T20:12:53|2026-11-28T20:12:55|00:00:02|n1||2|1
+1166.0|bash|COMPLETED|0:0|2026-11-28T20:12:53|2026-11-28T20:12:53|2026-11-28T20:12:55|00:00:02|n[1-2]||2|2
+"""
+
+
+def _parse(text: str) -> list[dict]:
+    return [dict(zip(slurm.SACCT_FIELDS, line.split("|"), strict=True)) for line in text.splitlines()]
+
+
+def test_a_job_row_recorded_from_its_batch_step_gives_all_the_jobs_nodes():
+    """A job row naming fewer nodes than it counts (recorded from its batch step) is not taken as
+    the job's nodes: they are its row's and its steps' together; a complete row is taken as it is."""
+    rows = _parse(BATCH_FIRST)
+    assert not slurm.nodes_recorded(rows[0])
+    assert slurm.job_nodes(rows, "1166") == "n1,n2"
+    assert slurm.job_nodes(list(reversed(rows)), 1166) == "n1,n2"  # whatever the rows' order
+    done = _parse(BATCH_FIRST.replace("|n1|None|2|2", "|n[1-2]|None|2|2"))
+    assert slurm.nodes_recorded(done[0]) and slurm.job_nodes(done, "1166") == "n[1-2]"
+    pending = _parse("1167|j|PENDING|0:0|2026-11-28T20:12:52|Unknown|Unknown|00:00:00|None assigned|Resources|0|2")
+    assert slurm.nodes_recorded(pending[0]) and slurm.job_nodes(pending, "1167") is None
+    assert slurm.job_nodes(rows[1:], "1166") is None  # no row of the job itself
+
+
+def test_the_watcher_asks_again_for_an_ended_job_until_its_row_names_all_its_nodes(fake_slurm):
+    """An ended job whose row does not name all its nodes yet stays in the next sacct (its cached
+    row would otherwise keep the batch step's node for good); once it does, it drops out."""
+    tmp, calls = fake_slurm
+    (tmp / "sacct.txt").write_text(BATCH_FIRST)
+    now = [0.0]
+    w = slurm.SacctWatcher(delay_s=1.0, clock=lambda: now[0])
+    assert w.rows("1166")[0]["NodeList"] == "n1"
+    (tmp / "sacct.txt").write_text(BATCH_FIRST.replace("|n1|None|2|2", "|n[1-2]|None|2|2"))
+    now[0] = 2.0
+    assert slurm.job_nodes(w.rows("1167"), "1167") is None
+    assert calls()[-1].split(" -j ")[1].split()[0] == "1166,1167"  # 1166 asked again
+    now[0] = 4.0
+    w.rows("1167")
+    assert calls()[-1].split(" -j ")[1].split()[0] == "1167"  # 1166 recorded: no longer asked
+    assert w.rows("1166")[0]["NodeList"] == "n[1-2]"  # its cached row, the complete one
