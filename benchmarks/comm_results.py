@@ -68,7 +68,8 @@ def row(folder: Path, name: str, env: dict, cfg, exp, gpu_type: str, scratch: Pa
         cluster = exp.cluster.model_copy(update={"cpus_per_task": int(env["CPUS"]) // exp.cluster.gpus})
         exp = exp.model_copy(update={"cluster": cluster})
     pred = price(exp, cfg, StoreReadings.empty(), gpu_type=gpu_type)
-    wall_s = json.loads((folder / f"{name}.json").read_text())["wall_s"] if (folder / f"{name}.json").is_file() else None
+    timing = folder / f"{name}.json"
+    wall_s = json.loads(timing.read_text())["wall_s"] if timing.is_file() else None
     out = {"name": name, "env": env, "measured_ms": judged.get("step_time_ms"),
            "measured_spread_ms": judged.get("step_time_std_ms"), "measured_by": judged.get("source"),
            "profiled_step_ms": c.get("step_time_ms"), "predicted_ms": round(pred.step_time_ms, 1),

@@ -39,6 +39,7 @@ def test_the_overlap_ab_pairs_runs_and_reads_the_hidden_share():
 def test_the_committed_sweep_gives_the_rate_row_its_share():
     """benchmarks/results/comm_4gpu.json's NVLink A/B is the share rates.py's ep_overlap_hidden holds."""
     import json
+
     from moetune.estimate.rates import Rates
     record = json.loads((Path(results.__file__).parent / "results" / "comm_4gpu.json").read_text())
     nvlink = next(x for x in record["overlap_ab"] if x["with"] == "ep4_mbs4_overlap")
@@ -50,6 +51,7 @@ def test_the_committed_pinned_runs_are_flat_where_the_model_scales_launches():
     4 cores a rank than on 16 (so the rate table's CPU ratio is an assumption the host contradicts,
     and rates.py says so)."""
     import json
+
     from moetune.estimate.rates import Rates
     record = json.loads((Path(results.__file__).parent / "results" / "comm_4gpu.json").read_text())
     assert {x["cpus_a_rank"] for x in record["host_cpus"]["runs"]} == {4, 8}
