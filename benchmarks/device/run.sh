@@ -96,7 +96,9 @@ case "${1:-}" in
     while read -r -u 3 name gpus env args; do
       eval "set -- $args"
       envs=(); [ "$env" = - ] || IFS=, read -r -a envs <<< "$env"
-      ( for kv in "${envs[@]}"; do export "${kv?}"; done
+      # the run's variables are those moetune's job script gives its config (comm_sweep.run_env),
+      # not this script's defaults
+      ( unset CUDA_DEVICE_MAX_CONNECTIONS; for kv in "${envs[@]}"; do export "${kv?}"; done
         # CPUS=N: the whole job pinned to the host's first N cores (the host's launch cost
         # against the CPUs a rank has)
         pin=(); [ -n "${CPUS:-}" ] && pin=(taskset -c "0-$((CPUS - 1))")
