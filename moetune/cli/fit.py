@@ -4,18 +4,32 @@ study MODEL-fit; prints each rank's peak and step time and whether the layout fi
 are in cli/common.py (add_fit_arguments), so that `moetune --help` does not load this module."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from moetune.cli.common import LAYOUT_OPTIONS
+from moetune.experiment.config import TrainingConfig
 from moetune.experiment.schema import load_experiment
 from moetune.trial import stages
+
+
+def fit_config(exp, args, notes: list[str] | None = None) -> TrainingConfig:
+    """The layout a fit measures: the baseline with the layout flags given, by the rules `predict`
+    and `plan` apply (cli/predict.layout_config): a PP changed does not inherit an uneven split made
+    for the baseline's PP, it is recomputed (the split said in `notes`)."""
+    from moetune.cli.predict import add_layout_args, layout_config
+    p = argparse.ArgumentParser(add_help=False)
+    add_layout_args(p)
+    flags = p.parse_args([])  # every layout flag unset, then fit's own
+    for k in LAYOUT_OPTIONS:
+        setattr(flags, k, getattr(args, k, None))
+    return layout_config(exp.baseline, flags, exp.model, notes)
 
 
 def run(store, args) -> tuple[dict, int]:
     """(fit.json's content, trial id) of the layout's fit, measured now."""
     exp = load_experiment(args.model)
-    changes = {k: getattr(args, k) for k in LAYOUT_OPTIONS if getattr(args, k) is not None}
-    config = exp.baseline.replace(**changes)
+    config = fit_config(exp, args)
     study = store.create_study(f"{exp.name}-fit", exp.model.name, {
         **exp.to_stored(), "experiment": str(exp.path), "executor": args.executor})
     trial = store.trial_by_hash(study.id, config.config_hash()) or \

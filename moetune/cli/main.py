@@ -88,14 +88,15 @@ def writable_folder(path, what: str) -> None:
                         f"give another with --{'runs' if what == 'runs' else 'out'}") from None
 
 
-def refused_layout(model, **changes):
+def refused_layout(model, layout=None):
     """The constraint table on the layout a tune or fit would submit first: one line, no job.
-    `model`: the experiment's name or path, or the experiment loaded; the experiment back."""
+    `model`: the experiment's name or path, or the experiment loaded; `layout`: a function of the
+    experiment giving that layout (None: the baseline); the experiment back."""
     from moetune.experiment import constraints  # pydantic: not for `moetune --help`
     from moetune.experiment import schema as experiment
     exp = model if isinstance(model, experiment.Experiment) else experiment.load_experiment(model)
     refuse_bad_extra_args(exp)
-    config = exp.baseline.replace(**changes) if changes else exp.baseline
+    config = layout(exp) if layout else exp.baseline
     refused = constraints.check(config, exp.model, exp.cluster)
     if refused:  # the rule's line as `moetune check` prints it
         raise UserError(f"{exp.path}: the layout TP{config.tp} PP{config.pp} EP{config.ep} is refused "
@@ -105,7 +106,10 @@ def refused_layout(model, **changes):
 
 def cmd_fit(args, _rest):
     from moetune.cli import fit  # not for `moetune --help` (above)
-    refused_layout(args.model, **{k: getattr(args, k) for k in LAYOUT_OPTIONS if getattr(args, k) is not None})
+    notes: list[str] = []
+    refused_layout(args.model, lambda exp: fit.fit_config(exp, args, notes))
+    for note in notes:  # a recomputed pipeline split, as predict and plan say it
+        print(f"moetune fit: {note}", file=sys.stderr)
     writable_folder(args.runs, "runs")
     fitted, tid = fit.run(_store(args), args)
     layout = ", ".join(f"{k}={getattr(args, k)}" for k in LAYOUT_OPTIONS if getattr(args, k) is not None)

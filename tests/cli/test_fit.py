@@ -35,3 +35,27 @@ def test_fits_exit_0_and_does_not_fit_or_out_of_memory_exit_1():
     assert exit_code(fitted_from({0: {"max_allocated_gb": None, "failure": "oom"}})) == 1
     # a log with no memory report and no error: nothing measured either
     assert exit_code(fitted_from({0: {"max_allocated_gb": None, "failure": None}})) == 2
+
+
+def test_a_fit_at_another_pp_takes_the_split_predict_prices_not_the_baselines():
+    """deepseek_v3's baseline splits 61 layers first 3 / last 2 over PP 16; `fit --pp 8` measures
+    the split `predict --pp 8` prices (recomputed, said in one note), which the constraint table
+    takes, not the baseline's split, which it refuses at PP 8."""
+    import argparse
+
+    from moetune.cli.fit import fit_config
+    from moetune.cli.main import refused_layout
+    from moetune.cli.predict import add_layout_args, layout_config
+    from moetune.experiment.constraints import check
+    from moetune.experiment.schema import load_experiment
+    exp = load_experiment("deepseek_v3")
+    args = argparse.Namespace(tp=None, pp=8, ep=None, etp=None, micro_batch=None)
+    notes: list[str] = []
+    config = fit_config(exp, args, notes)
+    p = argparse.ArgumentParser()
+    add_layout_args(p)
+    assert config == layout_config(exp.baseline, p.parse_args(["--pp", "8"]), exp.model)
+    assert config.pp == 8 and len(notes) == 1 and "recomputed" in notes[0]
+    assert check(config, exp.model, exp.cluster) == []
+    assert check(exp.baseline.replace(pp=8), exp.model, exp.cluster) != []
+    assert refused_layout("deepseek_v3", lambda e: fit_config(e, args)).name == "deepseek_v3"
