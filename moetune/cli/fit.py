@@ -9,7 +9,6 @@ from pathlib import Path
 
 from moetune.cli.common import LAYOUT_OPTIONS
 from moetune.experiment.config import TrainingConfig
-from moetune.experiment.schema import load_experiment
 from moetune.trial import stages
 
 
@@ -26,10 +25,8 @@ def fit_config(exp, args, notes: list[str] | None = None) -> TrainingConfig:
     return layout_config(exp.baseline, flags, exp.model, notes)
 
 
-def run(store, args) -> tuple[dict, int]:
-    """(fit.json's content, trial id) of the layout's fit, measured now."""
-    exp = load_experiment(args.model)
-    config = fit_config(exp, args)
+def run(store, args, exp, config: TrainingConfig) -> tuple[dict, int]:
+    """(fit.json's content, trial id) of the layout's fit (`config`, fit_config's), measured now."""
     study = store.create_study(f"{exp.name}-fit", exp.model.name, {
         **exp.to_stored(), "experiment": str(exp.path), "executor": args.executor})
     trial = store.trial_by_hash(study.id, config.config_hash()) or \

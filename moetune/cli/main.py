@@ -90,13 +90,13 @@ def writable_folder(path, what: str) -> None:
 
 def refused_layout(model, layout=None):
     """The constraint table on the layout a tune or fit would submit first: one line, no job.
-    `model`: the experiment's name or path, or the experiment loaded; `layout`: a function of the
-    experiment giving that layout (None: the baseline); the experiment back."""
+    `model`: the experiment's name or path, or the experiment loaded; `layout`: that layout (None:
+    the baseline); the experiment back."""
     from moetune.experiment import constraints  # pydantic: not for `moetune --help`
     from moetune.experiment import schema as experiment
     exp = model if isinstance(model, experiment.Experiment) else experiment.load_experiment(model)
     refuse_bad_extra_args(exp)
-    config = layout(exp) if layout else exp.baseline
+    config = layout or exp.baseline
     refused = constraints.check(config, exp.model, exp.cluster)
     if refused:  # the rule's line as `moetune check` prints it
         raise UserError(f"{exp.path}: the layout TP{config.tp} PP{config.pp} EP{config.ep} is refused "
@@ -106,12 +106,15 @@ def refused_layout(model, layout=None):
 
 def cmd_fit(args, _rest):
     from moetune.cli import fit  # not for `moetune --help` (above)
+    from moetune.experiment.schema import load_experiment
     notes: list[str] = []
-    refused_layout(args.model, lambda exp: fit.fit_config(exp, args, notes))
+    exp = load_experiment(args.model)
+    config = fit.fit_config(exp, args, notes)
+    refused_layout(exp, config)
     for note in notes:  # a recomputed pipeline split, as predict and plan say it
         print(f"moetune fit: {note}", file=sys.stderr)
     writable_folder(args.runs, "runs")
-    fitted, tid = fit.run(_store(args), args)
+    fitted, tid = fit.run(_store(args), args, exp, config)
     layout = ", ".join(f"{k}={getattr(args, k)}" for k in LAYOUT_OPTIONS if getattr(args, k) is not None)
     print(fit.render(fitted, f"{args.model} ({layout or 'baseline layout'}), trial {tid}"))
     return fit.exit_code(fitted)
