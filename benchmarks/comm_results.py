@@ -83,6 +83,13 @@ def row(folder: Path, name: str, env: dict, cfg, exp, gpu_type: str, scratch: Pa
     return out
 
 
+def balanced_split(name: str) -> tuple[str, str]:
+    """(the run's name without its _balanced suffix, that suffix or ""): a run with routing forced
+    to balance pairs only with its balanced twin."""
+    stem = name.removesuffix("_balanced")
+    return stem, name[len(stem):]
+
+
 def overlap_ab(rows: list[dict], configs: dict, gpus: int) -> list[dict]:
     """Each run with the EP overlap beside the same run without it (NAME_overlap beside NAME, or
     beside NAME_baseline: ep4_mbs4_overlap and ep4_mbs4, ep2_overlap and ep2_baseline): the step it saved, the
@@ -93,11 +100,9 @@ def overlap_ab(rows: list[dict], configs: dict, gpus: int) -> list[dict]:
     by = {r["name"]: r for r in rows}
     out = []
     for r in rows:
-        # a run with routing forced to balance pairs with its balanced twin
-        stem, balanced = r["name"].removesuffix("_balanced"), r["name"].endswith("_balanced")
+        stem, tail = balanced_split(r["name"])
         if not stem.endswith("_overlap"):
             continue
-        tail = "_balanced" if balanced else ""
         # NAME_overlap's other side: NAME, or NAME_baseline where the overlap is the sweep's one change
         base = by.get(stem.removesuffix("_overlap") + tail) or by.get(stem.removesuffix("overlap") + "baseline" + tail)
         if not base or not base["measured_ms"] or not r["measured_ms"]:
@@ -124,10 +129,10 @@ def tp_overlap_ab(rows: list[dict]) -> list[dict]:
     by = {r["name"]: r for r in rows}
     out = []
     for r in rows:
-        stem = r["name"].removesuffix("_balanced")
+        stem, tail = balanced_split(r["name"])
         if not stem.endswith("_tpoverlap"):
             continue
-        base = by.get(stem.removesuffix("_tpoverlap") + r["name"][len(stem):])
+        base = by.get(stem.removesuffix("_tpoverlap") + tail)
         if base and base["measured_ms"] and r["measured_ms"]:
             out.append({"without": base["name"], "with": r["name"],
                         "saved_ms": round(base["measured_ms"] - r["measured_ms"], 1),
@@ -143,7 +148,7 @@ def host_cpus(rows: list[dict], gpus: int) -> dict | None:
     for r in rows:
         if "CPUS" not in r["env"]:
             continue
-        stem, tail = r["name"].removesuffix("_balanced"), r["name"][len(r["name"].removesuffix("_balanced")):]
+        stem, tail = balanced_split(r["name"])
         twin = by.get(stem.rsplit("_cpus", 1)[0] + tail)
         if twin and twin["measured_ms"] and r["measured_ms"]:
             runs.append({"name": r["name"], "cpus_a_rank": int(r["env"]["CPUS"]) // gpus,
