@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The host's cost a launch, on the GPU machine: one rank of Qwen3-30B-A3B's baseline layout
+# (benchmarks/fit_lease/layouts.json qwen3_30b_a3b-baseline-r0: EP 16 of a world of 16, capacity 1
+# with padding, so no token counts to wait for) alone on one GPU under the fake process group, 16
+# of its 48 layers, a step of 4 micro-batches; the host sets its pace. Each run is one of:
+#   plain        no profiler: the step time a training without nsys has
+#   nsys         the same under `nsys profile -t cuda,nvtx` (capture range iterations 10-12): what
+#                tracing the CUDA API adds to the host, and the launches a step
+#   gaf, gaf_nsys  --gradient-accumulation-fusion on (NVIDIA's images have apex; this one has a
+#                stand-in, apex_standin/): the launches the fusion saves
+#   cpusN        plain, the process pinned to N of the host's cores (taskset)
+# From the repo root, with .whl, .devlib and .deps/tecarry carried:
+#   bash benchmarks/device/host_cost.sh start [RUN ...]   # setup, then the runs in their own session
+#   bash benchmarks/device/host_cost.sh wait SECONDS      # until they end or SECONDS pass; packs into $OUT
+# Each run writes NAME.log (and NAME.sqlite.xz under nsys); `wait` prints a table of every run's
+# iteration times.
+set -u
+export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+W=/tmp/host-cost; R=$W/runs
+B=/opt/nvidia/nsight-compute/2025.3.1/host
+N=$B/target-linux-x64/nsys
+Q=$B/linux-desktop-glibc_2_11_3-x64/QdstrmImporter
+RUNS_DEFAULT="plain nsys gaf_nsys gaf cpus2 cpus4 cpus8 plain_again"
+
+# run NAME: one run from /tmp/host-code (a copy: the next call re-sends the checkout)
+run() {
+  local name=$1 pin=() pre=() extra=() path=/tmp/site-gpu:/tmp/site:/tmp/host-code
+  case "$name" in
+    cpus*) pin=(taskset -c "0-$(( ${name#cpus} - 1 ))") ;;
+  esac
+  case "$name" in
+    *nsys) pre=("$N" profile -t cuda,nvtx -s none --cpuctxsw=none --capture-range=cudaProfilerApi
+                --capture-range-end=stop -o "/tmp/$name" --force-overwrite true) ;;
+  esac
+  case "$name" in
+    gaf*) extra=(--gradient-accumulation-fusion); path=/tmp/host-code/benchmarks/device/apex_standin:$path ;;
+  esac
+  local argv
+  argv=$(python3 -c 'import json, shlex, sys
+l = next(x for x in json.load(open("benchmarks/fit_lease/layouts.json")) if x["name"] == "qwen3_30b_a3b-baseline-r0")
+print(shlex.join(l["argv"]))')
+  eval "set -- $argv"
+  local t0=$SECONDS
+  env PYTHONPATH="$path" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True WORLD_SIZE=16 RANK=0 LOCAL_RANK=0 \
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 "${pin[@]}" "${pre[@]}" python3 -u moetune/workloads/train_moe.py "$@" \
+    --num-layers 16 --global-batch-size 64 --train-iters 14 --profile-step-start 10 --profile-step-end 12 \
+    "${extra[@]}" > "$R/$name.log" 2>&1 < /dev/null
+  local rc=$?
+  if [ -f "/tmp/$name.qdstrm" ]; then LD_LIBRARY_PATH="$PWD/.devlib" "$Q" -i "/tmp/$name.qdstrm" > /dev/null 2>&1; fi
+  if [ -f "/tmp/$name.nsys-rep" ]; then
+    "$N" export --type sqlite -o "/tmp/$name.sqlite" --force-overwrite true "/tmp/$name.nsys-rep" > /dev/null 2>&1
+    python3 benchmarks/slim_trace.py "/tmp/$name.sqlite" "$R/$name.sqlite" && xz -6 -T0 -f "$R/$name.sqlite"
+    rm -f /tmp/"$name".*
+  fi
+  echo "{\"name\": \"$name\", \"rc\": $rc, \"wall_s\": $((SECONDS - t0))}" > "$R/$name.json"
+}
+export -f run
+export N Q R
+
+case "${1:-}" in
+  start)
+    shift; [ $# -gt 0 ] || set -- $RUNS_DEFAULT
+    t0=$SECONDS
+    if ! python3 -c 'import megatron.core' 2>/dev/null; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        .whl/megatron_core-*.whl || exit 1
+    fi
+    bash benchmarks/device_setup.sh te > /tmp/host-te.log 2>&1 || { tail -5 /tmp/host-te.log; exit 1; }
+    echo "setup: $((SECONDS - t0)) s"
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core|Socket|CPU max MHz)' | tr -s ' '
+    rm -rf "$W" /tmp/host-code && mkdir -p "$R" /tmp/host-code && cp -a moetune benchmarks .devlib /tmp/host-code/ || exit 1
+    (cd /tmp/host-code && setsid bash -c 'for n in "$@"; do run "$n"; done; touch "$0/done"' "$W" "$@" \
+      < /dev/null > "$W/driver.log" 2>&1 &)
+    echo "started: $*"
+    ;;
+  wait)
+    end=$((SECONDS + ${2:-500}))
+    while [ ! -f "$W/done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
+    [ -f "$W/done" ] && echo "host_cost: all done" || echo "host_cost: still running"
+    for j in "$R"/*.json; do [ -e "$j" ] || continue; n=$(basename "$j" .json); mv "$R/$n".* "$OUT"/; done
+    cp "$W/driver.log" "$OUT"/ 2>/dev/null
+    for l in "$OUT"/*.log; do
+      [ "$(basename "$l")" = driver.log ] && continue
+      printf '%-12s %s\n' "$(basename "$l" .log)" "$(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$l" | awk '{printf "%s ", $NF}')"
+      grep -m2 -E 'Error|error:' "$l" | cut -c1-200
+    done
+    ls -la "$OUT"
+    ;;
+  *) echo "usage: $0 start [RUN ...] | wait SECONDS"; exit 2 ;;
+esac
