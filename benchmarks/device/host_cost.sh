@@ -23,10 +23,11 @@ B=/opt/nvidia/nsight-compute/2025.3.1/host
 N=$B/target-linux-x64/nsys
 Q=$B/linux-desktop-glibc_2_11_3-x64/QdstrmImporter
 RUNS_DEFAULT="plain nsys gaf_nsys gaf cpus2 cpus4 cpus8 plain_again"
+# the same name twice (plain, plain_again): a second sample of the same run
 
 # run NAME: one run from /tmp/host-code (a copy: the next call re-sends the checkout)
 run() {
-  local name=$1 pin=() pre=() extra=() path=/tmp/site-gpu:/tmp/site:/tmp/host-code
+  local name=$1 pin=() pre=() fuse=0 path=/tmp/site-gpu:/tmp/site:/tmp/host-code
   case "$name" in
     cpus*) pin=(taskset -c "0-$(( ${name#cpus} - 1 ))") ;;
   esac
@@ -35,18 +36,19 @@ run() {
                 --capture-range-end=stop -o "/tmp/$name" --force-overwrite true) ;;
   esac
   case "$name" in
-    gaf*) extra=(--gradient-accumulation-fusion); path=/tmp/host-code/benchmarks/device/apex_standin:$path ;;
+    gaf*) fuse=1; path=/tmp/host-code/benchmarks/device/apex_standin:$path ;;
   esac
   local argv
-  argv=$(python3 -c 'import json, shlex, sys
+  # Megatron fuses by default; the layout turns it off (no apex in the image): a fused run drops that
+  argv=$(FUSE=$fuse python3 -c 'import json, os, shlex
 l = next(x for x in json.load(open("benchmarks/fit_lease/layouts.json")) if x["name"] == "qwen3_30b_a3b-baseline-r0")
-print(shlex.join(l["argv"]))')
+print(shlex.join(a for a in l["argv"] if os.environ["FUSE"] == "0" or a != "--no-gradient-accumulation-fusion"))')
   eval "set -- $argv"
   local t0=$SECONDS
   env PYTHONPATH="$path" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True WORLD_SIZE=16 RANK=0 LOCAL_RANK=0 \
     MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 "${pin[@]}" "${pre[@]}" python3 -u moetune/workloads/train_moe.py "$@" \
     --num-layers 16 --global-batch-size 64 --train-iters 14 --profile-step-start 10 --profile-step-end 12 \
-    "${extra[@]}" > "$R/$name.log" 2>&1 < /dev/null
+    > "$R/$name.log" 2>&1 < /dev/null
   local rc=$?
   if [ -f "/tmp/$name.qdstrm" ]; then LD_LIBRARY_PATH="$PWD/.devlib" "$Q" -i "/tmp/$name.qdstrm" > /dev/null 2>&1; fi
   if [ -f "/tmp/$name.nsys-rep" ]; then
@@ -82,12 +84,13 @@ case "${1:-}" in
     [ -f "$W/done" ] && echo "host_cost: all done" || echo "host_cost: still running"
     for j in "$R"/*.json; do [ -e "$j" ] || continue; n=$(basename "$j" .json); mv "$R/$n".* "$OUT"/; done
     cp "$W/driver.log" "$OUT"/ 2>/dev/null
+    tar cf - -C "$OUT" --exclude host_cost.tar.xz . | xz -T0 -6 > /tmp/host_cost.tar.xz  # at most 8 files come back
     for l in "$OUT"/*.log; do
       [ "$(basename "$l")" = driver.log ] && continue
       printf '%-12s %s\n' "$(basename "$l" .log)" "$(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$l" | awk '{printf "%s ", $NF}')"
       grep -m2 -E 'Error|error:' "$l" | cut -c1-200
     done
-    ls -la "$OUT"
+    find "$OUT" -mindepth 1 -delete && mv /tmp/host_cost.tar.xz "$OUT"/ && ls -la "$OUT"
     ;;
   *) echo "usage: $0 start [RUN ...] | wait SECONDS"; exit 2 ;;
 esac
