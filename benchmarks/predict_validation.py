@@ -36,7 +36,6 @@ PUBLIC = ROOT / "benchmarks" / "predict_validation.yaml"
 BANK = ROOT / "data" / "trial_bank" / "bank.jsonl"
 LAYOUT = ("tp", "pp", "vpp", "ep", "etp", "cp", "micro_batch", "global_batch", "seq_length")
 PAIR_GAP = 0.10
-BANK_CPUS_PER_RANK = 16.0  # the nvidia-h200-x2 device machine: 32 cores, 2 GPUs
 
 
 @functools.cache
@@ -121,7 +120,7 @@ def bank_rows(path: Path = BANK) -> list[dict]:
             continue
         exp = load_experiment("moe_proxy_te" if e["name"].startswith("te_") else "moe_proxy")
         c = TrainingConfig.from_dict(e["config"])
-        p = predict(exp.model, c, Node("H200", 2, 2, BANK_CPUS_PER_RANK), e["gpus"])
+        p = predict(exp.model, c, Node("H200", 2, 2), e["gpus"])
         # the step time as the tuner judges it (moetune/analysis/figures.py): the log's steady median
         judged = figures.judged_step({"log": parse_log(path.parent / e["log"]),
                                       "metrics": {"combined": {"step_time_ms": e["step_time_ms"]}}})

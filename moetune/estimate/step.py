@@ -43,12 +43,10 @@ class Node:
     gpu_type: str
     gpus_per_node: int
     nvlink_domain: int
-    cpus_per_rank: float
 
     @classmethod
-    def of(cls, cluster, cpus_per_rank: float | None = None) -> Node:
-        cpus = cpus_per_rank or cluster.cpus_per_task or gpus.cpus_per_gpu(cluster.gpu_type) or 1
-        return cls(cluster.gpu_type, cluster.gpus_per_node, cluster.nvlink_domain, float(cpus))
+    def of(cls, cluster) -> Node:
+        return cls(cluster.gpu_type, cluster.gpus_per_node, cluster.nvlink_domain)
 
 
 @dataclass
@@ -112,12 +110,12 @@ def graphed_share(c: TrainingConfig, rates: Rates) -> float:
     return rates["cuda_graph_te_launches_removed"] * scopes / len(GRAPHED_SCOPES)
 
 
-def host_ms(kernels: float, c: TrainingConfig, node: Node, rates: Rates) -> float:
+def host_ms(kernels: float, c: TrainingConfig, rates: Rates) -> float:
     """The host's time to launch a stage's kernels for one micro-batch: those CUDA graphs leave to
-    it, more under FP8 (its casts), at the measured cost a launch scaled by the CPUs a rank has
-    against those it had when measured."""
+    it, more under FP8 (its casts), at the measured cost a launch. The CPUs a rank has do not enter:
+    one host thread launches, and from 2 to 16 cores a rank the step did not move (rates.py)."""
     launched = kernels * (1 - graphed_share(c, rates)) * (rates["fp8_launch_factor"] if c.fp8_format else 1.0)
-    return launched * rates["host_us_per_kernel"] * rates["host_cpus_per_rank"] / node.cpus_per_rank / 1e3
+    return launched * rates["host_us_per_kernel"] / 1e3
 
 
 def kernel_table(gpu_type: str, rates: Rates):
@@ -170,7 +168,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
     for w in works:
         parts = flops.compute_ms(w, c, node.gpu_type, rates, table)
         gpu = sum(parts.values())
-        host = host_ms(w.kernels, c, node, rates)
+        host = host_ms(w.kernels, c, rates)
         stages.append({"work": w, "parts": parts, "gpu": gpu, "host": host})
     source = "analytic"
     if measured_ms:
@@ -227,7 +225,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
     seq = c.seq_length or m.seq_length
     inputs = {"world": world, "micro_batches": mb, "data_parallel": c.data_parallel(world),
               "bubble_fraction": bubble_fraction(c, mb), "slowest_stage": top["work"].index,
-              "gpu_type": node.gpu_type, "nvlink_domain": node.nvlink_domain, "cpus_per_rank": node.cpus_per_rank,
+              "gpu_type": node.gpu_type, "nvlink_domain": node.nvlink_domain,
               "precision": "fp8" if c.fp8_format else "bf16",
               "stage_micro_batch_ms": {str(s["work"].index): s["micro_batch"] for s in stages},
               "slowest_stage_work": top["work"].to_dict(),

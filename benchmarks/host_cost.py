@@ -1,0 +1,168 @@
+"""The host's cost a launch, read from benchmarks/device/host_cost.sh's runs on the one-GPU H200
+machine (16 cores): one rank of Qwen3-30B-A3B's baseline layout, host-bound, run with no
+profiler, under nsys, with gradient-accumulation fusion, and pinned to fewer cores.
+
+    .venv/bin/python benchmarks/host_cost.py [--out benchmarks/results/host_cost.json]
+
+benchmarks/host_cost/CALL/ holds each device call's logs (NAME.log.xz) and, for the runs under nsys,
+a slimmed trace (NAME.sqlite.xz: the NVTX iterations and the kernels' start and end). A run's step
+is the median of its log's steady iterations (analysis/figures.py: warm-up and the profiled window
+left out). Runs are compared only within a call (one machine, one boot): two calls of the same
+layout ran 740 to 1040 ms a step.
+
+What it answers for the step-time model (estimate/rates.py host_us_per_kernel):
+- how much nsys slows a host-bound step, outside its capture and inside it;
+- the host's time a launch with no profiler at all;
+- the launches gradient-accumulation fusion saves, and whether the step follows;
+- whether fewer cores a rank slow the host.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import sqlite3
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from moetune.analysis.logs import parse_log, steady_iterations  # noqa: E402
+
+RUNS = ROOT / "benchmarks" / "host_cost"
+OUT = ROOT / "benchmarks" / "results" / "host_cost.json"
+# each call's runs in the order they ran (host_cost.sh start's arguments)
+ORDER = {"call1": ("plain", "nsys", "gaf_nsys", "gaf", "plain_again", "cpus2", "cpus4"),
+         "call2": ("plain", "gaf", "plain_again", "gaf_again", "cpus8", "cpus2")}
+LAYERS, MICRO_BATCHES, LOCAL_EXPERTS = 16, 4, 8  # the runs' layout (host_cost.sh)
+
+
+def kind(name: str) -> dict:
+    """What a run name says: profiler, fusion, cores (host_cost.sh's run)."""
+    return {"profiler": "nsys" if name.endswith("nsys") else "none", "fusion": name.startswith("gaf"),
+            "cores": int(name[4:]) if name.startswith("cpus") else 16}
+
+
+def trace_steps(path: Path) -> list[dict]:
+    """Each captured iteration of a slimmed trace: its time, its launches, its GPU busy share."""
+    with tempfile.NamedTemporaryFile(suffix=".sqlite") as tmp:
+        tmp.write(lzma.decompress(path.read_bytes()))
+        tmp.flush()
+        con = sqlite3.connect(tmp.name)
+        out = []
+        for text, start, end in con.execute(
+                "SELECT text, start, end FROM NVTX_EVENTS WHERE text LIKE 'iteration %' ORDER BY start"):
+            n, busy = con.execute("SELECT count(*), sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL "
+                                  "WHERE start >= ? AND start < ?", (start, end)).fetchone()
+            out.append({"iteration": int(text.split()[1]), "ms": round((end - start) / 1e6, 1),
+                        "launches": n, "gpu_busy_share": round(busy / (end - start), 3)})
+        con.close()
+    return out
+
+
+def runs() -> list[dict]:
+    out = []
+    for call, names in ORDER.items():
+        for i, name in enumerate(names):
+            steady = steady_iterations(parse_log(RUNS / call / f"{name}.log.xz"))
+            med = statistics.median(steady)
+            row = {"call": call, "order": i, "name": name, **kind(name), "step_ms": round(med, 1),
+                   "spread_ms": round(1.4826 * statistics.median(abs(x - med) for x in steady), 1),
+                   "steady_iterations": len(steady)}
+            trace = RUNS / call / f"{name}.sqlite.xz"
+            if trace.exists():
+                row["traced"] = trace_steps(trace)
+            out.append(row)
+    return out
+
+
+def summary(rows: list[dict]) -> dict:
+    traced = {r["fusion"]: r["traced"] for r in rows if "traced" in r}
+    launches = {f: statistics.median(t["launches"] for t in its) for f, its in traced.items()}
+    plain = lambda call, fusion=False: [r for r in rows if r["call"] == call and r["profiler"] == "none"  # noqa: E731
+                                        and r["fusion"] == fusion and r["cores"] == 16]
+    out: dict = {"launches_per_step": {"unfused": launches[False], "fused": launches[True]}}
+    saved = launches[False] - launches[True]
+    out["fusion_launches_saved"] = {
+        "share": round(saved / launches[False], 4),
+        "per_layer_and_micro_batch": round(saved / LAYERS / MICRO_BATCHES, 2),
+        "note": f"one gradient add a weight TE accumulates itself: 2 attention, 2 x {LOCAL_EXPERTS} local experts"}
+    # nsys against none, in the call that ran both (the untraced window, then the captured iterations)
+    for r in rows:
+        if r["profiler"] != "nsys":
+            continue
+        base = statistics.median(x["step_ms"] for x in plain(r["call"], r["fusion"]))
+        r["over_no_profiler"] = round(r["step_ms"] / base, 3)
+        r["captured_over_no_profiler"] = round(statistics.median(t["ms"] for t in r["traced"]) / base, 3)
+    per_launch = [r["step_ms"] * 1e3 / launches[r["fusion"]] for r in rows
+                  if r["profiler"] == "none" and not r["fusion"] and r["cores"] == 16]
+    out["us_per_launch_no_profiler"] = {"median": round(statistics.median(per_launch), 1),
+                                        "range": [round(min(per_launch), 1), round(max(per_launch), 1)]}
+    nsys = [r for r in rows if r["profiler"] == "nsys"]
+    out["nsys_outside_capture_over_none"] = [r["over_no_profiler"] for r in nsys]
+    out["nsys_captured_over_none"] = [r["captured_over_no_profiler"] for r in nsys]
+    # fusion: every fused run against the unfused unpinned runs of its call, each neighbour and their median
+    fused = []
+    for r in rows:
+        if r["profiler"] == "none" and r["fusion"]:
+            others = plain(r["call"])
+            fused.append({"run": f"{r['call']}:{r['name']}", "over_call_median": round(
+                r["step_ms"] / statistics.median(x["step_ms"] for x in others), 3),
+                "over_each": {x["name"]: round(r["step_ms"] / x["step_ms"], 3) for x in others}})
+    out["fusion_step_ratio"] = fused
+    pinned = []
+    for r in rows:
+        if r["profiler"] == "none" and r["cores"] < 16:
+            others = plain(r["call"])
+            base = [x["step_ms"] for x in others]
+            # slower only if beyond every unpinned run's step plus its own spread
+            pinned.append({"run": f"{r['call']}:{r['name']}", "cores": r["cores"],
+                           "over_call_median": round(r["step_ms"] / statistics.median(base), 3),
+                           "within_unpinned_spread": r["step_ms"] <= max(x["step_ms"] + x["spread_ms"]
+                                                                         for x in others)})
+    out["fewer_cores"] = pinned
+    return out
+
+
+def measure() -> dict:
+    rows = runs()
+    return {"source": str(RUNS.relative_to(ROOT)), "machine": "one H200, 16 cores (Intel Xeon, 1 thread a core)",
+            "layout": "qwen3_30b_a3b-baseline-r0 (benchmarks/fit_lease/layouts.json), 16 layers, 4 micro-batches",
+            "summary": summary(rows), "runs": rows}
+
+
+def table(record: dict) -> str:
+    lines = [f"{'run':<18} {'profiler':>8} {'fused':>5} {'cores':>5} {'step ms':>8} {'spread':>6}"]
+    for r in record["runs"]:
+        lines.append(f"{r['call'] + ':' + r['name']:<18} {r['profiler']:>8} {'yes' if r['fusion'] else 'no':>5} "
+                     f"{r['cores']:>5} {r['step_ms']:>8.0f} {r['spread_ms']:>6.0f}")
+    s = record["summary"]
+    lines += [f"launches a step: {s['launches_per_step']}; fusion saves {s['fusion_launches_saved']['share']:.1%} "
+              f"({s['fusion_launches_saved']['per_layer_and_micro_batch']} a layer and micro-batch)",
+              f"host us a launch, no profiler: {s['us_per_launch_no_profiler']}",
+              f"nsys over none: outside capture {s['nsys_outside_capture_over_none']}, "
+              f"captured {s['nsys_captured_over_none']}",
+              "fused over unfused (call median): " + ", ".join(f"{f['run']} {f['over_call_median']}"
+                                                               for f in s["fusion_step_ratio"]),
+              "fewer cores over 16 (call median): " + ", ".join(f"{p['run']} {p['over_call_median']}"
+                                                                for p in s["fewer_cores"])]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=OUT)
+    a = p.parse_args(argv)
+    record = measure()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(table(record))
+    print(f"written: {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
