@@ -46,17 +46,20 @@ def test_the_committed_sweep_gives_the_rate_row_its_share():
     assert Rates()["ep_overlap_hidden"] == pytest.approx(nvlink["hidden_share"], abs=5e-4)
 
 
-def test_the_committed_pinned_runs_are_flat_where_the_model_scales_launches():
+def test_the_committed_pinned_runs_are_flat_and_the_model_prices_them_alike():
     """The pinned runs are in the record with their cores; the host-bound baseline ran no slower on
-    4 cores a rank than on 16 (so the rate table's CPU ratio is an assumption the host contradicts,
-    and rates.py says so)."""
+    4 cores a rank than on 16, and the model, which no longer scales a launch by a rank's cores,
+    prices the three runs alike."""
     import json
 
     from moetune.estimate.rates import Rates
     record = json.loads((Path(results.__file__).parent / "results" / "comm_4gpu.json").read_text())
     assert {x["cpus_a_rank"] for x in record["host_cpus"]["runs"]} == {4, 8}
     assert record["host_cpus"]["flat_from_cpus_a_rank"] == 4
-    assert "contradicted" in Rates().rows["host_cpus_per_rank"].source
+    assert not any("cpus" in name for name in Rates().rows)
+    baseline = {r["name"]: r["predicted_ms"] for r in record["sweep"] if r["name"].startswith("ep4_baseline")
+                and r["name"].endswith("_balanced")}
+    assert len(baseline) == 3 and len(set(baseline.values())) == 1
 
 
 def test_balanced_runs_pair_with_their_balanced_twins_and_tp_and_pinned_runs_are_read():
