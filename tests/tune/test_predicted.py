@@ -62,7 +62,7 @@ def test_skip_only_beyond_the_noise_and_the_scale_is_the_median_ratio():
 CLUSTER = {"name": "standin-2x8", "executor": "local", "nodes": 2, "gpus_per_node": 8, "gpu_type": "H100",
            "nvlink_domain": 8, "time_limit": "00:30:00", "template": "venv", "has_transformer_engine": True,
            "has_deep_ep": False, "has_hybrid_ep": False, "profile_ranks": [0, 1]}
-BASELINE = {"tp": 4, "ep": 4, "etp": 4, "sequence_parallel": True, "micro_batch": 8, "global_batch": 64,
+BASELINE = {"tp": 4, "ep": 4, "etp": 4, "sequence_parallel": True, "micro_batch": 16, "global_batch": 64,
             "dispatcher": "alltoall", "transformer_impl": "transformer_engine", "train_iters": 16,
             "profile_step_start": 10, "profile_step_end": 13}
 # what the stand-in trace's analysis shows of a layout whose communication is exposed
