@@ -136,8 +136,14 @@ def _main(argv: list[str], db: str | None = None) -> int:
     layouts, base, world, capacity = found.layouts, found.base, found.world, found.capacity_gb
     code = (0 if layouts[0].fits else 1) if args.baseline else (0 if layouts else 1)
     if args.format == "json":
-        print(json.dumps([{**lay.to_dict(), **({"predicted": found.headline(lay)} if found.headline(lay) else {})}
-                          for lay in layouts], indent=1))
+        # the rows shown (--limit) and what the search went through (null where it did not run:
+        # --baseline, --order memory)
+        print(json.dumps({"experiment": exp.name, "world": world, "gpu_type": args.gpu_type or exp.cluster.gpu_type,
+                          "capacity_gb": capacity, "order": args.order,
+                          "search": found.space.counts() if found.space is not None else None,
+                          "layouts": [{**lay.to_dict(), **({"predicted": found.headline(lay)}
+                                                            if found.headline(lay) else {})} for lay in layouts]},
+                         indent=1))
         return code
     gpu_type = args.gpu_type or exp.cluster.gpu_type
     # where the capacity comes from: a device reports a little less than its data sheet (an H200's

@@ -124,6 +124,12 @@ class Space:
     refused: list[list] = field(default_factory=list)
     """Each dropped layout's violations (empty: its memory), as memory.plan gives them."""
 
+    def counts(self) -> dict:
+        """The search's counts as `plan --format json` gives them (the text's two lines)."""
+        return {"considered": self.considered, "fit": len(self.fit), "dropped": dict(self.dropped.most_common()),
+                "settings_priced": self.settings_priced, "settings_dropped": dict(self.settings_dropped.most_common()),
+                "bounded": self.bounded, "keep": self.keep}
+
 
 def _grid(exp, world: int, base: TrainingConfig, fixed: dict):
     """The parallel layouts, before recompute: dicts of TrainingConfig fields."""

@@ -17,9 +17,30 @@ OLD_QWEN = ["--pp", "2", "--vpp", "1", "--recompute", "none"]
 
 
 def _json(capsys, argv):
+    """Exit code and the layouts `plan --format json` shows."""
     capsys.readouterr()
     rc = main(argv)
-    return rc, json.loads(capsys.readouterr().out)
+    return rc, json.loads(capsys.readouterr().out)["layouts"]
+
+
+def test_json_gives_the_search_counts_the_text_prints(capsys, no_store):
+    """`--format json` carries what the search went through, the same counts as the text's two
+    lines; --limit cuts the rows shown, not the search; --baseline searches nothing (null)."""
+    from moetune.cli.plan import search_counts
+    from moetune.estimate.readings import StoreReadings
+    from moetune.estimate.search import search
+    capsys.readouterr()
+    assert main(["plan", "qwen3_30b_a3b", "--format", "json", "--limit", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    counts = out["search"]
+    assert len(out["layouts"]) == 3 and counts["fit"] > 3 and out["world"] == 16
+    assert counts["considered"] == counts["fit"] + sum(counts["dropped"].values())
+    found = search(load_experiment("qwen3_30b_a3b"), StoreReadings.empty(), limit=3)
+    assert found.space.counts() == counts
+    assert search_counts(found.space)[0].startswith(f"searched {counts['considered']} layouts: {counts['fit']} fit")
+    capsys.readouterr()
+    main(["plan", "qwen3_30b_a3b", "--baseline", "--format", "json"])
+    assert json.loads(capsys.readouterr().out)["search"] is None
 
 
 def test_baseline_listed_though_it_does_not_fit_an_h100(capsys, no_store):
@@ -194,7 +215,7 @@ def test_plan_with_fsdp_keeps_it_in_every_layout(capsys, no_store):
             "--global-batch", "8192", "--limit", "3"]
     capsys.readouterr()
     assert main(argv + ["--format", "json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)["layouts"]
     assert rows and all(r["config"]["fsdp"] for r in rows)
     assert all(r["breakdown"]["weights_gb"] < 20 for r in rows)  # 470 GB of bf16 weights over 256 GPUs
     assert main(argv) == 0

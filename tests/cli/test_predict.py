@@ -72,7 +72,7 @@ def test_plan_ranks_the_predicted_fastest_first(capsys, no_store):
     """qwen3_30b_a3b on 16 H100: plan's rows come fastest first, VPP pipelines among them, and the
     first row's figure is what `moetune predict` gives for its layout; --order memory keeps the
     old order (least model parallelism first)."""
-    rows = _json(capsys, ["plan", "qwen3_30b_a3b", "--format", "json", "--limit", "50"])
+    rows = _json(capsys, ["plan", "qwen3_30b_a3b", "--format", "json", "--limit", "50"])["layouts"]
     speeds = [r["predicted"]["tokens_per_s_per_gpu"] for r in rows]
     assert speeds == sorted(speeds, reverse=True) and any(r["config"]["vpp"] for r in rows)
     top = rows[0]["config"]
@@ -88,7 +88,7 @@ def test_plan_ranks_the_predicted_fastest_first(capsys, no_store):
     # plan rounds to whole tokens and 0.1 ms, predict's JSON to 0.1 token: compare within that
     assert d["tokens_per_s_per_gpu"] == pytest.approx(speeds[0], abs=1)
     assert d["step_time_ms"] == pytest.approx(rows[0]["predicted"]["step_time_ms"], abs=0.05)
-    old = _json(capsys, ["plan", "qwen3_30b_a3b", "--format", "json", "--order", "memory"])
+    old = _json(capsys, ["plan", "qwen3_30b_a3b", "--format", "json", "--order", "memory"])["layouts"]
     mp = [r["tp_pp"] for r in old]
     assert mp == sorted(mp) and all("predicted" not in r for r in old)
 
@@ -110,7 +110,7 @@ def test_plan_reads_the_store_once_however_many_layouts_it_prices(capsys, no_sto
         return real_reads(self)
     monkeypatch.setattr(readings.Store, "__init__", counting_init)
     monkeypatch.setattr(readings.StoreReadings, "_measurements", counting_reads)
-    out = _json(capsys, ["--db", ONE_GPU_DB, "plan", "qwen3_30b_a3b", "--format", "json"])
+    out = _json(capsys, ["--db", ONE_GPU_DB, "plan", "qwen3_30b_a3b", "--format", "json"])["layouts"]
     priced = [l for l in out if l.get("predicted")]
     assert len(priced) > 1
     assert (len(opened), len(passes)) == (1, 1)
@@ -187,7 +187,7 @@ def test_predict_and_plan_show_the_band_and_the_rows_that_dominate_it(capsys, no
     assert f"({b['low_ms']:.0f}-{b['high_ms']:.0f}) ms a step" in out[0]
     band_line = next(line for line in out if line.strip().startswith("band "))
     assert all(name in band_line for name in b["dominant"])
-    rows = _json(capsys, ["plan", "qwen3_235b", "--limit", "3", "--format", "json"])
+    rows = _json(capsys, ["plan", "qwen3_235b", "--limit", "3", "--format", "json"])["layouts"]
     for r in rows:
         p = r["predicted"]
         assert p["step_time_low_ms"] < p["step_time_ms"] < p["step_time_high_ms"] and len(p["band_rows"]) == 3

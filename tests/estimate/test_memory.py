@@ -89,7 +89,7 @@ def test_plan_least_model_parallel_first(capsys):
         assert estimate(e.model, bare, 64).total_gb > 0.9 * 80
     from moetune.cli.main import main
     assert main(["plan", "mixtral_8x7b", "--gpus", "64", "--format", "json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out)["layouts"]
     assert out and {"args", "memory_gb"} <= set(out[0]) and "--expert-model-parallel-size" in out[0]["args"]
 
 
