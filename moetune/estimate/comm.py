@@ -47,18 +47,33 @@ def ep_peer_shares(c: TrainingConfig, nvlink_domain: int) -> tuple[float, float]
 DEDUPLICATING = ("deepep", "hybridep")
 
 
+def domain_hit(m: ModelArch, domains: int) -> float:
+    """Chance that one given NVLink domain of an EP group (of `domains` equal, contiguous shares of
+    the experts) holds any of a token's top-k experts, routing balanced. Uniform over the experts;
+    under group-limited routing (moe_router_num_groups, moe_router_group_topk: DeepSeek-V3's
+    node-limited routing) a token's experts lie in the groups it picked, and each picked group
+    receives one at least (Megatron picks groups by their top experts' scores)."""
+    k, experts = m.moe_router_topk, m.num_experts
+    local = experts // domains  # experts in one domain
+    groups, picked = m.moe_router_num_groups, m.moe_router_group_topk
+    if groups and picked and picked < groups and experts % groups == 0:
+        if domains <= groups and groups % domains == 0:  # a domain holds whole groups
+            return 1 - math.comb(groups - groups // domains, picked) / math.comb(groups, picked)
+        if domains % groups == 0:  # a group spans domains: its experts among the picked groups'
+            candidates = picked * experts // groups
+            return picked / groups * (1 - math.comb(candidates - local, k) / math.comb(candidates, k))
+    return 1 - math.comb(experts - local, k) / math.comb(experts, k)
+
+
 def remote_domain_share(m: ModelArch, c: TrainingConfig, nvlink_domain: int) -> float:
     """Distinct remote NVLink domains a token's top-k experts sit in, over the copies of it that
-    leave its domain, under uniform routing: what a deduplicating dispatcher sends across."""
+    leave its domain, routing balanced: what a deduplicating dispatcher sends across."""
     inside, across = ep_peer_shares(c, nvlink_domain)
-    k, experts = m.moe_router_topk, m.num_experts
-    copies = k * across
+    copies = m.moe_router_topk * across
     if copies <= 0:
         return 1.0
     domains = round(1 / (1 - across)) if across < 1 else c.ep  # EP group's domains, equal shares
-    local = experts // domains  # experts in one domain
-    hit = 1 - math.comb(experts - local, k) / math.comb(experts, k)
-    return (domains - 1) * hit / copies
+    return (domains - 1) * domain_hit(m, domains) / copies
 
 
 def a2a(m: ModelArch, c: TrainingConfig, gpu_type: str, nvlink_domain: int, rates: Rates) -> dict:

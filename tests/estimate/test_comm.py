@@ -98,6 +98,27 @@ def test_deepep_sends_a_token_once_per_remote_domain():
     assert comm.a2a(m, c.replace(ep=8), "H100", 8, Rates())["share_across"] == 0
 
 
+def test_node_limited_routing_reaches_fewer_remote_domains():
+    """DeepSeek-V3's routing (256 experts, top-8, 8 groups of which a token picks 4): at EP 64 over
+    eight 8-GPU domains each domain holds one group, so a token reaches a given domain when it picks
+    that group, 4 of 8: (8-1) x 1/2 domains a token against (8-1) x (1 - C(224,8)/C(256,8))
+    routed uniformly; at EP 128 (two domains a group) a picked group's domain holds 16 of the 128
+    candidate experts. Without groups the uniform figure is kept."""
+    from dataclasses import replace
+    from math import comb
+    m = ModelArch(name="v3", num_layers=61, hidden_size=7168, num_attention_heads=128, num_query_groups=128,
+                  ffn_hidden_size=18432, moe_ffn_hidden_size=2048, num_experts=256, moe_router_topk=8,
+                  moe_router_num_groups=8, moe_router_group_topk=4, vocab_size=129280, seq_length=4096)
+    uniform = replace(m, moe_router_num_groups=None, moe_router_group_topk=None)
+    c = TrainingConfig(tp=2, ep=64, etp=1)
+    copies = 8 * 56 / 64  # top-8 copies, 56 of 64 EP peers in other domains
+    assert comm.remote_domain_share(m, c, 8) == pytest.approx(7 * 0.5 / copies)
+    assert comm.remote_domain_share(uniform, c, 8) == pytest.approx(7 * (1 - comb(224, 8) / comb(256, 8)) / copies)
+    assert comm.domain_hit(m, 16) == pytest.approx(4 / 8 * (1 - comb(128 - 16, 8) / comb(128, 8)))
+    deepep = c.replace(dispatcher="flex", flex_backend="deepep")
+    assert comm.a2a(m, deepep, "H100", 8, Rates())["ms"] < comm.a2a(uniform, deepep, "H100", 8, Rates())["ms"]
+
+
 def test_the_allgather_dispatcher_gathers_every_token_over_the_ep_group():
     """allgather: each rank's 2048 tokens x 1024 x 2 B = 4 MiB gathered over EP 4 (a ring moves 3/4
     of the 16 MiB whole to each rank) inside one NVLink domain at the collective row's share, and
