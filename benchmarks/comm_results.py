@@ -28,6 +28,7 @@ from moetune.estimate.pricing import price  # noqa: E402
 from moetune.estimate.readings import StoreReadings  # noqa: E402
 from moetune.estimate.step import ep_overlapped_share, micro_batches  # noqa: E402
 from moetune.experiment.schema import load_experiment  # noqa: E402
+from moetune.store import Store  # noqa: E402
 
 SPEC = Path(__file__).resolve().parent / "device" / "comm_sweep.py"
 
@@ -64,9 +65,6 @@ def row(folder: Path, name: str, env: dict, cfg, exp, gpu_type: str, scratch: Pa
     an = analyze([str(trace)] if trace else [], log=str(log))
     judged = judged_step(an)
     c = an["metrics"]["combined"] if trace else {}
-    if "CPUS" in env:  # a pinned run: priced with the cores a rank had
-        cluster = exp.cluster.model_copy(update={"cpus_per_task": int(env["CPUS"]) // exp.cluster.gpus})
-        exp = exp.model_copy(update={"cluster": cluster})
     pred = price(exp, cfg, StoreReadings.empty(), gpu_type=gpu_type)
     timing = folder / f"{name}.json"
     wall_s = json.loads(timing.read_text())["wall_s"] if timing.is_file() else None
@@ -162,6 +160,39 @@ def host_cpus(rows: list[dict], gpus: int) -> dict | None:
     return {"runs": runs, "flat_from_cpus_a_rank": min(flat) if flat else None}
 
 
+def errors(rows: list[dict], key: str) -> float | None:
+    """Median |predicted / measured - 1| of `key` over the runs on NVLink with all their cores."""
+    errs = [abs(r[key] / r["measured_ms"] - 1) for r in rows if r["measured_ms"] and r.get(key) and not r["env"]]
+    return round(statistics.median(errs), 3) if errs else None
+
+
+def reprice(record: dict, exp, gpu_type: str, calibrated_by: str | None = None) -> dict:
+    """The record's predictions priced again by this checkout's model, its measured and traced
+    figures kept: each run as `moetune predict` prices it with an empty store, and (calibrated_by:
+    one of the record's probes) as it prices it once that probe is the cluster's calibration
+    (`moetune calibrate`: its links, GEMMs, copy and launch move the rate table)."""
+    sw = sweep_module()
+    configs = {name: sw.config(exp, changes) for name, changes, _ in sw.sweep(exp)}
+    calibrated = None
+    with tempfile.TemporaryDirectory() as scratch:
+        if calibrated_by:
+            store = Store(str(Path(scratch) / "calibration.sqlite"))
+            store.add_calibration(exp.cluster.name, gpu_type, record["probes"][calibrated_by])
+            calibrated = StoreReadings(store=store)
+        for r in record["sweep"]:
+            pred = price(exp, configs[r["name"]], StoreReadings.empty(), gpu_type=gpu_type)
+            r["predicted_ms"] = round(pred.step_time_ms, 1)
+            r["predicted_terms_ms"] = {k: round(v, 1) for k, v in pred.terms.items()}
+            if calibrated is not None:
+                r["predicted_calibrated_ms"] = round(price(exp, configs[r["name"]], calibrated,
+                                                           gpu_type=gpu_type).step_time_ms, 1)
+    record["median_abs_prediction_error"] = errors(record["sweep"], "predicted_ms")
+    if calibrated_by:
+        record["calibrated_by"] = calibrated_by
+        record["median_abs_prediction_error_calibrated"] = errors(record["sweep"], "predicted_calibrated_ms")
+    return record
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs")
@@ -171,8 +202,18 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--probe", action="append", default=[], metavar="NAME=FILE",
                    help="a link probe's record (calibrate.sh's calibration.json) to keep beside the sweep")
+    p.add_argument("--calibrated-by", metavar="NAME",
+                   help="price each run also with the probe NAME as the cluster's calibration")
+    p.add_argument("--reprice", action="store_true",
+                   help="only price again the runs of the record at --out (its measured and traced figures kept)")
     a = p.parse_args(argv)
     exp = load_experiment(a.experiment)
+    if a.reprice:
+        record = reprice(json.loads(Path(a.out).read_text()), exp, a.gpu_type, a.calibrated_by)
+        Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
+        print(f"median |predicted/measured - 1| {record['median_abs_prediction_error']}, calibrated by "
+              f"{a.calibrated_by}: {record.get('median_abs_prediction_error_calibrated')} (NVLink runs)")
+        return 0
     sw = sweep_module()
     folder = Path(a.runs)
     rows, configs = [], {}
@@ -184,7 +225,6 @@ def main(argv=None) -> int:
                 rows.append(r)
     gpus = exp.cluster.gpus
     hours = sum((r["job_wall_s"] or 0) for r in rows) * gpus / 3600
-    errs = [abs(r["predicted_ms"] / r["measured_ms"] - 1) for r in rows if r["measured_ms"] and not r["env"]]
     probes = {}
     for spec in a.probe:
         label, _, path = spec.partition("=")
@@ -193,8 +233,9 @@ def main(argv=None) -> int:
     record = {"experiment": exp.name, "machine": a.machine, "gpus": gpus, "sweep": rows, "overlap_ab": ab,
               "tp_overlap_ab": tp_overlap_ab(rows), "host_cpus": host_cpus(rows, gpus),
               "probes": probes, "sweep_gpu_hours": round(hours, 3),
-              "median_abs_prediction_error": round(statistics.median(errs), 3) if errs else None,
+              "median_abs_prediction_error": None,
               "error_over": "the runs on NVLink (the slow link's are not priced as such)"}
+    record = reprice(record, exp, a.gpu_type, a.calibrated_by)
     Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
     print("| run | measured ms | predicted ms | wall | exposed a2a ms (wait / transfer) | GPU idle | peak GB |")
     print("|---|---:|---:|---|---:|---:|---:|")

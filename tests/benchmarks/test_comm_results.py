@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from moetune.experiment.config import TrainingConfig
+from moetune.estimate.rates import Rates
 
 SPEC = importlib.util.spec_from_file_location(
     "comm_results", Path(__file__).resolve().parents[2] / "benchmarks" / "comm_results.py")
@@ -81,3 +82,25 @@ def test_balanced_runs_pair_with_their_balanced_twins_and_tp_and_pinned_runs_are
               dict(_row("ep4_baseline_cpus4", 3900.0, env={"CPUS": "16"}), measured_spread_ms=100.0)]
     host = results.host_cpus(pinned, 4)
     assert [x["cpus_a_rank"] for x in host["runs"]] == [2, 4] and host["flat_from_cpus_a_rank"] == 4
+
+
+def test_repricing_keeps_every_measurement_and_the_committed_predictions_are_current():
+    """--reprice prices the committed 4-GPU record again: its measured and traced figures stay as they
+    are, its predictions are what this checkout's model gives (the committed ones are current), and
+    priced with the sweep's own probe as the cluster's calibration every run gets a second prediction,
+    its host rows moved by that host's launch."""
+    import copy
+    import json
+
+    from moetune.experiment.schema import load_experiment
+    committed = json.loads((Path(results.__file__).parent / "results" / "comm_4gpu.json").read_text())
+    again = results.reprice(copy.deepcopy(committed), load_experiment(committed["experiment"]), "H200",
+                            committed["calibrated_by"])
+    assert again == committed
+    measured = ("measured_ms", "measured_spread_ms", "exposed_a2a_ms", "a2a_wait_ms", "kernels_per_step", "wall")
+    bare = results.reprice(copy.deepcopy(committed), load_experiment(committed["experiment"]), "H200")
+    for before, after in zip(committed["sweep"], bare["sweep"]):
+        assert {k: before.get(k) for k in measured} == {k: after.get(k) for k in measured}
+    base = next(r for r in committed["sweep"] if r["name"] == "ep4_baseline_balanced")
+    launch = next(r["us"] for r in committed["probes"]["4gpu"]["rows"] if r["kind"] == "launch")
+    assert (base["predicted_calibrated_ms"] > base["predicted_ms"]) == (launch > Rates()["ref_launch_us"])
