@@ -208,8 +208,14 @@ def main(argv=None) -> int:
                    help="only price again the runs of the record at --out (its measured and traced figures kept)")
     a = p.parse_args(argv)
     exp = load_experiment(a.experiment)
+    known = [spec.partition("=")[0] for spec in a.probe]
     if a.reprice:
-        record = reprice(json.loads(Path(a.out).read_text()), exp, a.gpu_type, a.calibrated_by)
+        record = json.loads(Path(a.out).read_text())
+        known = list(record.get("probes") or {})
+    if a.calibrated_by and a.calibrated_by not in known:
+        p.error(f"--calibrated-by {a.calibrated_by}: no such probe; the probes: {', '.join(known) or 'none'}")
+    if a.reprice:
+        record = reprice(record, exp, a.gpu_type, a.calibrated_by)
         Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
         print(f"median |predicted/measured - 1| {record['median_abs_prediction_error']}, calibrated by "
               f"{a.calibrated_by}: {record.get('median_abs_prediction_error_calibrated')} (NVLink runs)")
