@@ -6,8 +6,8 @@ profiler, under nsys, with gradient-accumulation fusion, and pinned to fewer cor
 
 benchmarks/host_cost/CALL/ holds each device call's logs (NAME.log.xz) and, for the runs under nsys,
 a slimmed trace (NAME.sqlite.xz: the NVTX iterations and the kernels' start and end). A run's step
-is the median of its log's steady iterations (analysis/figures.py: warm-up and the profiled window
-left out). Runs are compared only within a call (one machine, one boot): two calls of the same
+is judged as the tuner judges one (analysis/figures.py judged_step: the median of the log's steady
+iterations, warm-up and the profiled window left out, and their spread). Runs are compared only within a call (one machine, one boot): two calls of the same
 layout ran 740 to 1040 ms a step.
 
 What it answers for the step-time model (estimate/rates.py host_us_per_kernel):
@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import lzma
 import sqlite3
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from moetune.analysis.logs import parse_log, steady_iterations  # noqa: E402
+from moetune.analysis.figures import judged_step  # noqa: E402
+from moetune.analysis.load import materialize  # noqa: E402
+from moetune.analysis.logs import parse_log  # noqa: E402
 
 RUNS = ROOT / "benchmarks" / "host_cost"
 OUT = ROOT / "benchmarks" / "results" / "host_cost.json"
@@ -48,18 +48,15 @@ def kind(name: str) -> dict:
 
 def trace_steps(path: Path) -> list[dict]:
     """Each captured iteration of a slimmed trace: its time, its launches, its GPU busy share."""
-    with tempfile.NamedTemporaryFile(suffix=".sqlite") as tmp:
-        tmp.write(lzma.decompress(path.read_bytes()))
-        tmp.flush()
-        con = sqlite3.connect(tmp.name)
-        out = []
-        for text, start, end in con.execute(
-                "SELECT text, start, end FROM NVTX_EVENTS WHERE text LIKE 'iteration %' ORDER BY start"):
-            n, busy = con.execute("SELECT count(*), sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL "
-                                  "WHERE start >= ? AND start < ?", (start, end)).fetchone()
-            out.append({"iteration": int(text.split()[1]), "ms": round((end - start) / 1e6, 1),
-                        "launches": n, "gpu_busy_share": round(busy / (end - start), 3)})
-        con.close()
+    con = sqlite3.connect(materialize(path))
+    out = []
+    for text, start, end in con.execute(
+            "SELECT text, start, end FROM NVTX_EVENTS WHERE text LIKE 'iteration %' ORDER BY start"):
+        n, busy = con.execute("SELECT count(*), sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL "
+                              "WHERE start >= ? AND start < ?", (start, end)).fetchone()
+        out.append({"iteration": int(text.split()[1]), "ms": round((end - start) / 1e6, 1),
+                    "launches": n, "gpu_busy_share": round(busy / (end - start), 3)})
+    con.close()
     return out
 
 
@@ -67,11 +64,9 @@ def runs() -> list[dict]:
     out = []
     for call, names in ORDER.items():
         for i, name in enumerate(names):
-            steady = steady_iterations(parse_log(RUNS / call / f"{name}.log.xz"))
-            med = statistics.median(steady)
-            row = {"call": call, "order": i, "name": name, **kind(name), "step_ms": round(med, 1),
-                   "spread_ms": round(1.4826 * statistics.median(abs(x - med) for x in steady), 1),
-                   "steady_iterations": len(steady)}
+            judged = judged_step({"log": parse_log(RUNS / call / f"{name}.log.xz")})
+            row = {"call": call, "order": i, "name": name, **kind(name), "step_ms": round(judged["step_time_ms"], 1),
+                   "spread_ms": round(judged["step_time_std_ms"], 1), "steady_iterations": judged["steps"]}
             trace = RUNS / call / f"{name}.sqlite.xz"
             if trace.exists():
                 row["traced"] = trace_steps(trace)
