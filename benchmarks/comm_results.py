@@ -53,7 +53,8 @@ def trace_of(folder: Path, name: str, scratch: Path) -> Path | None:
     return out
 
 
-def row(folder: Path, name: str, env: dict, cfg, exp, gpu_type: str, scratch: Path) -> dict | None:
+def row(folder: Path, name: str, env: dict, scratch: Path) -> dict | None:
+    """One run's measured and traced figures (its predictions are reprice's)."""
     log = folder / f"{name}.log"
     if not log.is_file() and (folder / f"{name}.log.xz").is_file():
         log = scratch / f"{name}.log"
@@ -65,14 +66,12 @@ def row(folder: Path, name: str, env: dict, cfg, exp, gpu_type: str, scratch: Pa
     an = analyze([str(trace)] if trace else [], log=str(log))
     judged = judged_step(an)
     c = an["metrics"]["combined"] if trace else {}
-    pred = price(exp, cfg, StoreReadings.empty(), gpu_type=gpu_type)
     timing = folder / f"{name}.json"
     wall_s = json.loads(timing.read_text())["wall_s"] if timing.is_file() else None
     out = {"name": name, "env": env, "measured_ms": judged.get("step_time_ms"),
            "measured_spread_ms": judged.get("step_time_std_ms"), "measured_by": judged.get("source"),
-           "profiled_step_ms": c.get("step_time_ms"), "predicted_ms": round(pred.step_time_ms, 1),
-           "predicted_terms_ms": {k: round(v, 1) for k, v in pred.terms.items()},
-           "wall": an["wall"], "exposed_a2a_ms": c.get("exposed_a2a_ms"), "a2a_wait_ms": c.get("a2a_wait_ms"),
+           "profiled_step_ms": c.get("step_time_ms"), "wall": an["wall"],
+           "exposed_a2a_ms": c.get("exposed_a2a_ms"), "a2a_wait_ms": c.get("a2a_wait_ms"),
            "a2a_transfer_ms": c.get("a2a_transfer_ms"), "gpu_idle_share": c.get("gpu_idle_share"),
            "kernels_per_step": c.get("kernels_per_step"), "peak_memory_gb": c.get("peak_memory_gb"),
            "job_wall_s": wall_s}
@@ -226,7 +225,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         for name, changes, env in sw.sweep(exp):
             configs[name] = sw.config(exp, changes)
-            r = row(folder, name, env, configs[name], exp, a.gpu_type, Path(scratch))
+            r = row(folder, name, env, Path(scratch))
             if r:
                 rows.append(r)
     gpus = exp.cluster.gpus
@@ -237,11 +236,12 @@ def main(argv=None) -> int:
         probes[label] = json.loads(Path(path).read_text())
     ab = overlap_ab(rows, configs, gpus)
     record = {"experiment": exp.name, "machine": a.machine, "gpus": gpus, "sweep": rows, "overlap_ab": ab,
-              "tp_overlap_ab": tp_overlap_ab(rows), "host_cpus": host_cpus(rows, gpus),
+              "tp_overlap_ab": None, "host_cpus": host_cpus(rows, gpus),
               "probes": probes, "sweep_gpu_hours": round(hours, 3),
               "median_abs_prediction_error": None,
               "error_over": "the runs on NVLink (the slow link's are not priced as such)"}
     record = reprice(record, exp, a.gpu_type, a.calibrated_by)
+    record["tp_overlap_ab"] = tp_overlap_ab(rows)  # reads the priced TP collectives
     Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
     print("| run | measured ms | predicted ms | wall | exposed a2a ms (wait / transfer) | GPU idle | peak GB |")
     print("|---|---:|---:|---|---:|---:|---:|")

@@ -7,8 +7,8 @@ profiler, under nsys, with gradient-accumulation fusion, and pinned to fewer cor
 benchmarks/host_cost/CALL/ holds each device call's logs (NAME.log.xz) and, for the runs under nsys,
 a slimmed trace (NAME.sqlite.xz: the NVTX iterations and the kernels' start and end). A run's step
 is judged as the tuner judges one (analysis/figures.py judged_step: the median of the log's steady
-iterations, warm-up and the profiled window left out, and their spread). Runs are compared only within a call (one machine, one boot): two calls of the same
-layout ran 740 to 1040 ms a step.
+iterations, warm-up and the profiled window left out, and their spread). Runs are compared only
+within a call (one machine, one boot): two calls of the same layout ran 740 to 1040 ms a step.
 
 What it answers for the step-time model (estimate/rates.py host_us_per_kernel):
 - how much nsys slows a host-bound step, outside its capture and inside it;

@@ -41,7 +41,6 @@ def test_the_committed_sweep_gives_the_rate_row_its_share():
     """benchmarks/results/comm_4gpu.json's NVLink A/B is the share rates.py's ep_overlap_hidden holds."""
     import json
 
-    from moetune.estimate.rates import Rates
     record = json.loads((Path(results.__file__).parent / "results" / "comm_4gpu.json").read_text())
     nvlink = next(x for x in record["overlap_ab"] if x["with"] == "ep4_mbs4_overlap")
     assert Rates()["ep_overlap_hidden"] == pytest.approx(nvlink["hidden_share"], abs=5e-4)
@@ -53,7 +52,6 @@ def test_the_committed_pinned_runs_are_flat_and_the_model_prices_them_alike():
     prices the three runs alike."""
     import json
 
-    from moetune.estimate.rates import Rates
     record = json.loads((Path(results.__file__).parent / "results" / "comm_4gpu.json").read_text())
     assert {x["cpus_a_rank"] for x in record["host_cpus"]["runs"]} == {4, 8}
     assert record["host_cpus"]["flat_from_cpus_a_rank"] == 4
