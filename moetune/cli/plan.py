@@ -76,14 +76,15 @@ def recompute_text(c: TrainingConfig) -> str:
 def search_counts(space) -> list[str]:
     """What the speed search went through, in two lines: layouts considered, fitting and dropped by
     reason; the fitting layouts' settings priced and not kept, by reason."""
-    why = ", ".join(f"{code} {n}" for code, n in space.dropped.most_common())
-    kept = ", ".join(f"{code} {n}" for code, n in space.settings_dropped.most_common())
-    return [f"searched {space.considered} layouts: {len(space.fit)} fit" + (f"; dropped: {why}" if why else ""),
-            f"each fitting layout priced with no overlap or CUDA graphs; {space.settings_priced} settings "
-            f"(dispatcher, EP/TP overlap, CUDA graphs) priced for the {len(space.fit) - space.bounded} that can be "
-            f"among the {space.keep} fastest" + (f", not kept: {kept}" if kept else "")
-            + (f"; the other {space.bounded} are slower than the {space.keep}th even with every communication "
-               "and launch hidden" if space.bounded else "")]
+    c = space.counts()
+    why = ", ".join(f"{code} {n}" for code, n in c["dropped"].items())
+    kept = ", ".join(f"{code} {n}" for code, n in c["settings_dropped"].items())
+    return [f"searched {c['considered']} layouts: {c['fit']} fit" + (f"; dropped: {why}" if why else ""),
+            f"each fitting layout priced with no overlap or CUDA graphs; {c['settings_priced']} settings "
+            f"(dispatcher, EP/TP overlap, CUDA graphs) priced for the {c['fit'] - c['bounded']} that can be "
+            f"among the {c['keep']} fastest" + (f", not kept: {kept}" if kept else "")
+            + (f"; the other {c['bounded']} are slower than the {c['keep']}th even with every communication "
+               "and launch hidden" if c["bounded"] else "")]
 
 
 def main(argv: list[str], db: str | None = None) -> int:
