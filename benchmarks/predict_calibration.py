@@ -82,6 +82,7 @@ def one_gpu_rows(b: dict) -> list[dict]:
         c = trial_config(e)
         model = load_experiment(exp_name).model
         classes, m = per_step(e)
+        untraced = untraced_step_ms(e)
         mb = 4  # a step of 4 sequences a data-parallel rank, micro batch 1
         w = flops.stage_work(model, c, Rates())[0]
         g = gpus.GPUS[gpu]
@@ -108,8 +109,8 @@ def one_gpu_rows(b: dict) -> list[dict]:
             "hbm_efficiency": None if graphed else w.bytes * mb / (elementwise_ms / 1e3) / (g.hbm_tb_s * 1e12),
             "kernels_per_layer": None if graphed else m["kernels_per_step"] / mb / w.layers,
             "local_experts": max(1, model.num_experts // max(c.ep, 1)),
-            "untraced_step_ms": round(untraced_step_ms(e), 1),
-            "host_us_per_kernel": (round(1e3 * untraced_step_ms(e) / m["kernels_per_step"], 2)
+            "untraced_step_ms": round(untraced, 1),
+            "host_us_per_kernel": (round(1e3 * untraced / m["kernels_per_step"], 2)
                                    if m["gpu_busy_share"] < HOST_BOUND_BUSY else None),
         })
     return rows
