@@ -24,6 +24,10 @@ from moetune.experiment.config import TrainingConfig
 from moetune.experiment.model import ModelArch
 
 TABLES = Path(__file__).resolve().parent / "kernel_tables"
+GROUPED_KINDS = ("experts",)  # run as TE's GroupedLinear, one GEMM a local expert
+# TE's FP8 recipes by the name the probe records them under, and what a config's fp8_recipe runs
+# (Megatron's default, unset, is delayed scaling)
+RECIPES = ("bf16", "delayed", "tensorwise", "blockwise")
 
 
 @dataclass(frozen=True)
@@ -200,14 +204,18 @@ def table_for(gpu_type: str) -> KernelTable | None:
 
 def probe_shapes(layouts) -> dict:
     """The probe's input for (model, config, vocab) layouts: every distinct GEMM pass (forward, data
-    and weight gradients) and attention shape, BF16 and FP8."""
+    and weight gradients) and attention shape, BF16 and FP8; and every layer's forward GEMM as TE runs
+    it ([m, k, n, groups]: an MoE layer's local experts as one grouped layer), under each recipe."""
     gemm: set[tuple[int, int, int]] = set()
     attn: set[tuple[int, ...]] = set()
+    layers: set[tuple[int, int, int, int]] = set()
     for m, c, vocab in layouts:
         gs = layer_gemms(m, c, moe=False) + layer_gemms(m, c, moe=True) + [output_gemm(m, c, vocab)]
         for g in gs:
             gemm.update(p for p in g.passes() if min(p) >= 1)
+            if min(g.m, g.k, g.n) >= 1:
+                layers.add((g.m, g.k, g.n, g.calls if g.kind in GROUPED_KINDS else 1))
         a = attention_shape(m, c)
         attn.add((a.batch, a.seq, a.heads, a.groups, a.dim))
     return {"gemm": [list(s) for s in sorted(gemm)], "attention": [list(s) for s in sorted(attn)],
-            "dtypes": ["bf16", "fp8"]}
+            "dtypes": ["bf16", "fp8"], "layers": [list(s) for s in sorted(layers)], "recipes": list(RECIPES)}

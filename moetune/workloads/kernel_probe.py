@@ -18,6 +18,16 @@ the casts are not in its time. Rows: {"kind": "gemm", "dtype", "m", "k", "n", "u
 {"kind": "attention", "batch", "seq", "heads", "groups", "dim", "fwd_us", "bwd_us", "tflop_s"}
 (causal FLOPs: half the score matrix), and {"kind": "data", ...}: one large GEMM on random data
 against zeros, the size of the effect the rows avoid.
+
+With Transformer Engine importable and SHAPES.json's "layers": [[m, k, n, groups], ...] and
+"recipes", each layer's forward and backward as Megatron runs it: TE's Linear (groups 1) or
+GroupedLinear (an MoE layer's local experts, m tokens each) on [m x groups, k] BF16 inputs, under each
+recipe ("bf16"; FP8 "delayed", "tensorwise" current scaling, "blockwise" 1x128/128x128), so the FP8
+casts, amax reductions and scaled GEMMs are all in its time. Its shapes are rounded up to multiples
+of 128 (blockwise's block), the same for every recipe, so recipes compare like for like. GPU time
+only: a sleeping kernel holds the stream while the host queues the calls, so a host slower than
+the kernels (TE's Python, small shapes) adds nothing ("host_ahead" says it held). Rows:
+{"kind": "layer", "recipe", "m", "k", "n", "groups", "run_as", "fwd_us", "bwd_us", "host_ahead"}.
 """
 from __future__ import annotations
 
@@ -116,6 +126,96 @@ def data_rows(torch, timer: Timer) -> list[dict]:
     return out
 
 
+RECIPES = ("bf16", "delayed", "tensorwise", "blockwise")
+SLEEP_CYCLES_PER_MS = 2.0e6  # torch.cuda._sleep's unit: about a GPU clock cycle (2 GHz)
+
+
+def _round128(x: int) -> int:
+    return (max(x, 1) + 127) // 128 * 128
+
+
+def gpu_us(torch, fn, min_ms: float) -> tuple[float, bool]:
+    """Mean µs of GPU time a call, and whether the host got ahead of the GPU: the calls are queued
+    behind a sleeping kernel that outlasts their queuing, then run back to back."""
+    import time as _t
+    cuda = torch.cuda
+    fn(), fn()
+    cuda.synchronize()
+    t0 = _t.perf_counter(); fn(); cuda.synchronize()  # noqa: E702
+    host_ms = (_t.perf_counter() - t0) * 1e3  # an upper bound on the GPU's time as well
+    n = max(3, min(200, int(min_ms / max(host_ms, 1e-3))))
+    start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int((2 * n * host_ms + 20) * SLEEP_CYCLES_PER_MS))
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    ahead = not start.query()  # the sleep still held the stream when the last call was queued
+    cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / n, ahead
+
+
+def _te_recipe(te_recipe, name: str):
+    return {"delayed": te_recipe.DelayedScaling, "tensorwise": te_recipe.Float8CurrentScaling,
+            "blockwise": te_recipe.Float8BlockScaling}[name]()
+
+
+def _layer_row(torch, te, te_recipe, min_ms: float, m: int, k: int, n: int, groups: int, recipe: str) -> dict:
+    import contextlib
+    rm, rk, rn = _round128(m), _round128(k), _round128(n)
+    if groups > 1:
+        layer = te.GroupedLinear(groups, rk, rn, bias=False, params_dtype=torch.bfloat16, device="cuda")
+        splits = [rm] * groups
+        call = lambda x: layer(x, splits)  # noqa: E731
+    else:
+        layer = te.Linear(rk, rn, bias=False, params_dtype=torch.bfloat16, device="cuda")
+        call = layer
+    with torch.no_grad():
+        for w in layer.parameters():
+            w.normal_(0, 0.02)
+    x = torch.randn(rm * groups, rk, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(rm * groups, rn, device="cuda", dtype=torch.bfloat16)
+
+    def ctx():
+        if recipe == "bf16":
+            return contextlib.nullcontext()
+        return te.fp8_autocast(enabled=True, fp8_recipe=_te_recipe(te_recipe, recipe))
+
+    def fwd():
+        with torch.no_grad(), ctx():
+            call(x)
+
+    def both():
+        with ctx():
+            out = call(x)
+        out.backward(grad)
+    f_us, f_ahead = gpu_us(torch, fwd, min_ms)
+    fb_us, fb_ahead = gpu_us(torch, both, min_ms)
+    return {"kind": "layer", "recipe": recipe, "m": m, "k": k, "n": n, "groups": groups,
+            "run_as": [rm, rk, rn], "fwd_us": round(f_us, 2), "bwd_us": round(fb_us - f_us, 2),
+            "host_ahead": f_ahead and fb_ahead}
+
+
+def layer_rows(torch, min_ms: float, shapes, recipes, log=None) -> list[dict]:
+    """Every layer shape under every recipe TE runs here; none without TE (one line to `log`)."""
+    try:
+        import transformer_engine.common.recipe as te_recipe
+        import transformer_engine.pytorch as te
+    except Exception as e:  # an image without TE: the GEMM rows still stand
+        print(f"kernel_probe: no layer rows: Transformer Engine: {e}", file=log or sys.stderr)
+        return []
+    rows = []
+    for recipe in recipes:
+        for m, k, n, groups in shapes:
+            try:
+                rows.append(_layer_row(torch, te, te_recipe, min_ms, m, k, n, groups, recipe))
+            except Exception as e:  # a recipe this GPU or TE refuses: said once a row, the rest go on
+                rows.append({"kind": "layer", "recipe": recipe, "m": m, "k": k, "n": n, "groups": groups,
+                             "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"})
+            torch.cuda.empty_cache()
+    return rows
+
+
 def warm(torch) -> None:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     t0 = time.monotonic()
@@ -143,6 +243,7 @@ def main(argv=None) -> int:
     rows = data_rows(torch, timer)
     rows += gemm_rows(torch, timer, spec.get("gemm", []), spec.get("dtypes", ["bf16"]))
     rows += attention_rows(torch, timer, spec.get("attention", []))
+    rows += layer_rows(torch, a.min_ms, spec.get("layers", []), spec.get("recipes", RECIPES))
     props = torch.cuda.get_device_properties(0)
     record = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
               "min_ms": a.min_ms, "seconds": round(time.monotonic() - t0, 1), "rows": rows}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# TE layers under each FP8 recipe, and attention at longer sequences, on the GPU machine: the rows the
+# kernel table adds to its GEMMs (moetune/workloads/kernel_probe.py; shapes from
+# `kernel_shapes.py benchmarks/device/layer_shapes.json --only layers,attention`). With .deps/tecarry
+# carried, from the repo root:
+#   bash benchmarks/device/layers.sh start     # TE setup, then one probe a recipe in the background
+#   bash benchmarks/device/layers.sh wait S    # until they end or S seconds pass; packs into $OUT
+set -u
+export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+W=/tmp/layers; S=benchmarks/device/layer_shapes.json
+PARTS="attention bf16 tensorwise blockwise delayed"
+
+start() {
+  nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
+  bash benchmarks/device_setup.sh te || exit 1
+  cp .deps/tecarry/transformer_engine_torch-*.whl "$OUT"/ 2>/dev/null || cp /tmp/moetune-deps/transformer_engine_torch-*.whl "$OUT"/
+  rm -rf "$W" && mkdir -p "$W" && cp moetune/workloads/kernel_probe.py "$S" "$W"/
+  # one GPU: the parts run one after another, each its own record, so a cut-off call keeps what ended
+  setsid bash -c '
+    cd '"$W"'
+    for part in '"$PARTS"'; do
+      python3 - "$part" <<PY
+import json, sys
+s = json.load(open("layer_shapes.json")); part = sys.argv[1]
+if part == "attention":
+    s.update(layers=[], gemm=[])
+else:
+    s.update(attention=[], gemm=[], recipes=[part])
+json.dump(s, open(f"shapes_{part}.json", "w"))
+PY
+      PYTHONPATH=/tmp/site-gpu:/tmp/site timeout 900 python3 kernel_probe.py --shapes "shapes_$part.json" \
+        --out "rows_$part.json" --min-ms 20 > "$part.log" 2>&1
+      echo "$part rc $?" >> done.txt
+    done' > /dev/null 2>&1 < /dev/null &
+  echo "started: $PARTS"
+}
+
+wait_for() {
+  local until=$((SECONDS + $1))
+  while [ $SECONDS -lt $until ] && [ "$(wc -l < "$W/done.txt" 2>/dev/null || echo 0)" -lt 5 ]; do sleep 5; done
+  cp "$W"/rows_*.json "$W"/*.log "$W"/done.txt "$OUT"/ 2>/dev/null
+  cat "$W/done.txt" 2>/dev/null; tail -n 2 "$W"/*.log
+  python3 - "$W" <<'PY'
+import glob, json, statistics, sys
+for f in sorted(glob.glob(sys.argv[1] + "/rows_*.json")):
+    rows = [r for r in json.load(open(f))["rows"] if r["kind"] in ("layer", "attention")]
+    bad = [r for r in rows if r.get("error")]
+    late = [r for r in rows if r["kind"] == "layer" and not r.get("error") and not r.get("host_ahead")]
+    print(f.split("/")[-1], len(rows), "rows", len(bad), "errors", len(late), "host not ahead",
+          bad[0]["error"] if bad else "")
+PY
+}
+
+case "${1:-}" in
+  start) start ;;
+  wait) wait_for "${2:-500}" ;;
+  *) echo "usage: layers.sh start | wait SECONDS" >&2; exit 2 ;;
+esac
