@@ -6,8 +6,9 @@ is read here.
 
     .venv/bin/python benchmarks/predict_calibration.py [--out benchmarks/results/predict_calibration.json]
 
-prints each rate with the trials it came from; rates.py's efficiency rows carry these values
-(tests/estimate/test_rates.py keeps the two equal)."""
+prints each rate with the trials it came from; rates.py's rows carry these values
+(tests/estimate/test_rates.py keeps the two equal). Each trial's GEMM time is printed beside what the
+kernel table gives for its rank (the table prices GEMMs and attention; nothing here fits them)."""
 from __future__ import annotations
 
 import argparse
@@ -22,12 +23,14 @@ from moetune.analysis.logs import parse_log, steady_iterations
 from moetune.experiment import gpus
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.schema import load_experiment
-from moetune.estimate import flops, measured
+from moetune.estimate import flops, kernels, measured
 from moetune.estimate.rates import Rates
 
 BANK = ROOT / "data" / "trial_bank" / "bank.jsonl"
-# the calibration probe (workloads/link_probe.py) run four times on the H100 device machine, in one call
-REFERENCE_RUNS = ROOT / "benchmarks" / "calibration_h100"
+# the calibration probe (workloads/link_probe.py) run four times in one call on each device machine whose
+# measurements the rates are: the H200 of the kernel table (its GEMMs), the H100 of the trials (HBM, launches)
+REFERENCE_RUNS = {"H200": ROOT / "benchmarks" / "calibration_h200", "H100": ROOT / "benchmarks" / "calibration_h100"}
+REFERENCE_OF = {"ref_gemm_top": "H200", "ref_gemm_half_gflop": "H200", "ref_hbm_share": "H100", "ref_launch_us": "H100"}
 OUT = ROOT / "benchmarks" / "results" / "predict_calibration.json"
 SWEEP = ROOT / "benchmarks" / "results" / "comm_2gpu.json"  # the multi-GPU sweep (benchmarks/comm_results.py)
 # the bank's one-GPU studies of production models ran on the H100 device machine (16 CPU cores,
@@ -92,10 +95,7 @@ def one_gpu_rows(b: dict) -> list[dict]:
         attention_ms = sum(classes[k] for k in ATTENTION)
         elementwise_ms = sum(v for k, v in classes.items() if k not in MATRIX + ATTENTION + COMM)
         graphed = c.cuda_graph_impl not in (None, "none")
-        kinds = [k for k, v in w.flops.items() if v and k not in flops.ATTENTION + ("recompute",)]
-        # seconds of this rank's GEMMs at efficiency 1 for large ones, as a function of the half size
-        unit = lambda half, w=w, kinds=kinds, mb=mb, g=g: mb * flops.matrix_seconds(  # noqa: E731
-            w, kinds, g.bf16_tflops * 1e12, 1.0, half)
+        table = flops.table_ms(w, c, kernels.table_for(gpu))
         rows.append({
             "trial": name, "gpu": gpu, "layers": w.layers, "micro_batches": mb, "graphed": graphed,
             "step_ms": m["step_time_ms"], "gpu_busy_share": m["gpu_busy_share"],
@@ -103,9 +103,9 @@ def one_gpu_rows(b: dict) -> list[dict]:
             "matrix_tflop": matrix / 1e12, "matrix_ms": matrix_ms,
             "attention_tflop": attention / 1e12, "attention_ms": attention_ms,
             "elementwise_gb": w.bytes * mb / 1e9, "elementwise_ms": elementwise_ms,
-            "study": study, "unit": None if graphed else unit,
+            "study": study, "matrix_ms_table": round(mb * (table["gemm"] + table["grouped_gemm"]), 1),
             "matrix_share_of_peak": None if graphed else matrix / (matrix_ms / 1e3) / (g.bf16_tflops * 1e12),
-            "attention_efficiency": None if graphed else attention / (attention_ms / 1e3) / (g.bf16_tflops * 1e12),
+            "attention_share_of_peak": None if graphed else attention / (attention_ms / 1e3) / (g.bf16_tflops * 1e12),
             "hbm_efficiency": None if graphed else w.bytes * mb / (elementwise_ms / 1e3) / (g.hbm_tb_s * 1e12),
             "kernels_per_layer": None if graphed else m["kernels_per_step"] / mb / w.layers,
             "local_experts": max(1, model.num_experts // max(c.ep, 1)),
@@ -116,36 +116,20 @@ def one_gpu_rows(b: dict) -> list[dict]:
     return rows
 
 
-def gemm_curve(rows: list[dict]) -> tuple[float, float]:
-    """(top, half GFLOP) of flops.gemm_efficiency that give each study's median measured GEMM
-    time exactly: two studies, two unknowns; the ratio of their times fixes the half size."""
-    studies = sorted({r["study"] for r in rows if r["unit"]})
-    assert len(studies) == 2, studies
-    pick = [next(r for r in rows if r["study"] == s and r["unit"]) for s in studies]
-    measured = [statistics.median(r["matrix_ms"] for r in rows if r["study"] == s and r["unit"]) / 1e3
-                for s in studies]
-    ratio = lambda half: pick[0]["unit"](half) / pick[1]["unit"](half) - measured[0] / measured[1]  # noqa: E731
-    lo, hi = 1e-3, 1e4  # GFLOP, bisected in log space
-    assert ratio(lo) * ratio(hi) < 0, "no half size fits both studies"
-    for _ in range(200):
-        mid = (lo * hi) ** 0.5
-        lo, hi = (mid, hi) if ratio(lo) * ratio(mid) > 0 else (lo, mid)
-    half = (lo * hi) ** 0.5
-    return pick[0]["unit"](half) / measured[0], half
-
-
-def reference(folder: Path = REFERENCE_RUNS) -> dict:
-    """The probe's figures on the machine the rates above were measured on (rates.REFERENCE): the
-    median over its runs of the GEMM sweep's fitted curve, the device-to-device copy's share of
-    the HBM rate and a launch's time, each with every run's value."""
-    runs = [json.loads(f.read_text()) for f in sorted(folder.glob("run*.json"))]
-    per_run = {k: [] for k in ("ref_gemm_top", "ref_gemm_half_gflop", "ref_hbm_share", "ref_launch_us")}
-    for r in runs:
-        assert "H100" in r["device"], f"{r['device']}: not the H100 the rates were measured on"
-        figures = measured.probe_figures(r, "H100", 0.0)
-        for k in per_run:
-            per_run[k].append(figures[k.removeprefix("ref_")])
-    return {k: {"value": round(statistics.median(v), 4), "runs": [round(x, 4) for x in v]} for k, v in per_run.items()}
+def reference(folders: dict[str, Path] = REFERENCE_RUNS) -> dict:
+    """The probe's figures on the machines the rates were measured on (rates.REFERENCE): the median
+    over its runs of the GEMM sweep's fitted curve on the kernel table's H200, the device-to-device
+    copy's share of the HBM rate and a launch's time on the trials' H100, each with every run's value."""
+    out = {}
+    for key, gpu in REFERENCE_OF.items():
+        values = []
+        for f in sorted(folders[gpu].glob("run*.json")):
+            r = json.loads(f.read_text())
+            assert gpu in r["device"], f"{f}: {r['device']}, not the {gpu} that {key} refers to"
+            values.append(measured.probe_figures(r, gpu, 0.0)[key.removeprefix("ref_")])
+        out[key] = {"value": round(statistics.median(values), 4), "runs": [round(x, 4) for x in values],
+                    "gpu": gpu, "source": str(folders[gpu].relative_to(ROOT))}
+    return out
 
 
 def sweep_launches() -> list[tuple[str, int, float]]:
@@ -179,20 +163,13 @@ def launches(rows: list[dict]) -> dict:
 def calibrate() -> dict:
     b = bank()
     rows = one_gpu_rows(b)
-    top, half = gemm_curve(rows)
     med = lambda key: round(statistics.median(r[key] for r in rows if r[key] is not None), 4)  # noqa: E731
     used = lambda key: [r["trial"] for r in rows if r[key] is not None]  # noqa: E731
     off, on = (per_step(b[n]) for n in GRAPHS_PAIR)
     bf16, fp8 = (per_step(b[n]) for n in TE_PAIR)
     rates = {k: {"value": med(k), "trials": used(k)} for k in
-             ("attention_efficiency", "hbm_efficiency", "host_us_per_kernel")}
+             ("hbm_efficiency", "host_us_per_kernel")}
     rates.update(launches(rows))
-    curve = used("unit")
-    rates["gemm_efficiency"] = {"value": round(top, 4), "trials": curve}
-    rates["gemm_half_gflop"] = {"value": round(half, 3), "trials": curve}
-    for r in rows:
-        unit = r.pop("unit")
-        r["matrix_ms_fitted"] = None if unit is None else round(1e3 * unit(half) / top, 1)
     host = [r["host_us_per_kernel"] for r in rows if r["host_us_per_kernel"] is not None]
     rates["host_us_per_kernel"]["range"] = [min(host), max(host)]
     rates["cuda_graph_te_launches_removed"] = {
@@ -200,11 +177,8 @@ def calibrate() -> dict:
         "scopes": list(b[GRAPHS_PAIR[1]]["config"]["cuda_graph_modules"])}
     rates["fp8_launch_factor"] = {"value": round(fp8[1]["kernels_per_step"] / bf16[1]["kernels_per_step"], 4),
                                   "trials": list(TE_PAIR)}
-    rates["fp8_matrix_time_factor"] = {
-        "value": round((sum(fp8[0][k] for k in MATRIX) + fp8[0]["fp8_cast"]) / sum(bf16[0][k] for k in MATRIX), 4),
-        "trials": list(TE_PAIR), "note": "FP8 GEMMs plus their casts over BF16 GEMMs, moe_proxy_te shapes on H200"}
     return {"source": str(BANK.relative_to(ROOT)), "trials": rows, "rates": rates,
-            "reference": {"source": str(REFERENCE_RUNS.relative_to(ROOT)), "rates": reference()}}
+            "reference": {"rates": reference()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,12 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     result = calibrate()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{'trial':<40} {'GEMM ms':>8} {'fitted':>7} {'of peak':>7} {'attn eff':>8} {'hbm eff':>8} "
+    print(f"{'trial':<40} {'GEMM ms':>8} {'table':>7} {'of peak':>7} {'attn eff':>8} {'hbm eff':>8} "
           f"{'kern/layer':>10} {'host us':>8}")
     for r in result["trials"]:
         f = lambda v: "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.1f}"  # noqa: E731
-        print(f"{r['trial']:<40} {r['matrix_ms']:>8.1f} {f(r['matrix_ms_fitted']):>7} "
-              f"{f(r['matrix_share_of_peak']):>7} {f(r['attention_efficiency']):>8} "
+        print(f"{r['trial']:<40} {r['matrix_ms']:>8.1f} {f(r['matrix_ms_table']):>7} "
+              f"{f(r['matrix_share_of_peak']):>7} {f(r['attention_share_of_peak']):>8} "
               f"{f(r['hbm_efficiency']):>8} {f(r['kernels_per_layer']):>10} {f(r['host_us_per_kernel']):>8}")
     for k, v in result["rates"].items():
         print(f"{k}: {v['value']}  ({len(v['trials'])} trials)")

@@ -91,8 +91,11 @@ def public_rows(path: Path = PUBLIC, skip_unknown: bool = False) -> list[dict]:
     for row in data["rows"]:
         exp = (imported_experiment(row["model"], row["hf_config"], row["gpus"]) if row.get("hf_config")
                else load_experiment(row["model"]))
+        # an imported model's baseline is the layout its plan chose (FSDP, an uneven pipeline...): the
+        # row starts from Megatron's defaults instead, so only what was published is priced
+        base = TrainingConfig() if row.get("hf_config") else exp.baseline
         try:
-            config = exp.baseline.replace(**{**data["common"], **row["settings"], **row["layout"]})
+            config = base.replace(**{**data["common"], **row["settings"], **row["layout"]})
         except TypeError:
             if skip_unknown:
                 continue

@@ -23,9 +23,12 @@ from moetune.paths import EXPERIMENTS  # noqa: E402
 SKIP = ("moe_proxy", "moe_proxy_te")  # the toy: not a shape a user trains
 BUILT_ON = Path(__file__).resolve().parent.parent / "predict_validation.yaml"
 PARTS = ("gemm", "attention", "layers")
-# attention beyond the experiments' 4k tokens (long-context training, a context-parallel rank's
-# share): every measured head layout again at these sequence lengths, one sequence a micro-batch
+# attention beyond the experiments' 4k tokens (long-context training) and below them (a context-
+# parallel rank's share of a sequence): every measured head layout again at these lengths, one
+# sequence a micro-batch for the long ones, one to four for the short
 LONG_SEQ = (8192, 16384, 32768)
+SHORT_SEQ = (1024, 2048)
+SHORT_BATCH = (1, 2, 4)
 
 
 def layouts():
@@ -57,7 +60,9 @@ def main(argv):
         return 2
     shapes = probe_shapes(layouts())
     longer = {(1, seq, *a[2:]) for a in shapes["attention"] for seq in LONG_SEQ if seq > a[1]}
-    shapes["attention"] = [list(a) for a in sorted({tuple(a) for a in shapes["attention"]} | longer)]
+    shorter = {(b, seq, *a[2:]) for a in shapes["attention"] for seq in SHORT_SEQ for b in SHORT_BATCH
+               if seq < a[1]}
+    shapes["attention"] = [list(a) for a in sorted({tuple(a) for a in shapes["attention"]} | longer | shorter)]
     for part in PARTS:
         if part not in only:
             shapes[part] = []

@@ -5,17 +5,20 @@
 # carried, from the repo root:
 #   bash benchmarks/device/layers.sh start     # TE setup, then one probe a recipe in the background
 #   bash benchmarks/device/layers.sh wait S    # until they end or S seconds pass; packs into $OUT
+# PARTS="attention bf16 ..." picks the parts (default all); the attention part times only the shapes
+# the shipped table (moetune/estimate/kernel_tables/H200.json) lacks.
 set -u
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 W=/tmp/layers; S=benchmarks/device/layer_shapes.json
-PARTS="attention bf16 tensorwise blockwise delayed"
+PARTS=${PARTS:-attention bf16 tensorwise blockwise delayed}
+NPARTS=$(echo $PARTS | wc -w)
 
 start() {
   nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
   bash benchmarks/device_setup.sh te || exit 1
   cp .deps/tecarry/transformer_engine_torch-*.whl "$OUT"/ 2>/dev/null || cp /tmp/moetune-deps/transformer_engine_torch-*.whl "$OUT"/
-  rm -rf "$W" && mkdir -p "$W" && cp moetune/workloads/kernel_probe.py "$S" "$W"/
+  rm -rf "$W" && mkdir -p "$W" && cp moetune/workloads/kernel_probe.py "$S" moetune/estimate/kernel_tables/H200.json "$W"/
   # one GPU: the parts run one after another, each its own record, so a cut-off call keeps what ended
   setsid bash -c '
     cd '"$W"'
@@ -24,7 +27,9 @@ start() {
 import json, sys
 s = json.load(open("layer_shapes.json")); part = sys.argv[1]
 if part == "attention":
-    s.update(layers=[], gemm=[])
+    have = {tuple(r[k] for k in ("batch", "seq", "heads", "groups", "dim"))
+            for r in json.load(open("H200.json"))["rows"] if r["kind"] == "attention"}
+    s.update(layers=[], gemm=[], attention=[a for a in s["attention"] if tuple(a) not in have])
 else:
     s.update(attention=[], gemm=[], recipes=[part])
 json.dump(s, open(f"shapes_{part}.json", "w"))
@@ -38,7 +43,7 @@ PY
 
 wait_for() {
   local until=$((SECONDS + $1))
-  while [ $SECONDS -lt $until ] && [ "$(wc -l < "$W/done.txt" 2>/dev/null || echo 0)" -lt 5 ]; do sleep 5; done
+  while [ $SECONDS -lt $until ] && [ "$(wc -l < "$W/done.txt" 2>/dev/null || echo 0)" -lt "$NPARTS" ]; do sleep 5; done
   cp "$W"/rows_*.json "$W"/*.log "$W"/done.txt "$OUT"/ 2>/dev/null
   cat "$W/done.txt" 2>/dev/null; tail -n 2 "$W"/*.log
   python3 - "$W" <<'PY'

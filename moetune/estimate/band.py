@@ -41,9 +41,9 @@ SPREADS: dict[str, tuple[float, float, str]] = {
                                     "cross-node-like link) 0.13; with routing forced to balance -0.66 and 0.60, "
                                     "all with one CUDA connection (benchmarks/results/comm_4gpu.json)"),
 }
-# rows that are no rate of a step: a switch, and the reference figures a calibration divides by
+# rows that are no rate of a step: the reference figures a calibration divides by
 # (a calibrated row carries its own width)
-NOT_RATES = ("use_kernel_table", "ref_gemm_top", "ref_gemm_half_gflop", "ref_hbm_share", "ref_launch_us")
+NOT_RATES = ("ref_gemm_top", "ref_gemm_half_gflop", "ref_hbm_share", "ref_launch_us")
 DOMINANT = 3  # rows named as the band's
 
 

@@ -100,40 +100,6 @@ def output_flops(m: ModelArch, c: TrainingConfig) -> float:
     return 2 * tokens(m, c) * m.hidden_size * padded_vocab(m, c.tp) / c.tp
 
 
-def _mlp(flops: float, calls: int) -> tuple:
-    """A SwiGLU MLP's forward: the fused gate-and-up GEMM (2/3 of its FLOPs), then the down one,
-    once per expert held."""
-    return ((2 / 3, flops * 2 / 3 / calls), (1 / 3, flops / 3 / calls))
-
-
-def gemm_calls(m: ModelArch, c: TrainingConfig) -> dict[str, tuple]:
-    """Each matrix kind's FLOPs split into the GEMM calls that run them: ((share of the kind's
-    FLOPs, forward FLOPs of one call), ...); what a GEMM's efficiency depends on. A rank's experts
-    (num_experts / EP) each take their share of its routed tokens (balanced); backward's GEMMs are
-    the forward's size."""
-    dense = layer_flops(m, c, moe=False)
-    attn = dense["attention_proj"]
-    if m.multi_latent_attention:  # down and up projections of q and kv, and the output
-        proj = ((1.0, attn / 5),)
-    else:
-        d = m.kv_channels or m.hidden_size // m.num_attention_heads
-        qkv, o = (m.num_attention_heads + 2 * m.num_query_groups) * d, m.num_attention_heads * d
-        proj = ((qkv / (qkv + o), attn * qkv / (qkv + o)), (o / (qkv + o), attn * o / (qkv + o)))
-    out = {"attention_proj": proj, "dense_mlp": _mlp(dense["dense_mlp"], 1), "output": ((1.0, output_flops(m, c)),)}
-    if m.num_experts > 1:
-        moe = layer_flops(m, c, moe=True)
-        out["experts"] = _mlp(moe["experts"], max(1, m.num_experts // c.ep))
-        out["shared_experts"] = _mlp(moe["shared_experts"], 1)
-        out["router"] = ((1.0, moe["router"]),)
-    return out
-
-
-def gemm_efficiency(flops_per_call: float, top: float, half_gflop: float) -> float:
-    """Share of the peak a GEMM of this size reaches: `top` for large ones, half of it at
-    `half_gflop` (fixed costs a call and tiles left idle weigh on small ones)."""
-    return top * flops_per_call / (flops_per_call + half_gflop * 1e9)
-
-
 @dataclass
 class StageWork:
     """One stage's work for one micro-batch on one of its ranks."""
@@ -141,7 +107,6 @@ class StageWork:
     layers: int
     moe_layers: int
     flops: dict[str, float] = field(default_factory=dict)  # forward + backward + recompute, by kind
-    gemms: dict[str, tuple] = field(default_factory=dict)  # kind: ((share of its FLOPs, FLOPs a call), ...)
     bytes: float = 0.0
     kernels: float = 0.0
     shapes: list = field(default_factory=list)  # (kernels.Gemm, layers that run it) of one micro-batch
@@ -160,7 +125,7 @@ def stage_work(m: ModelArch, c: TrainingConfig, rates: Rates) -> list[StageWork]
     out = []
     stages = pipeline_stages(m, c)
     for st in stages:
-        w = StageWork(st.index, st.layers, st.moe_layers, gemms=gemm_calls(m, c))
+        w = StageWork(st.index, st.layers, st.moe_layers)
         for moe, n in ((False, st.layers - st.moe_layers), (True, st.moe_layers)):
             if not n:
                 continue
@@ -182,32 +147,31 @@ def stage_work(m: ModelArch, c: TrainingConfig, rates: Rates) -> list[StageWork]
     return out
 
 
-GROUPED = ("experts",)
 ATTENTION = ("attention_core",)
 
 
-def matrix_seconds(w: StageWork, kinds, peak: float, top: float, half_gflop: float) -> float:
-    """Seconds the GPU takes for the stage's FLOPs of `kinds`, each GEMM call at its size's efficiency."""
-    out = 0.0
-    for kind in kinds:
-        calls = w.gemms.get(kind) or ((1.0, w.flops[kind]),)
-        out += sum(w.flops[kind] * share / (peak * gemm_efficiency(size, top, half_gflop))
-                   for share, size in calls if size > 0)
-    return out
-
-
 def table_ms(w: StageWork, c: TrainingConfig, table: ktable.KernelTable) -> dict[str, float]:
-    """{gemm, grouped_gemm, attention}: ms each from the kernel table, every GEMM pass (forward, data
-    and weight gradients) at its shape's measured rate, FP8 where the config trains in it (the output
-    layer and the router stay BF16, as Megatron keeps them); recomputed FLOPs at the stage's mean
-    rate; attention at its shape's measured rate over the stage's attention FLOPs (a sliding window's
-    fewer FLOPs at the same rate)."""
-    dtype = "fp8" if c.fp8_format else "bf16"
+    """{gemm, grouped_gemm, attention}: ms each from the kernel table. Each GEMM of the stage as its
+    TE layer's forward and backward under the config's recipe (kernels.recipe_rows: FP8's casts and
+    scaling in; an MoE layer's experts as one grouped layer where --moe-grouped-gemm is on, else a
+    layer each), at its shape's measured rate; the output layer and the router stay BF16, as Megatron
+    keeps them. Where the table has no layer rows of the recipe, the GEMM passes (forward, data and
+    weight gradients) at their shapes' rates. Recomputed FLOPs at the stage's mean rate; attention
+    at its shape's measured rate over the stage's attention FLOPs (a sliding window's fewer FLOPs at
+    the same rate)."""
+    recipe = ktable.recipe_rows(c)
     us = {"gemm": 0.0, "grouped_gemm": 0.0}
     for gm, layers in w.shapes:
-        d = "bf16" if gm.kind in ("output", "router") else dtype
-        key = "grouped_gemm" if gm.kind in GROUPED else "gemm"
-        us[key] += layers * gm.calls * sum(table.gemm_us(a, b, n, d) for a, b, n in gm.passes() if min(a, b, n) >= 1)
+        r = "bf16" if gm.kind in ("output", "router") else recipe
+        grouped = gm.kind in ktable.GROUPED_KINDS
+        groups = gm.calls if grouped and c.grouped_gemm else 1
+        layer = table.layer_us(gm.m, gm.k, gm.n, groups, r)
+        if layer is not None:
+            cost = layer * gm.calls / groups
+        else:
+            d = "bf16" if r == "bf16" else "fp8"
+            cost = gm.calls * sum(table.gemm_us(a, b, n, d) for a, b, n in gm.passes() if min(a, b, n) >= 1)
+        us["grouped_gemm" if grouped else "gemm"] += layers * cost
     kinds = [k for k, v in w.flops.items() if v and k not in ATTENTION + ("recompute",)]
     done = sum(w.flops[k] for k in kinds)
     if w.flops.get("recompute") and done:
@@ -215,36 +179,18 @@ def table_ms(w: StageWork, c: TrainingConfig, table: ktable.KernelTable) -> dict
     attention = sum(v for k, v in w.flops.items() if k in ATTENTION)
     ms = {k: v / 1e3 for k, v in us.items()}
     a = w.attention
-    if attention and a is not None and table.attention:
+    ms["attention"] = 0.0
+    if attention and a is not None:
         fwd, bwd = table.attention_us(a)
         ms["attention"] = attention / (3 * a.forward_flop() / ((fwd + bwd) * 1e-6)) * 1e3
     return ms
 
 
 def compute_ms(w: StageWork, c: TrainingConfig, gpu_type: str, rates: Rates,
-               table: ktable.KernelTable | None = None) -> dict[str, float]:
-    """{gemm, grouped_gemm, attention, elementwise}: ms each on the GPU (kernels back to back).
-    With a kernel table (kernels.table_for), GEMMs and attention as its GPU was measured to run
-    their shapes (table_ms). Without one, GEMMs at their size's efficiency (gemm_efficiency);
-    recomputed FLOPs at the stage's mean rate; FP8 GEMMs take `fp8_matrix_time_factor` times their
-    BF16 time (casts included)."""
+               table: ktable.KernelTable) -> dict[str, float]:
+    """{gemm, grouped_gemm, attention, elementwise}: ms each on the GPU (kernels back to back):
+    GEMMs and attention as the kernel table's GPU was measured to run their shapes (table_ms, moved
+    by `kernel_table_rate`), the element-wise kernels' bytes at `hbm_efficiency` of the HBM rate."""
     g = gpus.GPUS[gpu_type]
-    attention = sum(v for k, v in w.flops.items() if k in ATTENTION)
-    out = {"attention": 1e3 * attention / (g.bf16_tflops * 1e12 * rates["attention_efficiency"]),
-           "elementwise": 1e3 * w.bytes / (g.hbm_tb_s * 1e12 * rates["hbm_efficiency"])}
-    if table is not None:  # what it measured replaces the GEMMs, and attention where it has rows
-        measured = {k: v / rates["kernel_table_rate"] for k, v in table_ms(w, c, table).items()}
-        return {"gemm": measured["gemm"], "grouped_gemm": measured["grouped_gemm"], **out, **measured}
-    peak = g.bf16_tflops * 1e12
-    # FP8 as measured against BF16 (GEMMs and their casts), not the data sheet's FP8 peak
-    fp8 = rates["fp8_matrix_time_factor"] if c.fp8_format else 1.0
-    half = rates["gemm_half_gflop"]
-    kinds = [k for k, v in w.flops.items() if v and k not in ATTENTION + ("recompute",)]
-    dense = [k for k in kinds if k not in GROUPED]
-    grouped = [k for k in kinds if k in GROUPED]
-    gemm_s = matrix_seconds(w, dense, peak, rates["gemm_efficiency"], half)
-    grouped_s = matrix_seconds(w, grouped, peak, rates["grouped_gemm_efficiency"], half)
-    done = sum(w.flops[k] for k in kinds)
-    if w.flops.get("recompute") and done:
-        gemm_s += w.flops["recompute"] * (gemm_s + grouped_s) / done
-    return {"gemm": 1e3 * fp8 * gemm_s, "grouped_gemm": 1e3 * fp8 * grouped_s, **out}
+    measured = {k: v / rates["kernel_table_rate"] for k, v in table_ms(w, c, table).items()}
+    return {**measured, "elementwise": 1e3 * w.bytes / (g.hbm_tb_s * 1e12 * rates["hbm_efficiency"])}

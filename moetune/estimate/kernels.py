@@ -28,6 +28,7 @@ GROUPED_KINDS = ("experts",)  # run as TE's GroupedLinear, one GEMM a local expe
 # TE's FP8 recipes by the name the probe records them under, and what a config's fp8_recipe runs
 # (Megatron's default, unset, is delayed scaling)
 RECIPES = ("bf16", "delayed", "tensorwise", "blockwise")
+REFERENCE_GPU = "H200"  # the GPU type whose shipped table stands, scaled, for types with none
 
 
 @dataclass(frozen=True)
@@ -125,14 +126,34 @@ def _log_distance(a, b) -> float:
     return sum((math.log(x) - math.log(y)) ** 2 for x, y in zip(a, b, strict=True))
 
 
-class KernelTable:
-    """One GPU type's measured kernels (a kernel probe's record)."""
+def recipe_rows(c: TrainingConfig) -> str:
+    """The layer rows that price a config's GEMMs: "bf16", or its FP8 recipe's. Delayed scaling runs
+    the same per-tensor-scaled GEMMs and casts as current scaling, without its amax pass: priced from
+    the tensorwise rows (the probe's delayed rows enter TE's autocast once a layer call, so they carry
+    the amax and scale update Megatron runs once a transformer layer on every GEMM). MXFP8 has no
+    rows (no Hopper runs it): the tensorwise ones."""
+    if not c.fp8_format:
+        return "bf16"
+    return "blockwise" if c.fp8_recipe == "blockwise" else "tensorwise"
 
-    def __init__(self, record: dict, source: str):
+
+def _precision(recipe: str) -> str:
+    return "bf16" if recipe == "bf16" else "fp8"
+
+
+class KernelTable:
+    """One GPU type's measured kernels (a kernel probe's record). `scale`: for a GPU type no table was
+    measured on, its data-sheet peaks over the measured GPU's ({"bf16": x, "fp8": y}): the measured
+    GPU's share of its peak at each shape, at the other's peak."""
+
+    def __init__(self, record: dict, source: str, scale: dict[str, float] | None = None):
         self.gpu = record.get("gpu", "?")
         self.source = source
+        self.scale = scale or {"bf16": 1.0, "fp8": 1.0}
         self.gemms: dict[str, dict[tuple[int, int, int], float]] = {}
         self.attention: dict[tuple[int, int, int, int, int], tuple[float, float]] = {}
+        # recipe: (m, k, n, groups): (µs forward and backward, FLOPs as run: rounded up to the block)
+        self.layers: dict[str, dict[tuple[int, int, int, int], tuple[float, float]]] = {}
         # a shape's nearest measured one, found once: a layout is priced many times (plan, a band)
         self._nearest: dict[tuple, Any] = {}
         for r in record.get("rows", []):
@@ -141,29 +162,62 @@ class KernelTable:
             elif r.get("kind") == "attention" and r.get("fwd_us", 0) > 0:
                 key = (r["batch"], r["seq"], r["heads"], r["groups"], r["dim"])
                 self.attention[key] = (float(r["fwd_us"]), float(r["bwd_us"]))
+            elif r.get("kind") == "layer" and r.get("host_ahead") and r.get("fwd_us", 0) > 0:
+                # a row the host did not run ahead of timed the host's gaps too: not a GPU rate
+                rm, rk, rn = r.get("run_as") or (r["m"], r["k"], r["n"])
+                us = float(r["fwd_us"]) + float(r["bwd_us"])
+                self.layers.setdefault(r["recipe"], {})[(r["m"], r["k"], r["n"], r["groups"])] = (
+                    us, 6.0 * rm * rk * rn * r["groups"])
         if not self.gemms.get("bf16"):
             raise ValueError(f"{source}: a kernel table needs BF16 GEMM rows")
+
+    def scaled(self, scale: dict[str, float], source: str) -> KernelTable:
+        """This table standing for another GPU type: its rows and nearest-shape cache shared."""
+        other = copy.copy(self)
+        other.scale, other.source = scale, source
+        return other
 
     def gemm_tflops(self, m: int, k: int, n: int, dtype: str = "bf16") -> float:
         """TFLOP/s of [m, k] @ [k, n]: as measured, else at the nearest measured shape."""
         rows = self.gemms.get(dtype) or self.gemms["bf16"]
+        scale = self.scale[dtype if dtype in self.gemms else "bf16"]
         if (m, k, n) in rows:
-            return rows[(m, k, n)]
+            return rows[(m, k, n)] * scale
         key = (m, k, n, dtype)
         if key not in self._nearest:
             want = (max(m, 1), max(k, 1), max(n, 1))
             self._nearest[key] = rows[min(rows, key=lambda s: _log_distance(s, want))]
-        return self._nearest[key]
+        return self._nearest[key] * scale
 
     def gemm_us(self, m: int, k: int, n: int, dtype: str = "bf16") -> float:
         return 2 * m * k * n / self.gemm_tflops(m, k, n, dtype) / 1e6
 
+    def layer_us(self, m: int, k: int, n: int, groups: int, recipe: str) -> float | None:
+        """µs of a TE layer's forward and backward ([m x groups, k] @ [k, n], `groups` GEMMs of m
+        tokens) under `recipe`: as measured, else at the nearest measured shape's rate. None where
+        the table has no rows of that recipe."""
+        rows = self.layers.get(recipe)
+        if not rows:
+            return None
+        key = (m, k, n, groups)
+        if key in rows:
+            us = rows[key][0]
+        else:
+            if (key, recipe) not in self._nearest:
+                want = (max(m, 1), max(k, 1), max(n, 1), max(groups, 1))
+                self._nearest[(key, recipe)] = rows[min(rows, key=lambda s: _log_distance(s, want))]
+            near_us, near_flop = self._nearest[(key, recipe)]
+            us = 6.0 * m * k * n * groups * near_us / near_flop
+        return us / self.scale[_precision(recipe)]
+
     def attention_us(self, a: Attention) -> tuple[float, float]:
         """(forward, backward) µs: as measured, else the nearest measured shape's rate at this shape's
-        FLOPs. None of it where the table has no attention row."""
+        FLOPs."""
         key = (a.batch, a.seq, a.heads, a.groups, a.dim)
+        s = self.scale["bf16"]
         if key in self.attention:
-            return self.attention[key]
+            f, b = self.attention[key]
+            return f / s, b / s
         if not self.attention:
             raise KeyError("no attention rows")
         if key not in self._nearest:  # the scan once a shape: plan prices thousands of layouts
@@ -172,7 +226,8 @@ class KernelTable:
         near = self._nearest[key]
         scale = a.forward_flop() / Attention(*near).forward_flop()
         f, b = self.attention[near]
-        return f * scale, b * scale
+        return f * scale / s, b * scale / s
+
 
 @cache
 def shipped(gpu_type: str) -> KernelTable | None:
@@ -183,23 +238,27 @@ def shipped(gpu_type: str) -> KernelTable | None:
     return KernelTable(json.loads(path.read_text()), f"measured by moetune: kernel probe, {path.name}")
 
 
-def table_for(gpu_type: str) -> KernelTable | None:
-    """The kernel table that prices this GPU type: its own, else one measured on a GPU of the same
+def table_for(gpu_type: str) -> KernelTable:
+    """The kernel table that prices this GPU type: its own; else one measured on a GPU of the same
     tensor cores (the GPU table's generation and its BF16 and FP8 peaks: the H100 and H200 SXM share
     the GH100 die's 132 SMs and 1980 MHz; on the expert GEMM 16384 x 4096 x 3072 on random data an
-    H100 ran 751 TFLOP/s (shared/device-notes.md), the H200 of H200.json 758). None: no table, the
-    model's curve prices the GEMMs."""
+    H100 ran 751 TFLOP/s (shared/device-notes.md), the H200 of H200.json 758); else the first shipped
+    table at this GPU's data-sheet peaks (no GPU of the type measured: the prediction says so)."""
     own = shipped(gpu_type)
-    if own or gpu_type not in gpus.GPUS:
+    if own:
         return own
-    for other in gpus.stand_ins(gpu_type, "generation", "bf16_tflops", "fp8_tflops")[1:]:
+    same = gpus.stand_ins(gpu_type, "generation", "bf16_tflops", "fp8_tflops")[1:]
+    for other in same:
         table = shipped(other)
         if table:
-            standing = copy.copy(table)  # its rows and nearest-shape cache shared, its source its own
-            standing.source = (f"{table.source} (an {other}'s, standing for the {gpu_type}: the same tensor cores "
-                               "and peaks)")
-            return standing
-    return None
+            return table.scaled({"bf16": 1.0, "fp8": 1.0}, f"{table.source} (an {other}'s, standing for the "
+                                f"{gpu_type}: the same tensor cores and peaks)")
+    g, h, ref = gpus.GPUS.get(gpu_type), gpus.GPUS[REFERENCE_GPU], shipped(REFERENCE_GPU)
+    if g is None or ref is None:
+        raise ValueError(f"{gpu_type}: not a GPU type of the table (give one of {', '.join(gpus.GPU_TYPES)})")
+    scale = {"bf16": g.bf16_tflops / h.bf16_tflops, "fp8": g.fp8_tflops / h.fp8_tflops}
+    return ref.scaled(scale, f"{ref.source} at the {gpu_type}'s data-sheet peaks (BF16 x{scale['bf16']:.3g}, "
+                             f"FP8 x{scale['fp8']:.3g}): no {gpu_type} measured")
 
 
 def probe_shapes(layouts) -> dict:

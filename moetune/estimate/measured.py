@@ -83,7 +83,8 @@ def _gflop(row: dict) -> float:
 
 
 def gemm_curve(rows: list[dict], peak_tflops: float, half_at: float) -> tuple[float, float]:
-    """(top, half GFLOP) of flops.gemm_efficiency through the measured GEMMs, least squares in
+    """(top, half GFLOP) of the curve `top x size / (size + half)` (share of the BF16 peak a GEMM of
+    `size` GFLOP reaches) through the measured GEMMs, least squares in
     relative error; with one size only the top moves, through it, and the half stays `half_at`."""
     pts = [(_gflop(r), r["tflop_s"] / peak_tflops) for r in rows]
     if len({f for f, _ in pts}) == 1:
@@ -120,8 +121,7 @@ def probe_figures(record: dict, gpu_type: str, half_at: float) -> dict[str, floa
 # a cluster's probe moves them by its figure over the same figure there (rates.REFERENCE), so the
 # same probe on the reference machine leaves them as they are: (the rows a figure moves, that
 # figure's reference row, whether only a GPU of the cluster's type counts).
-RELATIVE = {"gemm_top": (("gemm_efficiency", "grouped_gemm_efficiency"), "ref_gemm_top", True),
-            "gemm_half_gflop": (("gemm_half_gflop",), "ref_gemm_half_gflop", True),
+RELATIVE = {"gemm_top": (("kernel_table_rate",), "ref_gemm_top", True),  # the kernel table's GEMMs and attention
             "hbm_share": (("hbm_efficiency",), "ref_hbm_share", True),
             "launch_us": (("host_us_per_kernel",), "ref_launch_us", False)}  # a CUDA launch: any GPU
 
@@ -132,6 +132,8 @@ def _relative_rates(record: dict, gpu_type: str, published: Rates, label: str) -
     same_gpu = _on_cluster_gpu(record, gpu_type)
     out = {}
     for figure, value in probe_figures(record, gpu_type, published["ref_gemm_half_gflop"]).items():
+        if figure not in RELATIVE:  # the sweep's half size: its top alone compares GPUs
+            continue
         rates, ref, gpu_only = RELATIVE[figure]
         if gpu_only and not same_gpu:
             continue

@@ -50,23 +50,12 @@ LINKS: tuple[Rate, ...] = (
 COMPUTE: tuple[Rate, ...] = (
     # measured by moetune (benchmarks/predict_calibration.py over the trial bank's traces; its
     # output benchmarks/results/predict_calibration.json)
-    Rate("gemm_efficiency", 0.969, "share", f"{_MEASURED}: the share of the BF16 peak large GEMMs tend to "
-         "(flops.gemm_efficiency), solved with gemm_half_gflop so that the model's GEMMs of rank 0 take the "
-         "trace's GEMM time in both H100 one-GPU studies (qwen3_30b_a3b trial 1; qwen3_235b trials 3, 5, 6)"),
-    Rate("gemm_half_gflop", 19.429, "GFLOP", f"{_MEASURED}: the GEMM size at half of gemm_efficiency, "
-         "solved with it from the same two studies (their GEMMs small and large)"),
-    Rate("grouped_gemm_efficiency", 0.969, "share", f"{_MEASURED}: TE's grouped GEMM runs as cuBLAS GEMMs, "
-         "timed with them (gemm_efficiency's trials)"),
-    Rate("attention_efficiency", 0.2911, "share", f"{_MEASURED}: causal attention FLOPs over the trace's "
-         "attention kernel time, median of the H100 one-GPU trials without CUDA graphs"),
     Rate("hbm_efficiency", 0.3026, "share", f"{_MEASURED}: the model's element-wise bytes over the trace's "
-         "other kernel time (norms, activations, permutation, casts, optimizer), the same trials' median"),
-    Rate("use_kernel_table", 1, "switch", "1: GEMMs and attention priced from the GPU type's measured kernel "
-         "table where one ships (estimate/kernels.py); 0: by the rows above, to compare the two"),
+         "other kernel time (norms, activations, permutation, casts, optimizer), median of the H100 one-GPU "
+         "trials without CUDA graphs"),
     Rate("kernel_table_rate", 1.0, "share", "measured by moetune: the kernel table's rates as its probe timed "
-         "them (1); what a prediction's band moves them by"),
-    Rate("fp8_matrix_time_factor", 1.1228, "share", f"{_MEASURED}: FP8 GEMM and cast time over BF16 GEMM "
-         "time, trial bank te_gg_fp8 against te_gg (H200, moe_proxy shapes)"),
+         "them (1); a cluster's calibration moves them by its GEMM sweep over the reference machine's; "
+         "what a prediction's band moves them by"),
 )
 OVERLAP: tuple[Rate, ...] = (
     Rate("tp_overlap_hidden", 0.8, "share", "assumed share of TP collectives --tp-comm-overlap hides"),
@@ -109,16 +98,19 @@ HOST: tuple[Rate, ...] = (
     Rate("fp8_launch_factor", 1.2059, "share", f"{_MEASURED}: launches with FP8 over BF16, trial bank "
          "te_gg_fp8 against te_gg (H200)"),
 )
-# The calibration probe (workloads/link_probe.py) on the machine the COMPUTE and HOST rows were measured
+# The calibration probe (workloads/link_probe.py) on the machines the COMPUTE and HOST rows were measured
 # on: a cluster's calibration moves those rows by its own probe's figures over these, since the rows
-# are what a training step's kernels and launches reach there, which no probe measures directly.
-_REF = ("measured by moetune: the calibration probe on the H100 device machine, median of 4 runs "
-        "(benchmarks/calibration_h100, benchmarks/predict_calibration.py reference)")
+# are what a training step's kernels and launches reach there, which no probe measures directly. The
+# GEMM figures are the H200's the kernel table was measured on; HBM and launches the H100's of the trials.
+_REF = ("measured by moetune: the calibration probe, median of 4 runs in one call "
+        "(benchmarks/predict_calibration.py reference)")
+_H200 = f"{_REF} on the H200 device machine of the kernel table (benchmarks/calibration_h200)"
+_H100 = f"{_REF} on the H100 device machine of the trials (benchmarks/calibration_h100)"
 REFERENCE: tuple[Rate, ...] = (
-    Rate("ref_gemm_top", 0.7354, "share", f"{_REF}: its GEMM sweep's fitted top (measured.gemm_curve)"),
-    Rate("ref_gemm_half_gflop", 4.903, "GFLOP", f"{_REF}: its GEMM sweep's fitted half size"),
-    Rate("ref_hbm_share", 0.8829, "share", f"{_REF}: device-to-device copy over the data sheet's HBM rate"),
-    Rate("ref_launch_us", 6.8778, "us", f"{_REF}: a small eager op's launch (host_us_per_kernel's host)"),
+    Rate("ref_gemm_top", 0.7075, "share", f"{_H200}: its GEMM sweep's fitted top (measured.gemm_curve)"),
+    Rate("ref_gemm_half_gflop", 4.3155, "GFLOP", f"{_H200}: its GEMM sweep's fitted half size"),
+    Rate("ref_hbm_share", 0.8829, "share", f"{_H100}: device-to-device copy over the data sheet's HBM rate"),
+    Rate("ref_launch_us", 6.8778, "us", f"{_H100}: a small eager op's launch (host_us_per_kernel's host)"),
 )
 PUBLISHED: tuple[Rate, ...] = LINKS + COMPUTE + HOST + OVERLAP + REFERENCE
 

@@ -118,12 +118,6 @@ def host_ms(kernels: float, c: TrainingConfig, rates: Rates) -> float:
     return launched * rates["host_us_per_kernel"] / 1e3
 
 
-def kernel_table(gpu_type: str, rates: Rates):
-    """The kernel table that prices this GPU type's GEMMs and attention, unless the rates turn it off
-    (use_kernel_table 0: the curve alone, for comparing the two)."""
-    return kernels.table_for(gpu_type) if rates["use_kernel_table"] else None
-
-
 def ep_overlapped_share(c: TrainingConfig, micro_batches: int, stage: int = 0) -> float:
     """The share of a stage's micro-batch passes whose all-to-all the EP overlap can hide: it runs one
     micro-batch's forward beside another's backward, so the passes of the schedule's warm-up and
@@ -164,7 +158,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
     works = flops.stage_work(m, c, rates)
     a2a = comm.a2a(m, c, node.gpu_type, node.nvlink_domain, rates) if m.num_experts > 1 and c.ep > 1 else None
     stages: list[dict[str, Any]] = []
-    table = kernel_table(node.gpu_type, rates)
+    table = kernels.table_for(node.gpu_type)
     for w in works:
         parts = flops.compute_ms(w, c, node.gpu_type, rates, table)
         gpu = sum(parts.values())
@@ -234,6 +228,6 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
               "ep_a2a_ms_per_micro_batch": top["a2a_total"],
               "ep_overlap": c.overlap_ep_a2a,
               "ep_a2a_per_layer": a2a or {}, "dp_sync": top["dp"], "fsdp": c.fsdp,
-              "kernel_table": table.source if table else "none: GEMMs by gemm_efficiency's curve"}
+              "kernel_table": table.source}
     return Prediction(step, c.global_batch * seq / (step / 1e3) / world, terms, source, inputs,
                       {n: rates.rows[n].to_dict() for n in rates.rows})

@@ -192,7 +192,7 @@ def test_predict_and_plan_show_the_band_and_the_rows_that_dominate_it(capsys, no
         p = r["predicted"]
         assert p["step_time_low_ms"] < p["step_time_ms"] < p["step_time_high_ms"] and len(p["band_rows"]) == 3
     fitted = _json(capsys, ["--db", ONE_GPU_DB, "predict", "qwen3_30b_a3b", "--format", "json", "--compute", "fit"])
-    assert not {"kernel_table_rate", "attention_efficiency"} & set(fitted["band"]["rows"])
+    assert "kernel_table_rate" not in fitted["band"]["rows"]
 
 
 NVIDIA_FSDP = ["predict", "qwen3_235b", "--gpus", "256", "--tp", "1", "--pp", "1", "--ep", "8", "--fsdp",

@@ -5,7 +5,7 @@ import pytest
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.model import ModelArch
 from moetune.estimate import Rates
-from moetune.estimate import flops
+from moetune.estimate import flops, kernels
 
 TOY = ModelArch(name="toy", num_layers=8, hidden_size=1024, num_attention_heads=8, num_query_groups=8,
                 ffn_hidden_size=4096, moe_ffn_hidden_size=512, num_experts=8, moe_router_topk=2,
@@ -24,34 +24,39 @@ def test_moe_layer_flops():
     assert f["router"] == 2 * t * 1024 * 8 and f["shared_experts"] == 0
 
 
-def test_fp8_gemms_take_the_measured_factor_of_their_bf16_time():
-    """FP8 prices GEMMs at their BF16 time x fp8_matrix_time_factor (1.1228, measured with the
-    casts), not at the data sheet's FP8 peak; attention and element-wise kernels stay as they were;
-    a GEMM's BF16 time is its FLOPs over the peak x its size's efficiency."""
-    r, c = Rates(), TrainingConfig(micro_batch=2)
+def test_fp8_gemms_are_priced_from_their_recipes_layer_rows():
+    """FP8 prices each GEMM from the kernel table's TE layer rows of its recipe (casts and scaling
+    in), not from a factor on BF16: tensorwise and blockwise differ as their rows do; attention and
+    element-wise kernels stay as they were; the experts as one grouped layer of the rank's experts
+    where --moe-grouped-gemm is on, as separate layers where it is off."""
+    r, c = Rates(), TrainingConfig(micro_batch=2, grouped_gemm=True)
+    table = kernels.table_for("H100")
     w = flops.stage_work(TOY, c, r)[0]
-    bf16 = flops.compute_ms(w, c, "H100", r)
-    fp8 = flops.compute_ms(w, c.replace(fp8_format="e4m3", fp8_recipe="tensorwise"), "H100", r)
-    assert fp8["gemm"] == pytest.approx(1.1228 * bf16["gemm"])
-    assert fp8["grouped_gemm"] == pytest.approx(1.1228 * bf16["grouped_gemm"])
-    assert (fp8["attention"], fp8["elementwise"]) == (bf16["attention"], bf16["elementwise"])
-    # the experts' time itself: eight experts a rank (EP 1), each a gate-and-up GEMM (2/3 of the
-    # FLOPs) and a down GEMM (1/3), each at its size's share of the BF16 peak
-    f = flops.layer_flops(TOY, c, moe=True)["experts"]
-    eff = lambda x: 0.969 * x / (x + 19.429e9)  # noqa: E731
-    want = w.flops["experts"] * (2 / 3 / eff(f * 2 / 3 / 8) + 1 / 3 / eff(f / 3 / 8)) / 989e12
-    assert bf16["grouped_gemm"] == pytest.approx(1e3 * want)
+    bf16 = flops.compute_ms(w, c, "H100", r, table)
+    tw = flops.compute_ms(w, c.replace(fp8_format="e4m3", fp8_recipe="tensorwise"), "H100", r, table)
+    bw = flops.compute_ms(w, c.replace(fp8_format="e4m3", fp8_recipe="blockwise"), "H100", r, table)
+    assert (tw["attention"], tw["elementwise"]) == (bf16["attention"], bf16["elementwise"])
+    assert tw["grouped_gemm"] != bw["grouped_gemm"] and tw["grouped_gemm"] != bf16["grouped_gemm"]
+    # the experts' time itself: 8 experts a rank (EP 1), 512 tokens each (2048 x top-2 / 8); the
+    # gate-and-up layer [512 x 8, 1024] @ [1024, 1024], then the down one [512 x 8, 512] @ [512, 1024]
+    want = sum(table.layer_us(512, k, n, 8, "tensorwise") for k, n in ((1024, 1024), (512, 1024)))
+    assert tw["grouped_gemm"] == pytest.approx(TOY.num_layers * want / 1e3)
+    apart = flops.compute_ms(w, c.replace(grouped_gemm=False, fp8_format="e4m3", fp8_recipe="tensorwise"),
+                             "H100", r, table)
+    one = sum(table.layer_us(512, k, n, 1, "tensorwise") for k, n in ((1024, 1024), (512, 1024)))
+    assert apart["grouped_gemm"] == pytest.approx(TOY.num_layers * 8 * one / 1e3)
 
 
-def test_gemm_efficiency_grows_with_size():
-    """flops.gemm_efficiency: half of the top at the half size, near the top far above it; the
-    experts' calls shrink as EP spreads them (EP 4: two experts a rank, each with a quarter of the
-    layer's expert FLOPs)."""
-    assert flops.gemm_efficiency(19.429e9, 0.969, 19.429) == pytest.approx(0.969 / 2)
-    assert flops.gemm_efficiency(1e15, 0.969, 19.429) == pytest.approx(0.969, rel=1e-4)
-    c = TrainingConfig(micro_batch=2, ep=4)
-    f = flops.layer_flops(TOY, c, moe=True)["experts"]
-    assert flops.gemm_calls(TOY, c)["experts"] == ((2 / 3, f * 2 / 3 / 2), (1 / 3, f / 3 / 2))
+def test_the_kernel_table_rate_moves_gemms_and_attention_only():
+    """kernel_table_rate (a cluster's GEMM sweep over the reference's) divides the table's times;
+    element-wise kernels keep theirs."""
+    c, table = TrainingConfig(micro_batch=2), kernels.table_for("H100")
+    w = flops.stage_work(TOY, c, Rates())[0]
+    a = flops.compute_ms(w, c, "H100", Rates(), table)
+    b = flops.compute_ms(w, c, "H100", Rates(measured={"kernel_table_rate": (2.0, "x")}), table)
+    for k in ("gemm", "grouped_gemm", "attention"):
+        assert b[k] == pytest.approx(a[k] / 2), k
+    assert b["elementwise"] == a["elementwise"]
 
 
 def test_recompute_runs_forward_again():

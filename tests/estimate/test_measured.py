@@ -42,14 +42,14 @@ def test_each_rate_is_the_measurement_over_its_hardware_figure():
     combine, unmeasured, absent); HybridEP the mean of its two, 130/450. The trace-measured rates
     move by the probe's figure over the reference machine's: the one GEMM size's efficiency (its
     curve through it at the reference half) over the reference top, HBM 2680/3350 over the
-    reference share; every source says measured and names the label."""
+    reference share; the kernel table's rate by it too (the same figure as the reference's moves
+    nothing); every source says measured and names the label."""
     got = measured_rates(RECORD, "H100", 48.5, 64 << 20, "cal 1")
     pub = Rates()
     f = 2 * 8192 ** 3 / 1e9
     by_top = 700 / 989 * (f + pub["ref_gemm_half_gflop"]) / f / pub["ref_gemm_top"]
     want = {"nic_gb_s": 40.0, "alltoall_rdma": 30 / 40, "alltoall_nvlink": 300 / 450, "collective_nvlink": 340 / 450,
-            "gemm_efficiency": pub["gemm_efficiency"] * by_top, "grouped_gemm_efficiency": pub["gemm_efficiency"] * by_top,
-            "gemm_half_gflop": pub["gemm_half_gflop"],
+            "kernel_table_rate": by_top,
             "hbm_efficiency": pub["hbm_efficiency"] * 2680 / 3350 / pub["ref_hbm_share"],
             "deepep_nvlink_dispatch": 150 / 450, "hybridep_nvlink": 130 / 450}
     assert {k: v for k, (v, _) in got.items()} == pytest.approx(want)
@@ -63,7 +63,7 @@ def test_rows_of_another_gpu_or_of_cpu_leave_the_gpu_rates_published():
     and HybridEP rates are not."""
     for record in ({**RECORD, "device": "NVIDIA H200"}, {**RECORD, "backend": "gloo", "device": "cpu"}):
         got = measured_rates(record, "H100", 48.5, None, "x")
-        assert not {"gemm_efficiency", "gemm_half_gflop", "hbm_efficiency", "deepep_nvlink_dispatch",
+        assert not {"kernel_table_rate", "hbm_efficiency", "deepep_nvlink_dispatch",
                     "hybridep_nvlink", "host_us_per_kernel"} & set(got)
         assert {"nic_gb_s", "alltoall_nvlink", "alltoall_rdma", "collective_nvlink"} <= set(got)
 
@@ -80,7 +80,7 @@ def test_a_stored_calibration_applies_to_its_gpu_type_only():
     rates, label = rates_for(row, cluster, exp.model, exp.baseline)
     assert label.startswith(f"calibration 7 of cluster {cluster.name}")
     assert rates["nic_gb_s"] == 40.0 and rates.rows["nic_gb_s"].source.startswith("measured:")
-    assert not rates.rows["attention_efficiency"].source.startswith("measured:")
+    assert not rates.rows["ep_overlap_hidden"].source.startswith("measured:")
 
 
 def test_without_a_calibration_the_shipped_link_table_sets_nvlinks_rows_only():
@@ -143,9 +143,9 @@ def test_gemm_curve_recovers_the_curve_a_sweep_was_drawn_from():
 
 def test_a_cluster_probe_moves_the_trace_rates_by_its_ratio_to_the_reference_machine():
     """A reference-machine run (benchmarks/calibration_h100/run1.json) against the same run with
-    every GEMM twice as fast, launches 1.5 times as long and copies 10 % slower: gemm and grouped
-    GEMM efficiency double, the half size stays, host_us_per_kernel grows 1.5 times, HBM falls
-    10 %; the ratio is what moves, whatever the reference's own figures."""
+    every GEMM twice as fast, launches 1.5 times as long and copies 10 % slower: the kernel table's
+    rate doubles, host_us_per_kernel grows 1.5 times, HBM falls 10 %; the ratio is what moves,
+    whatever the reference's own figures."""
     run = json.loads((ROOT / "benchmarks" / "calibration_h100" / "run1.json").read_text())
     other = json.loads(json.dumps(run))
     for r in other["rows"]:
@@ -157,14 +157,11 @@ def test_a_cluster_probe_moves_the_trace_rates_by_its_ratio_to_the_reference_mac
             r["gb_s"] *= 0.9
     a = {k: v for k, (v, _) in measured_rates(run, "H100", 48.5, None, "a").items()}
     b = {k: v for k, (v, _) in measured_rates(other, "H100", 48.5, None, "b").items()}
-    assert set(a) == {"gemm_efficiency", "grouped_gemm_efficiency", "gemm_half_gflop", "hbm_efficiency",
-                      "host_us_per_kernel"}
-    assert b["gemm_efficiency"] / a["gemm_efficiency"] == pytest.approx(2.0, rel=1e-6)
-    assert b["grouped_gemm_efficiency"] == b["gemm_efficiency"]
-    assert b["gemm_half_gflop"] == pytest.approx(a["gemm_half_gflop"])
+    assert set(a) == {"kernel_table_rate", "hbm_efficiency", "host_us_per_kernel"}
+    assert b["kernel_table_rate"] / a["kernel_table_rate"] == pytest.approx(2.0, rel=1e-6)
     assert b["host_us_per_kernel"] / a["host_us_per_kernel"] == pytest.approx(1.5)
     assert b["hbm_efficiency"] / a["hbm_efficiency"] == pytest.approx(0.9)
     # and the reference's own run stays near the published rates (the reference is its runs' median)
     pub = Rates()
-    for k in ("gemm_efficiency", "hbm_efficiency"):
+    for k in ("kernel_table_rate", "hbm_efficiency"):
         assert a[k] == pytest.approx(pub[k], rel=0.05), k

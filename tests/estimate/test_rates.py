@@ -6,27 +6,27 @@ import sys
 import pytest
 
 from moetune.paths import ROOT
-from moetune.estimate import PUBLISHED, Rates
+from moetune.estimate import PUBLISHED, Rates, kernels
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import host_runahead  # noqa: E402
 import predict_calibration  # noqa: E402
 
-CALIBRATED = ("gemm_efficiency", "gemm_half_gflop", "attention_efficiency", "hbm_efficiency", "kernels_per_layer",
-              "kernels_per_local_expert",
-              "host_us_per_kernel", "cuda_graph_te_launches_removed", "fp8_launch_factor", "fp8_matrix_time_factor")
+CALIBRATED = ("hbm_efficiency", "kernels_per_layer", "kernels_per_local_expert", "host_us_per_kernel",
+              "cuda_graph_te_launches_removed", "fp8_launch_factor")
 
 
 def test_calibrated_rows_equal_the_calibration_script():
     """Each calibrated row holds the value the calibration computes now from the trial bank (so
-    neither can drift), and its source names moetune's measurement; grouped GEMMs share the GEMM
-    rate (TE times them as GEMMs); the host rate's source gives the range its trials ran."""
+    neither can drift), and its source names moetune's measurement; the host rate's source gives the
+    range its trials ran. No row prices GEMMs or attention: the kernel table does."""
     result = predict_calibration.calibrate()["rates"]
     r = Rates()
     for name in CALIBRATED:
         assert r[name] == result[name]["value"], name
         assert r.rows[name].source.startswith("measured by moetune: "), name
-    assert r["grouped_gemm_efficiency"] == r["gemm_efficiency"]
+    assert not {"gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency",
+                "fp8_matrix_time_factor"} & set(r.rows)
     lo, hi = result["host_us_per_kernel"]["range"]
     assert f"({lo:.0f}-{hi:.0f}; median of {len(result['host_us_per_kernel']['trials'])})" in \
         r.rows["host_us_per_kernel"].source
@@ -52,8 +52,9 @@ def test_a_measured_row_replaces_a_published_one():
 
 def test_reference_rows_equal_the_probe_runs_on_the_reference_machine():
     """rates.REFERENCE holds the medians predict_calibration.reference computes now from the
-    stored probe runs on the H100 device machine (so neither can drift), each says it is moetune's
-    own measurement, and every run is an H100's."""
+    stored probe runs (so neither can drift), each says it is moetune's own measurement and on which
+    machine: the GEMM figures the H200's of the kernel table, HBM and launches the H100's of the
+    trials."""
     ref = predict_calibration.reference()
     r = Rates()
     assert set(ref) == {"ref_gemm_top", "ref_gemm_half_gflop", "ref_hbm_share", "ref_launch_us"}
@@ -61,6 +62,8 @@ def test_reference_rows_equal_the_probe_runs_on_the_reference_machine():
         assert r[name] == v["value"], name
         assert len(v["runs"]) >= 3 and min(v["runs"]) <= v["value"] <= max(v["runs"]), name
         assert r.rows[name].source.startswith("measured by moetune: "), name
+        assert v["source"] in r.rows[name].source and v["gpu"] in r.rows[name].source, name
+    assert ref["ref_gemm_top"]["gpu"] == kernels.REFERENCE_GPU
 
 
 def test_the_host_wait_curve_equals_the_replay_of_its_trace():
