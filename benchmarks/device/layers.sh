@@ -12,13 +12,12 @@ export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 W=/tmp/layers; S=benchmarks/device/layer_shapes.json
 PARTS=${PARTS:-attention bf16 tensorwise blockwise delayed}
-NPARTS=$(echo $PARTS | wc -w)
 
 start() {
   nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
   bash benchmarks/device_setup.sh te || exit 1
   cp .deps/tecarry/transformer_engine_torch-*.whl "$OUT"/ 2>/dev/null || cp /tmp/moetune-deps/transformer_engine_torch-*.whl "$OUT"/
-  rm -rf "$W" && mkdir -p "$W" && cp moetune/workloads/kernel_probe.py "$S" moetune/estimate/kernel_tables/H200.json "$W"/
+  rm -rf "$W" && mkdir -p "$W" && echo "$PARTS" > "$W/parts.txt" && : > "$W/done.txt" && cp moetune/workloads/kernel_probe.py "$S" moetune/estimate/kernel_tables/H200.json "$W"/
   # one GPU: the parts run one after another, each its own record, so a cut-off call keeps what ended
   setsid bash -c '
     cd '"$W"'
@@ -42,8 +41,9 @@ PY
 }
 
 wait_for() {
-  local until=$((SECONDS + $1))
-  while [ $SECONDS -lt $until ] && [ "$(wc -l < "$W/done.txt" 2>/dev/null || echo 0)" -lt "$NPARTS" ]; do sleep 5; done
+  local until=$((SECONDS + $1)) parts
+  parts=$(wc -w < "$W/parts.txt") || return 1  # what `start` began
+  while [ $SECONDS -lt $until ] && [ "$(wc -l < "$W/done.txt")" -lt "$parts" ]; do sleep 5; done
   cp "$W"/rows_*.json "$W"/*.log "$W"/done.txt "$OUT"/ 2>/dev/null
   cat "$W/done.txt" 2>/dev/null; tail -n 2 "$W"/*.log
   python3 - "$W" <<'PY'

@@ -157,13 +157,14 @@ class KernelTable:
         # a shape's nearest measured one, found once: a layout is priced many times (plan, a band)
         self._nearest: dict[tuple, Any] = {}
         for r in record.get("rows", []):
+            if r.get("host_ahead") is False:  # timed the host's gaps too: not a GPU rate
+                continue
             if r.get("kind") == "gemm" and r.get("tflop_s", 0) > 0:
                 self.gemms.setdefault(r["dtype"], {})[(r["m"], r["k"], r["n"])] = float(r["tflop_s"])
             elif r.get("kind") == "attention" and r.get("fwd_us", 0) > 0:
                 key = (r["batch"], r["seq"], r["heads"], r["groups"], r["dim"])
                 self.attention[key] = (float(r["fwd_us"]), float(r["bwd_us"]))
-            elif r.get("kind") == "layer" and r.get("host_ahead") and r.get("fwd_us", 0) > 0:
-                # a row the host did not run ahead of timed the host's gaps too: not a GPU rate
+            elif r.get("kind") == "layer" and r.get("fwd_us", 0) > 0:
                 rm, rk, rn = r.get("run_as") or (r["m"], r["k"], r["n"])
                 us = float(r["fwd_us"]) + float(r["bwd_us"])
                 self.layers.setdefault(r["recipe"], {})[(r["m"], r["k"], r["n"], r["groups"])] = (

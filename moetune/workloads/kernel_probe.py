@@ -11,11 +11,14 @@ weight-gradient shapes as separate entries. Attention is causal scaled-dot-produ
 
 How: random data of a training step's scale (normal, weights at std 0.02), never zeros or
 uninitialised memory (a GPU's speed depends on the bits it multiplies: zeros run faster); every
-shape back to back on a GPU already warm, repeated until `--min-ms` of kernels, the whole run
-timed by CUDA events (sustained, as in a step, not one cold call). FP8 is tensorwise-scaled E4M3
+shape back to back on a GPU already warm, repeated until `--min-ms` of kernels (sustained, as in a
+step, not one cold call). GPU time only: the calls are queued behind a sleeping kernel that
+outlasts their queuing and timed by CUDA events around them (gpu_us), so a host slower than the
+kernels (small shapes, autograd, TE's Python) adds nothing; "host_ahead" in each row says it held. FP8 is tensorwise-scaled E4M3
 through torch._scaled_mm with BF16 output, its shapes rounded up to multiples of 16 (its rule);
 the casts are not in its time. Rows: {"kind": "gemm", "dtype", "m", "k", "n", "us", "tflop_s"},
-{"kind": "attention", "batch", "seq", "heads", "groups", "dim", "fwd_us", "bwd_us", "tflop_s"}
+{"kind": "attention", "batch", "seq", "heads", "groups", "dim", "fwd_us", "bwd_us", "tflop_s"},
+each with "host_ahead"
 (causal FLOPs: half the score matrix), and {"kind": "data", ...}: one large GEMM on random data
 against zeros, the size of the effect the rows avoid.
 
@@ -24,9 +27,7 @@ With Transformer Engine importable and SHAPES.json's "layers": [[m, k, n, groups
 GroupedLinear (an MoE layer's local experts, m tokens each) on [m x groups, k] BF16 inputs, under each
 recipe ("bf16"; FP8 "delayed", "tensorwise" current scaling, "blockwise" 1x128/128x128), so the FP8
 casts, amax reductions and scaled GEMMs are all in its time. Its shapes are rounded up to multiples
-of 128 (blockwise's block), the same for every recipe, so recipes compare like for like. GPU time
-only: a sleeping kernel holds the stream while the host queues the calls, so a host slower than
-the kernels (TE's Python, small shapes) adds nothing ("host_ahead" says it held). Rows:
+of 128 (blockwise's block), the same for every recipe, so recipes compare like for like. Rows:
 {"kind": "layer", "recipe", "m", "k", "n", "groups", "run_as", "fwd_us", "bwd_us", "host_ahead"}.
 """
 from __future__ import annotations
@@ -41,97 +42,6 @@ WARMUP_MS = 2000  # a cold GPU clocks differently: the first rows would read fas
 
 def _round16(x: int) -> int:
     return (x + 15) // 16 * 16
-
-
-class Timer:
-    def __init__(self, torch, min_ms: float):
-        self.torch, self.min_ms = torch, min_ms
-
-    def per_call_us(self, fn) -> float:
-        """Mean µs a call, back to back, over at least min_ms of calls (after two warm-up calls)."""
-        cuda = self.torch.cuda
-        fn(), fn()
-        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
-        start.record(); fn(); end.record(); cuda.synchronize()  # noqa: E702
-        one = max(start.elapsed_time(end), 1e-3)
-        n = max(5, min(2000, int(self.min_ms / one)))
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        cuda.synchronize()
-        return start.elapsed_time(end) * 1e3 / n
-
-
-def gemm_fn(torch, m: int, k: int, n: int, dtype: str, fill: str = "random"):
-    dev = "cuda"
-    if dtype == "bf16":
-        make = torch.zeros if fill == "zeros" else torch.randn
-        a = make(m, k, device=dev, dtype=torch.bfloat16)
-        b = make(k, n, device=dev, dtype=torch.bfloat16) * (0.0 if fill == "zeros" else 0.02)
-        return lambda: torch.mm(a, b), (m, k, n)
-    m, k, n = _round16(m), _round16(k), _round16(n)
-    f8 = torch.float8_e4m3fn
-    a = (torch.randn(m, k, device=dev) * 8).to(f8)
-    bt = (torch.randn(n, k, device=dev) * 8).to(f8)  # _scaled_mm wants its second operand column-major
-    one = torch.ones((), device=dev)
-    return lambda: torch._scaled_mm(a, bt.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), (m, k, n)
-
-
-def gemm_rows(torch, timer: Timer, shapes, dtypes) -> list[dict]:
-    rows = []
-    for dtype in dtypes:
-        for m, k, n in shapes:
-            fn, (m2, k2, n2) = gemm_fn(torch, m, k, n, dtype)
-            us = timer.per_call_us(fn)
-            rows.append({"kind": "gemm", "dtype": dtype, "m": m, "k": k, "n": n, "run_as": [m2, k2, n2],
-                         "us": round(us, 3), "tflop_s": round(2 * m2 * k2 * n2 / us / 1e6, 2)})
-            del fn
-    return rows
-
-
-def _attention_row(torch, timer: Timer, b: int, s: int, heads: int, groups: int, d: int) -> dict:
-    import torch.nn.functional as F
-    q = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k, v = (torch.randn(b, groups, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-    grad = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16)
-    gqa = {"enable_gqa": True} if groups != heads else {}
-
-    def fwd():
-        with torch.no_grad():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
-
-    def both():
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
-        torch.autograd.backward(out, grad)
-    f_us, fb_us = timer.per_call_us(fwd), timer.per_call_us(both)
-    flop = 4 * b * heads * s * s * d * 0.5  # QK^T and PV, causal half
-    return {"kind": "attention", "batch": b, "seq": s, "heads": heads, "groups": groups, "dim": d,
-            "fwd_us": round(f_us, 2), "bwd_us": round(fb_us - f_us, 2), "tflop_s": round(3 * flop / fb_us / 1e6, 2)}
-
-
-def attention_rows(torch, timer: Timer, shapes) -> list[dict]:
-    return [_attention_row(torch, timer, *shape) for shape in shapes]
-
-
-def data_rows(torch, timer: Timer) -> list[dict]:
-    """The same large GEMM on random data and on zeros."""
-    m, k, n = 16384, 4096, 3072
-    out = []
-    for fill in ("random", "zeros"):
-        fn, _ = gemm_fn(torch, m, k, n, "bf16", fill)
-        us = timer.per_call_us(fn)
-        out.append({"kind": "data", "fill": fill, "m": m, "k": k, "n": n, "us": round(us, 3),
-                    "tflop_s": round(2 * m * k * n / us / 1e6, 2)})
-    return out
-
-
-RECIPES = ("bf16", "delayed", "tensorwise", "blockwise")
-SLEEP_CYCLES_PER_MS = 2.0e6  # torch.cuda._sleep's unit: about a GPU clock cycle (2 GHz)
-
-
-def _round128(x: int) -> int:
-    return (max(x, 1) + 127) // 128 * 128
 
 
 def gpu_us(torch, fn, min_ms: float) -> tuple[float, bool]:
@@ -153,6 +63,78 @@ def gpu_us(torch, fn, min_ms: float) -> tuple[float, bool]:
     ahead = not start.query()  # the sleep still held the stream when the last call was queued
     cuda.synchronize()
     return start.elapsed_time(end) * 1e3 / n, ahead
+
+
+def gemm_fn(torch, m: int, k: int, n: int, dtype: str, fill: str = "random"):
+    dev = "cuda"
+    if dtype == "bf16":
+        make = torch.zeros if fill == "zeros" else torch.randn
+        a = make(m, k, device=dev, dtype=torch.bfloat16)
+        b = make(k, n, device=dev, dtype=torch.bfloat16) * (0.0 if fill == "zeros" else 0.02)
+        return lambda: torch.mm(a, b), (m, k, n)
+    m, k, n = _round16(m), _round16(k), _round16(n)
+    f8 = torch.float8_e4m3fn
+    a = (torch.randn(m, k, device=dev) * 8).to(f8)
+    bt = (torch.randn(n, k, device=dev) * 8).to(f8)  # _scaled_mm wants its second operand column-major
+    one = torch.ones((), device=dev)
+    return lambda: torch._scaled_mm(a, bt.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), (m, k, n)
+
+
+def gemm_rows(torch, min_ms: float, shapes, dtypes) -> list[dict]:
+    rows = []
+    for dtype in dtypes:
+        for m, k, n in shapes:
+            fn, (m2, k2, n2) = gemm_fn(torch, m, k, n, dtype)
+            us, ahead = gpu_us(torch, fn, min_ms)
+            rows.append({"kind": "gemm", "dtype": dtype, "m": m, "k": k, "n": n, "run_as": [m2, k2, n2],
+                         "us": round(us, 3), "tflop_s": round(2 * m2 * k2 * n2 / us / 1e6, 2), "host_ahead": ahead})
+            del fn
+    return rows
+
+
+def _attention_row(torch, min_ms: float, b: int, s: int, heads: int, groups: int, d: int) -> dict:
+    import torch.nn.functional as F
+    q = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, groups, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    grad = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16)
+    gqa = {"enable_gqa": True} if groups != heads else {}
+
+    def fwd():
+        with torch.no_grad():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+
+    def both():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+        torch.autograd.backward(out, grad)
+    (f_us, f_ahead), (fb_us, fb_ahead) = gpu_us(torch, fwd, min_ms), gpu_us(torch, both, min_ms)
+    flop = 4 * b * heads * s * s * d * 0.5  # QK^T and PV, causal half
+    return {"kind": "attention", "batch": b, "seq": s, "heads": heads, "groups": groups, "dim": d,
+            "fwd_us": round(f_us, 2), "bwd_us": round(fb_us - f_us, 2), "tflop_s": round(3 * flop / fb_us / 1e6, 2),
+            "host_ahead": f_ahead and fb_ahead}
+
+
+def attention_rows(torch, min_ms: float, shapes) -> list[dict]:
+    return [_attention_row(torch, min_ms, *shape) for shape in shapes]
+
+
+def data_rows(torch, min_ms: float) -> list[dict]:
+    """The same large GEMM on random data and on zeros."""
+    m, k, n = 16384, 4096, 3072
+    out = []
+    for fill in ("random", "zeros"):
+        fn, _ = gemm_fn(torch, m, k, n, "bf16", fill)
+        us, _ = gpu_us(torch, fn, min_ms)
+        out.append({"kind": "data", "fill": fill, "m": m, "k": k, "n": n, "us": round(us, 3),
+                    "tflop_s": round(2 * m * k * n / us / 1e6, 2)})
+    return out
+
+
+RECIPES = ("bf16", "delayed", "tensorwise", "blockwise")
+SLEEP_CYCLES_PER_MS = 2.0e6  # torch.cuda._sleep's unit: about a GPU clock cycle (2 GHz)
+
+
+def _round128(x: int) -> int:
+    return (max(x, 1) + 127) // 128 * 128
 
 
 def _te_recipe(te_recipe, name: str):
@@ -236,13 +218,12 @@ def main(argv=None) -> int:
         print("kernel_probe: no GPU", file=sys.stderr)
         return 2
     spec = json.load(open(a.shapes))
-    timer = Timer(torch, a.min_ms)
     torch.backends.cuda.matmul.allow_tf32 = False
     warm(torch)
     t0 = time.monotonic()
-    rows = data_rows(torch, timer)
-    rows += gemm_rows(torch, timer, spec.get("gemm", []), spec.get("dtypes", ["bf16"]))
-    rows += attention_rows(torch, timer, spec.get("attention", []))
+    rows = data_rows(torch, a.min_ms)
+    rows += gemm_rows(torch, a.min_ms, spec.get("gemm", []), spec.get("dtypes", ["bf16"]))
+    rows += attention_rows(torch, a.min_ms, spec.get("attention", []))
     rows += layer_rows(torch, a.min_ms, spec.get("layers", []), spec.get("recipes", RECIPES))
     props = torch.cuda.get_device_properties(0)
     record = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,

@@ -9,6 +9,7 @@ from moetune.estimate import kernels
 
 ROWS = [
     {"kind": "gemm", "dtype": "bf16", "m": 1024, "k": 1024, "n": 1024, "us": 10.0, "tflop_s": 214.7},
+    {"kind": "gemm", "dtype": "bf16", "m": 128, "k": 128, "n": 128, "us": 40.0, "tflop_s": 0.1, "host_ahead": False},
     {"kind": "layer", "recipe": "bf16", "m": 1024, "k": 1024, "n": 1024, "groups": 1, "run_as": [1024, 1024, 1024],
      "fwd_us": 10.0, "bwd_us": 20.0, "host_ahead": True},
     {"kind": "layer", "recipe": "tensorwise", "m": 1024, "k": 1024, "n": 1024, "groups": 1,
@@ -25,13 +26,14 @@ ROWS = [
 def test_a_layer_is_priced_as_measured_else_at_its_nearest_shapes_rate():
     """A measured shape takes its forward and backward time; another shape the nearest measured
     one's rate (over the FLOPs it ran, padding in) at its own FLOPs; a row the host did not run
-    ahead of is not read; a recipe without rows gives None (the GEMM rows price it)."""
+    ahead of (layer or GEMM) is not read; a recipe without rows gives None (the GEMM rows price it)."""
     t = kernels.KernelTable({"rows": ROWS}, "test")
     assert t.layer_us(1024, 1024, 1024, 1, "bf16") == 30.0
     assert t.layer_us(100, 1024, 1024, 4, "tensorwise") == 24.0
     rate = 6 * 1024 ** 3 / 24.0  # FLOPs a µs of the nearest row (1024 cubed: 4096 x 1024 x 1024 left out)
     assert t.layer_us(4096, 1024, 1024, 1, "tensorwise") == pytest.approx(6 * 4096 * 1024 * 1024 / rate)
     assert t.layer_us(1024, 1024, 1024, 1, "blockwise") is None
+    assert t.gemm_tflops(128, 128, 128) == 214.7  # the host-bound row left out: the nearest measured one
 
 
 def test_recipes_map_to_the_rows_that_price_them():
