@@ -67,3 +67,23 @@ def test_cli_dry_run_prints_the_plan_and_writes_nothing(tmp_path, monkeypatch, c
     assert list(tmp_path.iterdir()) == []
     assert main(["demo", "--dry-run"]) == 0
     assert "moe_proxy: dry run" in capsys.readouterr().out and list(tmp_path.iterdir()) == []
+
+
+def test_the_error_note_quotes_the_scoring_results():
+    """The note beside every dry run's step times gives the built-on and unseen medians of
+    benchmarks/results/predict_scoring.json (the current model's built on, the frozen model's
+    unseen) and the trial bank's, to a tenth of a per cent, so the note cannot drift from them."""
+    import json
+    import statistics
+    import sys
+
+    from moetune.paths import ROOT
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import predict_validation
+    r = json.loads((ROOT / "benchmarks" / "results" / "predict_scoring.json").read_text())
+    built, unseen = r["built_on/current"], r["unseen/frozen"]
+    bank = statistics.median(abs(x["error"]) for x in predict_validation.bank_rows())
+    note = " ".join(dryrun.STEP_ERROR_SOURCE.split())
+    assert f"{built['median_abs_error']:.1%} on the {built['rows']} public H100 rows it was built beside" in note
+    assert f"{unseen['median_abs_error']:.1%} (as frozen) on {unseen['rows']} it was not shaped on" in note
+    assert f"are off by {bank:.1%}" in note
