@@ -9,6 +9,9 @@
 #   gaf, gaf_nsys  --gradient-accumulation-fusion on (NVIDIA's images have apex; this one has a
 #                stand-in, apex_standin/): the launches the fusion saves
 #   cpusN        plain, the process pinned to N of the host's cores (taskset)
+#   memLxMy, memgLxMy  x layers, y micro-batches a step, 7 iterations, without and with TE's CUDA graphs
+#                of attn, moe_router and moe_preprocess (captured after 3 warm-up iterations), the
+#                GPU's memory in use polled every 100 ms (NAME.mem): what the graphs' pools take
 # From the repo root, with .whl, .devlib and .deps/tecarry carried:
 #   bash benchmarks/device/host_cost.sh start [RUN ...]   # setup, then the runs in their own session
 #   bash benchmarks/device/host_cost.sh wait SECONDS      # until they end or SECONDS pass; packs into $OUT
@@ -38,6 +41,18 @@ run() {
   case "$name" in
     gaf*) fuse=1; path=/tmp/host-code/benchmarks/device/apex_standin:$path ;;
   esac
+  local layers=16 gbs=64 iters=14 extra=()
+  case "$name" in
+    mem*) layers=${name#*L}; layers=${layers%M*}; gbs=$(( 16 * ${name##*M} )); iters=7 ;;
+  esac
+  case "$name" in
+    memg*) extra=(--cuda-graph-impl transformer_engine --cuda-graph-modules attn moe_router moe_preprocess) ;;
+  esac
+  local poll=
+  case "$name" in
+    mem*) nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$R/$name.mem" &
+          poll=$! ;;
+  esac
   local argv
   # Megatron fuses by default; the layout turns it off (no apex in the image): a fused run drops that
   argv=$(FUSE=$fuse python3 -c 'import json, os, shlex
@@ -47,9 +62,10 @@ print(shlex.join(a for a in l["argv"] if os.environ["FUSE"] == "0" or a != "--no
   local t0=$SECONDS
   env PYTHONPATH="$path" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True WORLD_SIZE=16 RANK=0 LOCAL_RANK=0 \
     MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 "${pin[@]}" "${pre[@]}" python3 -u moetune/workloads/train_moe.py "$@" \
-    --num-layers 16 --global-batch-size 64 --train-iters 14 --profile-step-start 10 --profile-step-end 12 \
-    > "$R/$name.log" 2>&1 < /dev/null
+    --num-layers "$layers" --global-batch-size "$gbs" --train-iters "$iters" --profile-step-start 10 \
+    --profile-step-end 12 "${extra[@]}" > "$R/$name.log" 2>&1 < /dev/null
   local rc=$?
+  [ -n "$poll" ] && kill "$poll" 2>/dev/null
   if [ -f "/tmp/$name.qdstrm" ]; then LD_LIBRARY_PATH="$PWD/.devlib" "$Q" -i "/tmp/$name.qdstrm" > /dev/null 2>&1; fi
   if [ -f "/tmp/$name.nsys-rep" ]; then
     "$N" export --type sqlite -o "/tmp/$name.sqlite" --force-overwrite true "/tmp/$name.nsys-rep" > /dev/null 2>&1
