@@ -14,12 +14,16 @@ What it answers for the step-time model (estimate/rates.py host_us_per_kernel):
 - how much nsys slows a host-bound step, outside its capture and inside it;
 - the host's time a launch with no profiler at all;
 - the launches gradient-accumulation fusion saves, and whether the step follows;
-- whether fewer cores a rank slow the host.
+- whether fewer cores a rank slow the host;
+and, from the memLxMy / memgLxMy runs (x layers, y micro-batches, without and with TE's CUDA graphs
+of attn, moe_router and moe_preprocess), the GPU memory the graphs' pools take (NAME.mem.xz: the
+memory in use, polled every 100 ms, capture included).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import sqlite3
 import statistics
 import sys
@@ -38,6 +42,8 @@ OUT = ROOT / "benchmarks" / "results" / "host_cost.json"
 ORDER = {"call1": ("plain", "nsys", "gaf_nsys", "gaf", "plain_again", "cpus2", "cpus4"),
          "call2": ("plain", "gaf", "plain_again", "gaf_again", "cpus8", "cpus2")}
 LAYERS, MICRO_BATCHES, LOCAL_EXPERTS = 16, 4, 8  # the runs' layout (host_cost.sh)
+# the graph-memory runs: without graphs (call3), then with them (call4), by (layers, micro-batches)
+GRAPH_MEMORY = {"base": "call3", "graphs": "call4", "shapes": ((8, 4), (16, 4), (16, 8))}
 
 
 def kind(name: str) -> dict:
@@ -122,11 +128,33 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def peak_mib(path: Path) -> int:
+    """The most memory in use an nvidia-smi poll saw (MiB, one value a line)."""
+    with lzma.open(path, "rt") as f:
+        return max(int(x) for x in f.read().split() if x.isdigit())
+
+
+def graph_memory() -> dict:
+    """Each (layers, micro-batches) run's peak without and with CUDA graphs, what the graphs added,
+    and that per layer and micro-batch as the layers and the micro-batches grow."""
+    rows = []
+    for layers, mbs in GRAPH_MEMORY["shapes"]:
+        base = peak_mib(RUNS / GRAPH_MEMORY["base"] / f"memL{layers}M{mbs}.mem.xz")
+        graphs = peak_mib(RUNS / GRAPH_MEMORY["graphs"] / f"memgL{layers}M{mbs}.mem.xz")
+        rows.append({"layers": layers, "micro_batches": mbs, "peak_mib": base, "graphs_peak_mib": graphs,
+                     "graphs_add_mib": graphs - base})
+    by = {(r["layers"], r["micro_batches"]): r["graphs_add_mib"] for r in rows}
+    return {"runs": rows,
+            "per_layer_and_micro_batch_mib": {
+                "layers 8 to 16 at 4 micro-batches": round((by[16, 4] - by[8, 4]) / (8 * 4), 1),
+                "micro-batches 4 to 8 at 16 layers": round((by[16, 8] - by[16, 4]) / (16 * 4), 1)}}
+
+
 def measure() -> dict:
     rows = runs()
     return {"source": str(RUNS.relative_to(ROOT)), "machine": "one H200, 16 cores (Intel Xeon, 1 thread a core)",
             "layout": "qwen3_30b_a3b-baseline-r0 (benchmarks/fit_lease/layouts.json), 16 layers, 4 micro-batches",
-            "summary": summary(rows), "runs": rows}
+            "summary": summary(rows), "runs": rows, "cuda_graph_memory": graph_memory()}
 
 
 def table(record: dict) -> str:
@@ -144,6 +172,11 @@ def table(record: dict) -> str:
                                                                for f in s["fusion_step_ratio"]),
               "fewer cores over 16 (call median): " + ", ".join(f"{p['run']} {p['over_call_median']}"
                                                                 for p in s["fewer_cores"])]
+    g = record["cuda_graph_memory"]
+    lines += ["CUDA graphs (attn, moe_router, moe_preprocess), peak MiB without / with: " + ", ".join(
+        f"{r['layers']} layers x {r['micro_batches']} micro-batches {r['peak_mib']} / {r['graphs_peak_mib']} "
+        f"(+{r['graphs_add_mib']})" for r in g["runs"]),
+        "  added a layer and micro-batch: " + ", ".join(f"{k} {v}" for k, v in g["per_layer_and_micro_batch_mib"].items())]
     return "\n".join(lines)
 
 

@@ -46,7 +46,8 @@ run() {
     mem*) layers=${name#*L}; layers=${layers%M*}; gbs=$(( 16 * ${name##*M} )); iters=7 ;;
   esac
   case "$name" in
-    memg*) extra=(--cuda-graph-impl transformer_engine --cuda-graph-modules attn moe_router moe_preprocess) ;;
+    memg*) extra=(--cuda-graph-impl transformer_engine --cuda-graph-modules attn moe_router moe_preprocess)
+           export NCCL_GRAPH_REGISTER=0 ;;  # Megatron asks for it with expandable segments and graphs
   esac
   local poll=
   case "$name" in

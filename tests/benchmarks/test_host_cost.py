@@ -47,3 +47,13 @@ def test_the_rate_table_cites_this_record_and_no_cpu_ratio():
     assert f"{lo:.0f}-{hi:.0f} (benchmarks/results/host_cost.json)" in r.rows["host_us_per_kernel"].source
     assert not any("cpus" in name for name in r.rows)
     assert all(p["within_unpinned_spread"] for p in host_cost.measure()["summary"]["fewer_cores"])
+
+
+def test_cuda_graphs_take_memory_that_grows_with_layers_and_micro_batches():
+    """Every graph run peaks above its run without graphs; what the graphs add grows with the layers
+    and with the micro-batches of a step (each captured layer and micro-batch holds its own buffers)."""
+    g = host_cost.measure()["cuda_graph_memory"]
+    by = {(r["layers"], r["micro_batches"]): r for r in g["runs"]}
+    assert all(r["graphs_add_mib"] > 0 for r in g["runs"])
+    assert by[8, 4]["graphs_add_mib"] < by[16, 4]["graphs_add_mib"] < by[16, 8]["graphs_add_mib"]
+    assert all(v > 0 for v in g["per_layer_and_micro_batch_mib"].values())
