@@ -31,9 +31,9 @@ SPREADS: dict[str, tuple[float, float, str]] = {
                                        "nsys's capture (benchmarks/results/predict_calibration.json); the one-GPU "
                                        "H200 host with no profiler at all 64-90 (benchmarks/results/host_cost.json)"),
     "hbm_efficiency": (0.72, 1.34, "its trials ran 0.218-0.405 (benchmarks/results/predict_calibration.json)"),
-    "kernel_table_rate": (0.9, 1.0, "never above what the probe measured the GPU to reach; below it by as much "
-                                    "as a step's calls may run apart from the probe's back-to-back ones (the "
-                                    "probe's random and zeroed data 1.6 % apart: kernel_tables/H200.json)"),
+    "kernel_table_rate": (0.9, 1.0, "never above what the probe measured the GPU to reach on random data (zeros "
+                                    "run 15 % faster: kernel_tables/H200.json); below it by as much as a step's "
+                                    "calls may run apart from the probe's back-to-back ones"),
     "deepep_rdma_dispatch": (0.5, 1.0, "DeepSeek's H800 figure; users report far less on H100 clusters (DeepEP "
                                        "issues 155, 397, 493), never more"),
     "deepep_rdma_combine": (0.5, 1.0, "as deepep_rdma_dispatch"),
