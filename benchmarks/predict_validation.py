@@ -82,6 +82,15 @@ def measured_tokens(row: dict, model) -> float:
                  / megatron_flop_per_token(model, lay["seq_length"], lay.get("tp", 1), causal), 1)
 
 
+def row_config(exp, common: dict, row: dict) -> TrainingConfig:
+    """The config a row prices: the shipped experiment's baseline with the file's common settings,
+    the row's settings and its layout. An imported model's baseline is the layout its own plan chose
+    (FSDP, an uneven pipeline...): its rows start from Megatron's defaults instead, so that only what
+    was published is priced."""
+    base = TrainingConfig() if row.get("hf_config") else exp.baseline
+    return base.replace(**{**common, **row["settings"], **row["layout"]})
+
+
 def public_rows(path: Path = PUBLIC, skip_unknown: bool = False) -> list[dict]:
     """Each row priced as `moetune predict` prices it with nothing measured in the store (the
     published rates and the shipped tables). `skip_unknown`: leave out a row whose settings name a
@@ -91,11 +100,8 @@ def public_rows(path: Path = PUBLIC, skip_unknown: bool = False) -> list[dict]:
     for row in data["rows"]:
         exp = (imported_experiment(row["model"], row["hf_config"], row["gpus"]) if row.get("hf_config")
                else load_experiment(row["model"]))
-        # an imported model's baseline is the layout its plan chose (FSDP, an uneven pipeline...): the
-        # row starts from Megatron's defaults instead, so only what was published is priced
-        base = TrainingConfig() if row.get("hf_config") else exp.baseline
         try:
-            config = base.replace(**{**data["common"], **row["settings"], **row["layout"]})
+            config = row_config(exp, data["common"], row)
         except TypeError:
             if skip_unknown:
                 continue

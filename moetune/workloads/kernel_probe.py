@@ -14,13 +14,12 @@ uninitialised memory (a GPU's speed depends on the bits it multiplies: zeros run
 shape back to back on a GPU already warm, repeated until `--min-ms` of kernels (sustained, as in a
 step, not one cold call). GPU time only: the calls are queued behind a sleeping kernel that
 outlasts their queuing and timed by CUDA events around them (gpu_us), so a host slower than the
-kernels (small shapes, autograd, TE's Python) adds nothing; "host_ahead" in each row says it held. FP8 is tensorwise-scaled E4M3
-through torch._scaled_mm with BF16 output, its shapes rounded up to multiples of 16 (its rule);
-the casts are not in its time. Rows: {"kind": "gemm", "dtype", "m", "k", "n", "us", "tflop_s"},
-{"kind": "attention", "batch", "seq", "heads", "groups", "dim", "fwd_us", "bwd_us", "tflop_s"},
-each with "host_ahead"
-(causal FLOPs: half the score matrix), and {"kind": "data", ...}: one large GEMM on random data
-against zeros, the size of the effect the rows avoid.
+kernels (small shapes, autograd, TE's Python) adds nothing; "host_ahead" in each row says it held.
+FP8 is tensorwise-scaled E4M3 through torch._scaled_mm with BF16 output, its shapes rounded up to
+multiples of 16 (its rule); the casts are not in its time. Rows: {"kind": "gemm", "dtype", "m",
+"k", "n", "us", "tflop_s"}, {"kind": "attention", "batch", "seq", "heads", "groups", "dim", "fwd_us",
+"bwd_us", "tflop_s"} (causal FLOPs: half the score matrix), each with "host_ahead", and {"kind":
+"data", ...}: one large GEMM on random data against zeros, the size of the effect the rows avoid.
 
 With Transformer Engine importable and SHAPES.json's "layers": [[m, k, n, groups], ...] and
 "recipes", each layer's forward and backward as Megatron runs it: TE's Linear (groups 1) or

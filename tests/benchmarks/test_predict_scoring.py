@@ -6,6 +6,7 @@ import json
 import statistics
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -131,3 +132,22 @@ def test_the_page_quotes_the_results_file():
     assert r["frozen_commit"] == str(yaml.safe_load(predict_scoring.UNSEEN.read_text())["frozen_commit"])
     assert r["frozen_checkout_head"].startswith(r["frozen_commit"])
     assert predict_scoring.render(r) in DOC.read_text()
+
+
+def test_an_imported_models_row_prices_what_was_published_not_its_plans_choice():
+    """GPT-OSS-120B is imported (`moetune new --from-hf`), so its experiment's baseline is the layout
+    its plan picked; its row's config starts from Megatron's defaults: what a plan turned on and the
+    row does not name (here Megatron FSDP) stays off, and the row's own layout holds. A shipped
+    model's row keeps its baseline's settings."""
+    pv = predict_validation
+    data = yaml.safe_load(predict_scoring.UNSEEN.read_text())
+    row = next(r for r in data["rows"] if r["model"] == "gpt_oss_120b")
+    exp = pv.imported_experiment(row["model"], row["hf_config"], row["gpus"])
+    chosen = SimpleNamespace(baseline=exp.baseline.replace(fsdp=True))
+    config = pv.row_config(chosen, data["common"], row)
+    assert not config.fsdp and config.pp_layout is None
+    assert (config.tp, config.pp, config.ep) == (row["layout"]["tp"], row["layout"]["pp"], row["layout"]["ep"])
+    built = yaml.safe_load(pv.PUBLIC.read_text())
+    shipped_row = next(r for r in built["rows"] if not r.get("hf_config") and "fsdp" not in r["settings"])
+    shipped = SimpleNamespace(baseline=load_experiment(shipped_row["model"]).baseline.replace(fsdp=True))
+    assert pv.row_config(shipped, built["common"], shipped_row).fsdp
