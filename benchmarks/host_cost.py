@@ -176,7 +176,8 @@ def table(record: dict) -> str:
     lines += ["CUDA graphs (attn, moe_router, moe_preprocess), peak MiB without / with: " + ", ".join(
         f"{r['layers']} layers x {r['micro_batches']} micro-batches {r['peak_mib']} / {r['graphs_peak_mib']} "
         f"(+{r['graphs_add_mib']})" for r in g["runs"]),
-        "  added a layer and micro-batch: " + ", ".join(f"{k} {v}" for k, v in g["per_layer_and_micro_batch_mib"].items())]
+        "  added a layer and micro-batch: "
+        + ", ".join(f"{k} {v}" for k, v in g["per_layer_and_micro_batch_mib"].items())]
     return "\n".join(lines)
 
 

@@ -169,7 +169,7 @@ def table_ms(w: StageWork, c: TrainingConfig, table: ktable.KernelTable) -> dict
         if layer is not None:
             cost = layer * gm.calls / groups
         else:
-            d = "bf16" if r == "bf16" else "fp8"
+            d = ktable.precision(r)
             cost = gm.calls * sum(table.gemm_us(a, b, n, d) for a, b, n in gm.passes() if min(a, b, n) >= 1)
         us["grouped_gemm" if grouped else "gemm"] += layers * cost
     kinds = [k for k, v in w.flops.items() if v and k not in ATTENTION + ("recompute",)]

@@ -137,7 +137,8 @@ def recipe_rows(c: TrainingConfig) -> str:
     return "blockwise" if c.fp8_recipe == "blockwise" else "tensorwise"
 
 
-def _precision(recipe: str) -> str:
+def precision(recipe: str) -> str:
+    """The data type a recipe's GEMMs run in: "bf16" or "fp8"."""
     return "bf16" if recipe == "bf16" else "fp8"
 
 
@@ -209,16 +210,16 @@ class KernelTable:
                 self._nearest[(key, recipe)] = rows[min(rows, key=lambda s: _log_distance(s, want))]
             near_us, near_flop = self._nearest[(key, recipe)]
             us = 6.0 * m * k * n * groups * near_us / near_flop
-        return us / self.scale[_precision(recipe)]
+        return us / self.scale[precision(recipe)]
 
     def attention_us(self, a: Attention) -> tuple[float, float]:
         """(forward, backward) µs: as measured, else the nearest measured shape's rate at this shape's
         FLOPs."""
         key = (a.batch, a.seq, a.heads, a.groups, a.dim)
-        s = self.scale["bf16"]
+        peak = self.scale["bf16"]
         if key in self.attention:
             f, b = self.attention[key]
-            return f / s, b / s
+            return f / peak, b / peak
         if not self.attention:
             raise KeyError("no attention rows")
         if key not in self._nearest:  # the scan once a shape: plan prices thousands of layouts
@@ -227,7 +228,7 @@ class KernelTable:
         near = self._nearest[key]
         scale = a.forward_flop() / Attention(*near).forward_flop()
         f, b = self.attention[near]
-        return f * scale / s, b * scale / s
+        return f * scale / peak, b * scale / peak
 
 
 @cache
@@ -239,6 +240,7 @@ def shipped(gpu_type: str) -> KernelTable | None:
     return KernelTable(json.loads(path.read_text()), f"measured by moetune: kernel probe, {path.name}")
 
 
+@cache
 def table_for(gpu_type: str) -> KernelTable:
     """The kernel table that prices this GPU type: its own; else one measured on a GPU of the same
     tensor cores (the GPU table's generation and its BF16 and FP8 peaks: the H100 and H200 SXM share

@@ -46,12 +46,11 @@ def _round16(x: int) -> int:
 def gpu_us(torch, fn, min_ms: float) -> tuple[float, bool]:
     """Mean µs of GPU time a call, and whether the host got ahead of the GPU: the calls are queued
     behind a sleeping kernel that outlasts their queuing, then run back to back."""
-    import time as _t
     cuda = torch.cuda
     fn(), fn()
     cuda.synchronize()
-    t0 = _t.perf_counter(); fn(); cuda.synchronize()  # noqa: E702
-    host_ms = (_t.perf_counter() - t0) * 1e3  # an upper bound on the GPU's time as well
+    t0 = time.perf_counter(); fn(); cuda.synchronize()  # noqa: E702
+    host_ms = (time.perf_counter() - t0) * 1e3  # an upper bound on the GPU's time as well
     n = max(3, min(200, int(min_ms / max(host_ms, 1e-3))))
     start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
     torch.cuda._sleep(int((2 * n * host_ms + 20) * SLEEP_CYCLES_PER_MS))
@@ -128,6 +127,7 @@ def data_rows(torch, min_ms: float) -> list[dict]:
     return out
 
 
+# moetune.estimate.kernels.RECIPES, written out: the probe runs where moetune is not installed
 RECIPES = ("bf16", "delayed", "tensorwise", "blockwise")
 SLEEP_CYCLES_PER_MS = 2.0e6  # torch.cuda._sleep's unit: about a GPU clock cycle (2 GHz)
 
