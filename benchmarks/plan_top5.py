@@ -42,7 +42,7 @@ def row(label: str, c, memory_gb: float, p) -> str:
     """One markdown row: the layout, its memory, speed and terms (ms a step)."""
     split = f" ({split_text(c)})".replace("|", "\\|") if split_text(c) else ""  # a layout's | in a table
     layout = (f"TP{c.tp} CP{c.cp} PP{c.pp}" + (f" VPP{c.vpp}" if c.vpp else "") + f" EP{c.ep} ETP{c.etp or c.tp} "
-              f"MB{c.micro_batch}{split}")
+              f"MB{c.micro_batch}" + (f" FSDP {c.fsdp_sharding}" if c.fsdp else "") + split)
     terms = " | ".join(f"{p.terms[t]:.0f}" for t in TERMS)
     return (f"| {label} | {layout} | {dispatcher_text(c)} | {overlap_text(c)} | {graphs_text(c)} | "
             f"{recompute_text(c)} | {memory_gb:.1f} | {p.tokens_per_s_per_gpu:.0f} | {p.step_time_ms:.0f} | {terms} |")

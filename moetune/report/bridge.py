@@ -37,6 +37,7 @@ LAYOUT_KEYS: dict[str, tuple[str, ...]] = {
     "delay_wgrad": ("comm_overlap.delay_wgrad_compute",),
     "shared_expert_overlap": ("model.moe_shared_expert_overlap",),
     "tp_comm_overlap": ("comm_overlap.tp_comm_overlap",),
+    "overlap_p2p_comm": ("comm_overlap.overlap_p2p_comm",),
     "overlap_grad_reduce": ("comm_overlap.overlap_grad_reduce",),
     "overlap_param_gather": ("comm_overlap.overlap_param_gather",),
     "distributed_optimizer": ("ddp.use_distributed_optimizer", "optimizer.use_distributed_optimizer"),
@@ -160,6 +161,7 @@ def layout_lines(config: TrainingConfig, seq_length: int) -> list[str]:
     values["etp"] = config.etp or config.tp  # Megatron's: ETP follows TP where unset
     values["seq_length"] = config.seq_length or seq_length
     values["recompute_modules"] = list(config.selective_modules) or None
+    values["overlap_p2p_comm"] = config.overlap_p2p_comm and bool(config.vpp)  # Megatron's: VPP only
     for field, keys in LAYOUT_KEYS.items():
         value = values[field]
         if field in ("offload_modules", "cuda_graph_modules"):

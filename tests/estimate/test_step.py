@@ -16,14 +16,32 @@ NODE = Node("H100", 8, 8)
 
 def test_bubble_fraction_and_term():
     """PP 4, VPP 2, 8 micro-batches: fill and drain are (4-1)/(2x8) = 3/16 of the steady part, and
-    the step's bubble term is (PP-1)/VPP of the slowest stage's micro-batch time."""
-    c = TrainingConfig(pp=4, vpp=2, micro_batch=1, global_batch=16)
+    the step's bubble term is (PP-1)/VPP of the slowest stage's micro-batch time (its sends in it,
+    as they are without the interleaved schedule's overlap)."""
+    c = TrainingConfig(pp=4, vpp=2, micro_batch=1, global_batch=16, overlap_p2p_comm=False)
     assert bubble_fraction(c, 8) == 3 / 16
     p = predict(TOY, c, NODE, world=8)
     assert p.inputs["micro_batches"] == 8 and p.inputs["bubble_fraction"] == 3 / 16
     slowest = max(p.inputs["stage_micro_batch_ms"].values())
     assert p.terms["pipeline_bubble"] == pytest.approx(1.5 * slowest)
     assert p.step_time_ms == pytest.approx(sum(p.terms.values()))
+
+
+def test_the_interleaved_schedule_sends_beside_compute():
+    """With VPP and overlap_p2p_comm (Megatron's default) a micro-batch's sends hide behind the
+    stage's compute; only the PP-1 hops forward and backward of the fill and drain wait on them.
+    Without virtual stages (Megatron turns the overlap off) or with it off, every send counts."""
+    from moetune.estimate import comm
+    c = TrainingConfig(pp=4, vpp=2, micro_batch=1, global_batch=16)
+    sends = comm.pp_sends(TOY, c, Rates())["ms"]
+    p = predict(TOY, c, NODE, world=8)
+    off = predict(TOY, c.replace(overlap_p2p_comm=False), NODE, world=8)
+    assert sends > 0 and p.terms["pp_sends"] == 0 and off.terms["pp_sends"] == pytest.approx(8 * sends)
+    slowest = max(p.inputs["stage_micro_batch_ms"].values())
+    assert p.terms["pipeline_bubble"] == pytest.approx(1.5 * slowest + 3 * sends / 2)
+    one_f_one_b = TrainingConfig(pp=4, micro_batch=1, global_batch=16)
+    assert predict(TOY, one_f_one_b, NODE, world=8).terms["pp_sends"] == pytest.approx(
+        8 * comm.pp_sends(TOY, one_f_one_b, Rates())["ms"])
 
 
 def test_graphed_share_of_launches():
