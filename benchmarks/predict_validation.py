@@ -129,7 +129,7 @@ def bank_rows(path: Path = BANK) -> list[dict]:
             continue
         exp = load_experiment("moe_proxy_te" if e["name"].startswith("te_") else "moe_proxy")
         c = TrainingConfig.from_dict(e["config"])
-        p = predict(exp.model, c, Node("H200", 2, 2), e["gpus"])
+        p = predict(exp.model, c, Node("H200", 2, 2, has_apex=False), e["gpus"])  # the device machine's image
         # the step time as the tuner judges it (moetune/analysis/figures.py): the log's steady median
         judged = figures.judged_step({"log": parse_log(path.parent / e["log"]),
                                       "metrics": {"combined": {"step_time_ms": e["step_time_ms"]}}})

@@ -109,13 +109,23 @@ class StageWork:
     flops: dict[str, float] = field(default_factory=dict)  # forward + backward + recompute, by kind
     bytes: float = 0.0
     kernels: float = 0.0
+    grad_adds: float = 0.0  # of `kernels`: the weight-gradient adds gradient-accumulation fusion removes
     shapes: list = field(default_factory=list)  # (kernels.Gemm, layers that run it) of one micro-batch
     attention: ktable.Attention | None = None  # one layer's attention shape
 
     def to_dict(self) -> dict:
         return {"index": self.index, "layers": self.layers, "moe_layers": self.moe_layers,
                 "tflop": {k: round(v / 1e12, 4) for k, v in self.flops.items()},
-                "elementwise_gb": round(self.bytes / 1e9, 4), "kernels": round(self.kernels)}
+                "elementwise_gb": round(self.bytes / 1e9, 4), "kernels": round(self.kernels),
+                "grad_adds": round(self.grad_adds)}
+
+
+def attention_weights(m: ModelArch) -> int:
+    """TE linear weights of one attention block: QKV and output, or MLA's projections (the query's
+    down and up where it has a low rank, else one; the key-value's down and up; the output)."""
+    if m.multi_latent_attention:
+        return (2 if m.q_lora_rank else 1) + 3
+    return 2
 
 
 def stage_work(m: ModelArch, c: TrainingConfig, rates: Rates) -> list[StageWork]:
@@ -143,6 +153,8 @@ def stage_work(m: ModelArch, c: TrainingConfig, rates: Rates) -> list[StageWork]
         w.attention = ktable.attention_shape(m, c)
         local = max(1, m.num_experts // max(c.ep, 1)) if m.num_experts > 1 else 0
         w.kernels = rates["kernels_per_layer"] * st.layers + rates["kernels_per_local_expert"] * local * st.moe_layers
+        w.grad_adds = (st.layers * (attention_weights(m) + (2 if m.moe_shared_expert_intermediate_size else 0))
+                       + (st.layers - st.moe_layers) * 2 + st.moe_layers * 2 * local)
         out.append(w)
     return out
 

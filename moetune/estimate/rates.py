@@ -87,8 +87,8 @@ HOST: tuple[Rate, ...] = (
     # The CPUs a rank has do not enter: pinned to 2, 4 and 8 of 16 cores the one-GPU H200 host ran
     # 0.83-1.08 of its unpinned steps (benchmarks/results/host_cost.json), the 4-GPU host no faster
     # from 4 to 16 cores a rank (comm_4gpu.json host_cpus). Gradient-accumulation fusion cut that
-    # layout's launches by 10 % and its step to 0.82-1.08 of its call's unfused runs, not resolved
-    # above their drift: launches are counted without it, as measured
+    # layout's launches by 10 % (one a TE weight: step.grad_accumulation_fused) and its step to
+    # 0.82-1.08 of its call's unfused runs, not resolved above their drift
     Rate("host_us_per_kernel", 82.96, "us", f"{_MEASURED}: the untraced step time over launches of the "
          "host-bound (GPU busy under half) H100 one-GPU trials (74-132; median of 7); the one-GPU H200 "
          "host with no profiler at all 64-90 (benchmarks/results/host_cost.json)"),

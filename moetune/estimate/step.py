@@ -43,10 +43,13 @@ class Node:
     gpu_type: str
     gpus_per_node: int
     nvlink_domain: int
+    has_apex: bool = True
+    """The image has apex's fused kernels: Megatron's gradient-accumulation fusion is on (trials
+    render --no-gradient-accumulation-fusion where it has not)."""
 
     @classmethod
     def of(cls, cluster) -> Node:
-        return cls(cluster.gpu_type, cluster.gpus_per_node, cluster.nvlink_domain)
+        return cls(cluster.gpu_type, cluster.gpus_per_node, cluster.nvlink_domain, cluster.has_apex is not False)
 
 
 @dataclass
@@ -146,6 +149,13 @@ def fsdp_exposed(fs: dict, layers: int, forward: float, backward: float) -> tupl
     return gf / n + rest_f + gb / n + rest_b * share_g, rb / n + rest_b * (1 - share_g)
 
 
+def grad_accumulation_fused(c: TrainingConfig, node: Node) -> bool:
+    """TE's linears add each weight's gradient into its main_grad inside the wgrad GEMM, one launch
+    fewer a weight (measured: benchmarks/results/host_cost.json); as the trials render it, on
+    with TE where the image has apex."""
+    return c.transformer_impl != "local" and node.has_apex
+
+
 def p2p_overlapped(c: TrainingConfig) -> bool:
     """The pipeline's sends run beside compute: the interleaved schedule with overlap_p2p_comm
     (Megatron's default; without virtual stages Megatron turns it off)."""
@@ -168,7 +178,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
     for w in works:
         parts = flops.compute_ms(w, c, node.gpu_type, rates, table)
         gpu = sum(parts.values())
-        host = host_ms(w.kernels, c, rates)
+        host = host_ms(w.kernels - (w.grad_adds if grad_accumulation_fused(c, node) else 0.0), c, rates)
         stages.append({"work": w, "parts": parts, "gpu": gpu, "host": host})
     source = "analytic"
     if measured_ms:

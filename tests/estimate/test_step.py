@@ -44,6 +44,33 @@ def test_the_interleaved_schedule_sends_beside_compute():
         8 * comm.pp_sends(TOY, one_f_one_b, Rates())["ms"])
 
 
+def test_gradient_accumulation_fusion_takes_one_launch_a_te_weight():
+    """Where the image has apex (TE spec) each TE linear weight adds its own gradient inside its wgrad
+    GEMM: one launch fewer a weight, a layer and micro-batch (attention's 2, each local expert's 2:
+    18 at 8 local experts, as measured), so the host's time shrinks by those launches' cost; the local
+    spec and an image without apex launch them all."""
+    from moetune.estimate import flops
+    c = TrainingConfig(ep=1, micro_batch=1, global_batch=8)
+    w = flops.stage_work(TOY, c, Rates())[0]
+    assert w.grad_adds == TOY.num_layers * (2 + 2 * 8)
+    fused = predict(TOY, c, NODE, world=8)
+    plain = predict(TOY, c, step.Node("H100", 8, 8, has_apex=False), world=8)
+    rates = Rates()
+    saved = w.grad_adds * rates["host_us_per_kernel"] / 1e3
+    assert plain.inputs["host_launch_ms_per_micro_batch"] - fused.inputs["host_launch_ms_per_micro_batch"] == \
+        pytest.approx(saved)
+    local = c.replace(transformer_impl="local")
+    assert predict(TOY, local, NODE, world=8).inputs["host_launch_ms_per_micro_batch"] == pytest.approx(
+        predict(TOY, local, step.Node("H100", 8, 8, has_apex=False), world=8).inputs["host_launch_ms_per_micro_batch"])
+
+
+def test_mla_attention_has_its_projections_weights():
+    from moetune.estimate import flops
+    assert flops.attention_weights(TOY) == 2
+    assert flops.attention_weights(ModelArch(**{**TOY.__dict__, "multi_latent_attention": True, "q_lora_rank": 64})) == 5
+    assert flops.attention_weights(ModelArch(**{**TOY.__dict__, "multi_latent_attention": True})) == 4
+
+
 def test_graphed_share_of_launches():
     """No graphs: the host launches everything; TE's partial graphs of attn, moe_router and
     moe_preprocess remove the measured 0.4251 of a micro-batch's launches, one of the three scopes a
