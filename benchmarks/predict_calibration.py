@@ -38,6 +38,8 @@ SWEEP = ROOT / "benchmarks" / "results" / "comm_2gpu.json"  # the multi-GPU swee
 STUDIES = {"qwen3_30b_a3b-1gpu": ("qwen3_30b_a3b", "H100"), "qwen3_235b-1gpu": ("qwen3_235b", "H100")}
 TE_PAIR = ("te_gg", "te_gg_fp8")  # the same moe_proxy_te run without and with FP8 (blockwise)
 GRAPHS_PAIR = ("qwen3_30b_a3b-1gpu_t1_baseline", "qwen3_30b_a3b-1gpu_t2_cuda_graphs_te")
+# the same layout without and with --moe-permute-fusion (no graphs, BF16; every layer a MoE layer)
+PERMUTE_PAIR = ("qwen3_235b-1gpu_t5_manual_gc", "qwen3_235b-1gpu_t6_permute_fusion")
 MATRIX = ("gemm", "grouped_gemm")  # TE's grouped GEMM runs cuBLAS GEMMs: classed `gemm`
 ATTENTION = ("attention",)
 COMM = ("a2a", "nccl_other", "deepep", "hybridep")
@@ -108,6 +110,7 @@ def one_gpu_rows(b: dict) -> list[dict]:
             "attention_share_of_peak": None if graphed else attention / (attention_ms / 1e3) / (g.bf16_tflops * 1e12),
             "hbm_efficiency": None if graphed else w.bytes * mb / (elementwise_ms / 1e3) / (g.hbm_tb_s * 1e12),
             "kernels_per_layer": None if graphed else m["kernels_per_step"] / mb / w.layers,
+            "permute_fusion": c.permute_fusion, "moe_layers": w.moe_layers,
             "local_experts": max(1, model.num_experts // max(c.ep, 1)),
             "untraced_step_ms": round(untraced, 1),
             "host_us_per_kernel": (round(1e3 * untraced / m["kernels_per_step"], 2)
@@ -145,11 +148,22 @@ def sweep_launches() -> list[tuple[str, int, float]]:
             for r in rec["sweep"] if r["name"].endswith("_baseline") and "slow" not in r["name"]]
 
 
+def permute_fusion_removed(rows: list[dict]) -> float:
+    """Launches --moe-permute-fusion removes a MoE layer and micro-batch: PERMUTE_PAIR's difference."""
+    off, on = (next(r for r in rows if r["trial"] == n) for n in PERMUTE_PAIR)
+    assert off["moe_layers"] == on["moe_layers"] == on["layers"] and not off["permute_fusion"] and on["permute_fusion"]
+    return off["kernels_per_layer"] - on["kernels_per_layer"]
+
+
 def launches(rows: list[dict]) -> dict:
     """kernels_per_layer and kernels_per_local_expert: launches a micro-batch and layer against the
     experts a rank holds (TE's grouped GEMM launches each one's GEMMs), least squares over the
-    un-graphed one-GPU trials and the sweep's baseline."""
-    pts = [(r["trial"], r["local_experts"], r["kernels_per_layer"]) for r in rows if r["kernels_per_layer"]]
+    un-graphed one-GPU trials and the sweep's baseline, each without permute fusion (a fused trial's
+    count has the fusion's launches added back)."""
+    removed = permute_fusion_removed(rows)
+    pts = [(r["trial"], r["local_experts"],
+            r["kernels_per_layer"] + (removed * r["moe_layers"] / r["layers"] if r["permute_fusion"] else 0.0))
+           for r in rows if r["kernels_per_layer"]]
     pts += sweep_launches()
     xs, ys = [p[1] for p in pts], [p[2] for p in pts]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
@@ -170,6 +184,8 @@ def calibrate() -> dict:
     rates = {k: {"value": med(k), "trials": used(k)} for k in
              ("hbm_efficiency", "host_us_per_kernel")}
     rates.update(launches(rows))
+    rates["permute_fusion_launches_removed"] = {"value": round(permute_fusion_removed(rows), 4),
+                                                "trials": list(PERMUTE_PAIR)}
     host = [r["host_us_per_kernel"] for r in rows if r["host_us_per_kernel"] is not None]
     rates["host_us_per_kernel"]["range"] = [min(host), max(host)]
     rates["cuda_graph_te_launches_removed"] = {

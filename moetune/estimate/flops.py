@@ -153,6 +153,8 @@ def stage_work(m: ModelArch, c: TrainingConfig, rates: Rates) -> list[StageWork]
         w.attention = ktable.attention_shape(m, c)
         local = max(1, m.num_experts // max(c.ep, 1)) if m.num_experts > 1 else 0
         w.kernels = rates["kernels_per_layer"] * st.layers + rates["kernels_per_local_expert"] * local * st.moe_layers
+        if c.permute_fusion:
+            w.kernels -= rates["permute_fusion_launches_removed"] * st.moe_layers
         w.grad_adds = (st.layers * (attention_weights(m) + (2 if m.moe_shared_expert_intermediate_size else 0))
                        + (st.layers - st.moe_layers) * 2 + st.moe_layers * 2 * local)
         out.append(w)

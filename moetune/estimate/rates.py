@@ -75,12 +75,14 @@ OVERLAP: tuple[Rate, ...] = (
 HOST: tuple[Rate, ...] = (
     # TE's grouped GEMM launches each local expert's GEMMs (and, without gradient-accumulation fusion,
     # its gradient adds): a layer's launches grow with the experts a rank holds
-    Rate("kernels_per_layer", 105.2679, "kernels", f"{_MEASURED} and benchmarks/results/comm_2gpu.json: launches "
+    Rate("kernels_per_layer", 107.9592, "kernels", f"{_MEASURED} and benchmarks/results/comm_2gpu.json: launches "
          "a step per micro-batch and layer less kernels_per_local_expert's, least squares over moetune's traces "
-         "without CUDA graphs at 1, 8 and 64 local experts (the H100 one-GPU trials, 99-176; the 2-H200 sweep's "
-         "baseline, 515)"),
-    Rate("kernels_per_local_expert", 6.4382, "kernels", f"{_MEASURED} and benchmarks/results/comm_2gpu.json: "
+         "without CUDA graphs or permute fusion (a fused trial's count with the fusion's launches added back) at 1, "
+         "8 and 64 local experts (the H100 one-GPU trials, 99-176; the 2-H200 sweep's baseline, 515)"),
+    Rate("kernels_per_local_expert", 6.3921, "kernels", f"{_MEASURED} and benchmarks/results/comm_2gpu.json: "
          "launches a step per micro-batch, MoE layer and expert the rank holds, the same least squares"),
+    Rate("permute_fusion_launches_removed", 10.0, "kernels", f"{_MEASURED}: launches a MoE layer and micro-batch "
+         "--moe-permute-fusion removes, qwen3_235b one-GPU trials 5 and 6 (the same layout without and with it)"),
     # A host-bound step's time over its launches, with no profiler in its way: the logs' iterations
     # outside nsys's capture (inside it the CUDA API's tracing slowed these steps 12-27 %). Not the
     # probe's 6.9 us launch: the host's Python, autograd and TE work between two launches is in it.

@@ -12,7 +12,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import host_runahead  # noqa: E402
 import predict_calibration  # noqa: E402
 
-CALIBRATED = ("hbm_efficiency", "kernels_per_layer", "kernels_per_local_expert", "host_us_per_kernel",
+CALIBRATED = ("hbm_efficiency", "kernels_per_layer", "kernels_per_local_expert", "permute_fusion_launches_removed",
+              "host_us_per_kernel",
               "cuda_graph_te_launches_removed", "fp8_launch_factor")
 
 
