@@ -23,7 +23,8 @@ from moetune.analysis.logs import parse_log, steady_iterations
 from moetune.experiment import gpus
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.schema import load_experiment
-from moetune.estimate import flops, kernels, measured
+from moetune.estimate import comm, flops, kernels, measured
+from moetune.estimate.step import micro_batches
 from moetune.estimate.rates import Rates
 
 BANK = ROOT / "data" / "trial_bank" / "bank.jsonl"
@@ -33,6 +34,10 @@ REFERENCE_RUNS = {"H200": ROOT / "benchmarks" / "calibration_h200", "H100": ROOT
 REFERENCE_OF = {"ref_gemm_top": "H200", "ref_gemm_half_gflop": "H200", "ref_hbm_share": "H100", "ref_launch_us": "H100"}
 OUT = ROOT / "benchmarks" / "results" / "predict_calibration.json"
 SWEEP = ROOT / "benchmarks" / "results" / "comm_2gpu.json"  # the multi-GPU sweep (benchmarks/comm_results.py)
+# the 4-GPU sweep (4 H200 of one host, NVLink), its flex runs beside alltoall's at micro batch 4,
+# routing balanced and no overlap: every all-to-all exposed, its transfer read from the trace
+SWEEP4, SWEEP4_GPU = ROOT / "benchmarks" / "results" / "comm_4gpu.json", "H200"
+FLEX_RUNS = {"deepep": "ep4_mbs4_deepep_balanced", "hybridep": "ep4_mbs4_hybridep_balanced"}
 # the bank's one-GPU studies of production models ran on the H100 device machine (16 CPU cores,
 # docs/benchmarks.md); the moe_proxy entries on the H200 pair (16 cores a GPU)
 STUDIES = {"qwen3_30b_a3b-1gpu": ("qwen3_30b_a3b", "H100"), "qwen3_235b-1gpu": ("qwen3_235b", "H100")}
@@ -174,6 +179,33 @@ def launches(rows: list[dict]) -> dict:
                                          "points": [[p[1], round(p[2], 2)] for p in pts]}}
 
 
+def flex_nvlink() -> dict:
+    """deepep_nvlink_* and hybridep_nvlink: each FLEX_RUNS run's bytes over NVLink a step, counted as
+    the model counts them (one copy a peer rank its token's experts sit on: comm.rank_dedup_share),
+    over its trace's all-to-all transfer (the exposed all-to-all less the waiting on other ranks), a
+    share of the GPU's NVLink rate. What the dispatcher's own kernels take (layout, permutation) is
+    in the transfer, as it is in a step."""
+    import comm_results
+    rec = json.loads(SWEEP4.read_text())
+    exp = load_experiment(rec["experiment"])
+    sw = comm_results.sweep_module()
+    configs = {name: sw.config(exp, changes) for name, changes, _ in sw.sweep(exp)}
+    out = {}
+    for backend, name in FLEX_RUNS.items():
+        run = next(r for r in rec["sweep"] if r["name"] == name)
+        c = configs[name]
+        a = comm.a2a(exp.model, c, SWEEP4_GPU, exp.cluster.nvlink_domain, Rates())
+        assert a["share_across"] == 0 and not c.overlap_ep_a2a, name  # all over NVLink, all exposed
+        passes = 4 * exp.model.num_layers * micro_batches(c, rec["gpus"])  # dispatch, combine; forward, backward
+        nbytes = a["bytes_sent"] * a["share_in_nvlink"] * passes
+        share = nbytes / (run["a2a_transfer_ms"] / 1e3) / (gpus.GPUS[SWEEP4_GPU].nvlink_gb_s * 1e9)
+        rows = ("deepep_nvlink_dispatch", "deepep_nvlink_combine") if backend == "deepep" else ("hybridep_nvlink",)
+        for row in rows:
+            out[row] = {"value": round(share, 4), "trials": [f"{SWEEP4.name}:{name}"],
+                        "gb_a_step": round(nbytes / 1e9, 3), "transfer_ms": run["a2a_transfer_ms"]}
+    return out
+
+
 def calibrate() -> dict:
     b = bank()
     rows = one_gpu_rows(b)
@@ -191,6 +223,7 @@ def calibrate() -> dict:
     rates["cuda_graph_te_launches_removed"] = {
         "value": round(1 - on[1]["kernels_per_step"] / off[1]["kernels_per_step"], 4), "trials": list(GRAPHS_PAIR),
         "scopes": list(b[GRAPHS_PAIR[1]]["config"]["cuda_graph_modules"])}
+    rates.update(flex_nvlink())
     rates["fp8_launch_factor"] = {"value": round(fp8[1]["kernels_per_step"] / bf16[1]["kernels_per_step"], 4),
                                   "trials": list(TE_PAIR)}
     return {"source": str(BANK.relative_to(ROOT)), "trials": rows, "rates": rates,

@@ -27,6 +27,7 @@ from moetune.experiment.schema import ConfigError
 # the fields each of predict's layout flags sets (beside INT_FLAGS, each its own field)
 FLAG_FIELDS = {"dispatcher": ("dispatcher", "flex_backend"), "ep_overlap": ("overlap_ep_a2a",),
                "delay_wgrad": ("delay_wgrad",), "tp_comm_overlap": ("tp_comm_overlap",),
+               "no_p2p_overlap": ("overlap_p2p_comm",),
                "cuda_graphs": ("cuda_graph_impl", "cuda_graph_modules"),
                "precision": ("fp8_format", "fp8_recipe"),
                "recompute": ("recompute_granularity", "recompute_modules", "recompute_num_layers"),

@@ -53,6 +53,9 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
                    help="delay the experts' weight gradients (with --ep-overlap)")
     p.add_argument("--tp-comm-overlap", action="store_true", default=None,
                    help="overlap TP communication with GEMMs (TP > 1)")
+    p.add_argument("--no-p2p-overlap", action="store_true", default=None,
+                   help="the pipeline's sends not overlapped with compute (--no-overlap-p2p-communication; "
+                        "Megatron overlaps them under VPP)")
     p.add_argument("--cuda-graphs", metavar="SCOPES|none",
                    help=f"TE CUDA graphs of these scopes, comma-separated: {','.join(CUDA_GRAPH_MODULES)}; none: off")
     p.add_argument("--precision", choices=tuple(PRECISIONS))
@@ -103,6 +106,8 @@ def layout_config(base: TrainingConfig, a, model=None, notes: list[str] | None =
         changes["delay_wgrad"] = True
     if a.tp_comm_overlap:
         changes["tp_comm_overlap"] = True
+    if a.no_p2p_overlap:
+        changes["overlap_p2p_comm"] = False
     if a.cuda_graphs is not None:
         changes.update(graph_fields(a.cuda_graphs))
     if a.precision:

@@ -42,8 +42,8 @@ def ep_peer_shares(c: TrainingConfig, nvlink_domain: int) -> tuple[float, float]
     return (inside - 1) / c.ep, (c.ep - inside) / c.ep
 
 
-# dispatchers that send a token once to each remote NVLink domain holding any of its experts (and
-# forward it over NVLink there), not once per expert
+# dispatchers that send a token once to each peer rank and each remote NVLink domain holding any of
+# its experts (and forward it over NVLink there), not once per expert
 DEDUPLICATING = ("deepep", "hybridep")
 
 
@@ -76,16 +76,25 @@ def remote_domain_share(m: ModelArch, c: TrainingConfig, nvlink_domain: int) -> 
     return (domains - 1) * domain_hit(m, domains) / copies
 
 
+def rank_dedup_share(m: ModelArch, c: TrainingConfig) -> float:
+    """Distinct EP ranks a token's top-k experts sit on, over its k copies, routing balanced: what a
+    deduplicating dispatcher sends a peer inside its domain (one copy a rank, not one an expert; its
+    combine sums a rank's experts before sending back)."""
+    return c.ep * domain_hit(m, c.ep) / m.moe_router_topk if c.ep > 1 else 1.0
+
+
 def a2a(m: ModelArch, c: TrainingConfig, gpu_type: str, nvlink_domain: int, rates: Rates) -> dict:
     """The expert all-to-all of one MoE layer for one micro-batch: dispatch and combine forward,
     and their mirror in backward. Each runs NVLink and NIC transfers at once: the slower sets it.
-    DeepEP and HybridEP send a token across once per remote domain (remote_domain_share)."""
+    DeepEP and HybridEP send a token once to each peer rank in their domain that holds any of its
+    experts (rank_dedup_share) and across once per remote domain (remote_domain_share)."""
     name = dispatcher_name(c)
     if name == "allgather":
         return allgather(m, c, gpu_type, nvlink_domain, rates)
     sent = tokens(m, c) / c.tp * m.moe_router_topk * m.hidden_size * BF16  # sequence parallel: T/TP each
     inside, across = ep_peer_shares(c, nvlink_domain)
     if name in DEDUPLICATING:
+        inside *= rank_dedup_share(m, c)
         across *= remote_domain_share(m, c, nvlink_domain)
     nvl_d, nvl_c, nic_d, nic_c = (rates[r] for r in A2A_ROWS[name])
     nvlink, nic = gpus.GPUS[gpu_type].nvlink_gb_s * 1e9, rates["nic_gb_s"] * 1e9

@@ -26,17 +26,22 @@ class Rate:
 # GB/s; internode dispatch 43/58/51 and combine 43/57/50 GB/s at EP 16/32/64.
 _DEEPEP = "DeepEP README, normal kernels on H800"
 _MEASURED = "measured by moetune: data/trial_bank/bank.jsonl"
+_FLEX = ("measured by moetune: benchmarks/results/comm_4gpu.json (4 H200, NVLink, micro batch 4, no overlap), "
+         "the bytes sent a step over the trace's all-to-all transfer (benchmarks/predict_calibration.py flex_nvlink)")
 # The rows by what they price: links, compute, the host, and how much overlap hides
 LINKS: tuple[Rate, ...] = (
     Rate("nic_gb_s", 48.5, "GB/s", "a 400 Gb/s NIC a GPU (DGX H100/H200), about 48-49 GB/s bus bandwidth "
          "in nccl-tests"),
-    Rate("deepep_nvlink_dispatch", 153 / 200, "share", f"{_DEEPEP}: 153 GB/s at EP 8 of 200 GB/s NVLink"),
-    Rate("deepep_nvlink_combine", 158 / 200, "share", f"{_DEEPEP}: 158 GB/s at EP 8 of 200 GB/s NVLink"),
+    # DeepEP and HybridEP inside a domain, from the 4-H200 sweep's traces: the bytes the model counts
+    # (one copy a peer rank) over the all-to-all's transfer, its kernels' own work in it (141 and
+    # 263 GB/s; DeepEP's README measured 153 GB/s of deduplicated bytes on an H800 at EP 8)
+    Rate("deepep_nvlink_dispatch", 0.3131, "share", f"{_FLEX}: DeepEP at EP 4, dispatch and combine together"),
+    Rate("deepep_nvlink_combine", 0.3131, "share", f"{_FLEX}: DeepEP at EP 4, dispatch and combine together"),
     Rate("deepep_rdma_dispatch", 51 / 50, "share", f"{_DEEPEP}: 43-58 GB/s at EP 16-64 (51 at EP 64) "
          "of a 50 GB/s NIC"),
     Rate("deepep_rdma_combine", 50 / 50, "share", f"{_DEEPEP}: 43-57 GB/s at EP 16-64 (50 at EP 64) "
          "of a 50 GB/s NIC"),
-    Rate("hybridep_nvlink", 153 / 200, "share", "assumed DeepEP's dispatch rate until measured"),
+    Rate("hybridep_nvlink", 0.5849, "share", f"{_FLEX}: HybridEP at EP 4, dispatch and combine together"),
     Rate("hybridep_rdma", 50 / 50, "share", "assumed DeepEP's combine rate until measured"),
     Rate("alltoall_nvlink", 0.5, "share", "assumed: NCCL all-to-all of MoE-sized messages inside a node, "
          "a default until measured"),

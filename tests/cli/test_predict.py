@@ -235,3 +235,17 @@ def test_the_settings_flags_price_what_they_set(capsys, no_store):
     assert len(err) == 1 and "bogus unknown" in err[0]
     assert main(base + ["--tp-comm-overlap"]) == 2
     assert "tp_comm_overlap_needs_sp" in capsys.readouterr().err
+
+
+def test_no_p2p_overlap_counts_the_interleaved_pipelines_sends(capsys, no_store):
+    """qwen3_235b's baseline (PP 8, VPP 4): its sends hide behind compute as Megatron runs them by
+    default; --no-p2p-overlap counts them in every micro-batch, and plan keeps the setting in every
+    layout it lists."""
+    base = ["predict", "qwen3_235b", "--format", "json"]
+    on = _json(capsys, base)
+    off = _json(capsys, base + ["--no-p2p-overlap"])
+    assert on["config"]["overlap_p2p_comm"] and not off["config"]["overlap_p2p_comm"]
+    assert on["terms"]["pp_sends"] == 0 < off["terms"]["pp_sends"]
+    plan = _json(capsys, ["plan", "qwen3_235b", "--no-p2p-overlap", "--limit", "3", "--format", "json"])
+    rows = plan["layouts"] if "layouts" in plan else plan
+    assert rows and all(not r["config"]["overlap_p2p_comm"] for r in rows)

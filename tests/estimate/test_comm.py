@@ -98,6 +98,25 @@ def test_deepep_sends_a_token_once_per_remote_domain():
     assert comm.a2a(m, c.replace(ep=8), "H100", 8, Rates())["share_across"] == 0
 
 
+def test_deepep_sends_a_token_once_per_peer_rank_inside_its_domain():
+    """Qwen3-30B-A3B's routing at EP 4 on one host: alltoall sends 8 x 3/4 = 6 copies of a token to
+    its 3 peers; DeepEP and HybridEP one to each peer holding any of its 8 experts, 3 x (1 - C(96,8)/
+    C(128,8)) = 2.72, each at its own NVLink row."""
+    from math import comb
+    m = ModelArch(name="a3b", num_layers=16, hidden_size=2048, num_attention_heads=32, num_query_groups=4,
+                  ffn_hidden_size=6144, moe_ffn_hidden_size=768, num_experts=128, moe_router_topk=8,
+                  vocab_size=151936, seq_length=4096)
+    c = TrainingConfig(ep=4, etp=1, micro_batch=4)
+    hit = 1 - comb(96, 8) / comb(128, 8)
+    assert comm.rank_dedup_share(m, c) == pytest.approx(4 * hit / 8)
+    nccl = comm.a2a(m, c, "H200", 4, Rates())
+    for backend, row in (("deepep", "deepep_nvlink_dispatch"), ("hybridep", "hybridep_nvlink")):
+        flex = comm.a2a(m, c.replace(dispatcher="flex", flex_backend=backend), "H200", 4, Rates())
+        assert flex["share_in_nvlink"] * 8 == pytest.approx(3 * hit) and nccl["share_in_nvlink"] * 8 == 6
+        sent = flex["bytes_sent"] * flex["share_in_nvlink"]
+        assert flex["dispatch_ms"] == pytest.approx(1e3 * sent / (H100_NVLINK * Rates()[row]))
+
+
 def test_node_limited_routing_reaches_fewer_remote_domains():
     """DeepSeek-V3's routing (256 experts, top-8, 8 groups of which a token picks 4): at EP 64 over
     eight 8-GPU domains each domain holds one group, so a token reaches a given domain when it picks

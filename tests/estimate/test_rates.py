@@ -13,6 +13,7 @@ import host_runahead  # noqa: E402
 import predict_calibration  # noqa: E402
 
 CALIBRATED = ("hbm_efficiency", "kernels_per_layer", "kernels_per_local_expert", "permute_fusion_launches_removed",
+              "deepep_nvlink_dispatch", "deepep_nvlink_combine", "hybridep_nvlink",
               "host_us_per_kernel",
               "cuda_graph_te_launches_removed", "fp8_launch_factor")
 
