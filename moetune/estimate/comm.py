@@ -100,8 +100,10 @@ def a2a(m: ModelArch, c: TrainingConfig, gpu_type: str, nvlink_domain: int, rate
     nvlink, nic = gpus.GPUS[gpu_type].nvlink_gb_s * 1e9, rates["nic_gb_s"] * 1e9
     one = lambda nvl, rdma: max(sent * inside / (nvlink * nvl), sent * across / (nic * rdma))  # noqa: E731
     dispatch, combine = one(nvl_d, nic_d), one(nvl_c, nic_c)
+    on_nic = sent * across / nic * (1 / nic_d + 1 / nic_c)
     return {"dispatcher": name, "bytes_sent": sent, "share_in_nvlink": inside, "share_across": across,
-            "dispatch_ms": 1e3 * dispatch, "combine_ms": 1e3 * combine, "ms": 2e3 * (dispatch + combine)}
+            "dispatch_ms": 1e3 * dispatch, "combine_ms": 1e3 * combine, "ms": 2e3 * (dispatch + combine),
+            "nic_ms": 2e3 * on_nic}
 
 
 def allgather(m: ModelArch, c: TrainingConfig, gpu_type: str, nvlink_domain: int, rates: Rates) -> dict:
@@ -114,7 +116,8 @@ def allgather(m: ModelArch, c: TrainingConfig, gpu_type: str, nvlink_domain: int
     one = ring_ms(whole, c.ep, rate)
     inside, across = ep_peer_shares(c, nvlink_domain)
     return {"dispatcher": "allgather", "bytes_sent": whole * (c.ep - 1) / c.ep, "share_in_nvlink": inside,
-            "share_across": across, "link": link, "dispatch_ms": one, "combine_ms": one, "ms": 4 * one}
+            "share_across": across, "link": link, "dispatch_ms": one, "combine_ms": one, "ms": 4 * one,
+            "nic_ms": 4 * one if link == "nic" else 0.0}
 
 
 def cp_exchange(m: ModelArch, c: TrainingConfig, layers: int, gpu_type: str, nvlink_domain: int,

@@ -149,6 +149,20 @@ def fsdp_exposed(fs: dict, layers: int, forward: float, backward: float) -> tupl
     return gf / n + rest_f + gb / n + rest_b * share_g, rb / n + rest_b * (1 - share_g)
 
 
+def nic_traffic(a2a: dict | None, moe_layers: int, fs: dict | None, pp_ms: float, tp: dict,
+                cp: dict) -> dict[str, float]:
+    """A micro-batch's time on its rank's NIC (ms), by the stage's key of the term whose traffic it is:
+    the all-to-all's share across domains, Megatron FSDP's collectives and context parallel's or
+    TP's exchange where their groups leave the domain, and the pipeline's sends (over the NIC)."""
+    out = {"a2a": a2a["nic_ms"] * moe_layers if a2a else 0.0, "pp": pp_ms,
+           "tp": tp["ms"] if tp.get("link") == "nic" else 0.0,
+           "cp": cp["ms"] if cp.get("link") == "nic" else 0.0}
+    if fs and fs["link"] == "nic":
+        out["fsdp_gather"] = fs["forward_gather_ms"] + fs["backward_gather_ms"]
+        out["fsdp_reduce"] = fs["backward_reduce_ms"]
+    return {k: v for k, v in out.items() if v > 0}
+
+
 def grad_accumulation_fused(c: TrainingConfig, node: Node) -> bool:
     """TE's linears add each weight's gradient into its main_grad inside the wgrad GEMM, one launch
     fewer a weight (measured: benchmarks/results/host_cost.json); as the trials render it, on
@@ -203,7 +217,8 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
         backward, forward = s["gpu"] * 2 / 3, s["gpu"] / 3
         fs = comm.fsdp_sync(dense, experts, c, world, node.gpu_type, node.nvlink_domain, rates) if c.fsdp else None
         s["fsdp_gather"], s["fsdp_reduce"] = fsdp_exposed(fs, w.layers, forward, backward) if fs else (0.0, 0.0)
-        s["cp"] = comm.cp_exchange(m, c, w.layers, node.gpu_type, node.nvlink_domain, rates)["ms"]
+        cp = comm.cp_exchange(m, c, w.layers, node.gpu_type, node.nvlink_domain, rates)
+        s["cp"] = cp["ms"]
         # the host queues launches ahead of the GPU's stream, communication included, so the larger
         # of the two sets the pace; but where the host waits on the GPU (a dropless MoE layer's
         # token counts) the queue empties and the GPU waits for the launches after it, which
@@ -212,6 +227,14 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
         excess = rates.curve("host_wait_excess").at(s["host"] / stream) if stream else 0.0
         s["host_exposed"] = max(s["host"], stream) * (1 + excess) - stream
         s["micro_batch"] = stream + s["host_exposed"]
+        # a NIC carries no more than its rate: where a micro-batch's traffic across it (hidden or
+        # not) outlasts the micro-batch, it sets the pace, the excess shared by that traffic's terms
+        nic = nic_traffic(a2a, w.moe_layers, fs, pp, tp, cp)
+        s["nic_busy"] = sum(nic.values())
+        if s["nic_busy"] > s["micro_batch"]:
+            for k, v in nic.items():
+                s[k] += (s["nic_busy"] - s["micro_batch"]) * v / s["nic_busy"]
+            s["micro_batch"] = s["nic_busy"]
         dp = comm.dp_sync(dense, experts, c, world, node.gpu_type, node.nvlink_domain, rates)
         if fs:  # FSDP's own collectives replace the data-parallel ones: what is left once a step
             dp = {**fs, "reduce_ms": fs["step_reduce_ms"], "gather_ms": fs["step_gather_ms"],
@@ -246,7 +269,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
               "slowest_stage_work": top["work"].to_dict(),
               "compute_ms_per_micro_batch": top["compute"], "compute_parts_ms": top["parts"],
               "host_launch_ms_per_micro_batch": top["host"],
-              "ep_a2a_ms_per_micro_batch": top["a2a_total"],
+              "ep_a2a_ms_per_micro_batch": top["a2a_total"], "nic_ms_per_micro_batch": top["nic_busy"],
               "ep_overlap": c.overlap_ep_a2a,
               "ep_a2a_per_layer": a2a or {}, "dp_sync": top["dp"], "fsdp": c.fsdp,
               "kernel_table": table.source}

@@ -44,6 +44,27 @@ def test_the_interleaved_schedule_sends_beside_compute():
         8 * comm.pp_sends(TOY, one_f_one_b, Rates())["ms"])
 
 
+def test_a_micro_batch_lasts_at_least_its_traffic_over_the_nic():
+    """Qwen3-30B-A3B at EP 16 over two 8-GPU domains under Megatron FSDP, the EP overlap hiding the
+    all-to-all and FSDP hiding its gathers behind compute: each alone fits beside the compute, but
+    on a NIC at half the data sheet's rate their traffic together outlasts the micro-batch, which
+    then lasts as long as the NIC is busy, the excess in their terms; at the full rate the floor
+    does not bind and the micro-batch is the stream's."""
+    from moetune.experiment.schema import load_experiment
+    m = load_experiment("qwen3_30b_a3b").model
+    c = TrainingConfig(ep=16, etp=1, micro_batch=1, global_batch=64, dispatcher="flex", flex_backend="deepep",
+                       overlap_ep_a2a=True, fsdp=True, grouped_gemm=True, cuda_graph_impl="transformer_engine")
+    full = predict(m, c, NODE, world=16)  # graphed whole, the host out of the way
+    assert full.inputs["nic_ms_per_micro_batch"] < full.inputs["stage_micro_batch_ms"]["0"]
+    half = predict(m, c, NODE, world=16, rates=Rates(measured={"nic_gb_s": (25.0, "half the NIC (test)")}))
+    nic = half.inputs["nic_ms_per_micro_batch"]
+    assert half.inputs["stage_micro_batch_ms"]["0"] == pytest.approx(nic)
+    a2a_alone = half.inputs["ep_a2a_ms_per_micro_batch"]
+    assert a2a_alone < half.inputs["compute_ms_per_micro_batch"] < nic
+    assert half.terms["ep_a2a"] > full.terms["ep_a2a"] and half.terms["dp_param_gather"] > full.terms["dp_param_gather"]
+    assert half.step_time_ms == pytest.approx(sum(half.terms.values()))
+
+
 def test_gradient_accumulation_fusion_takes_one_launch_a_te_weight():
     """Where the image has apex (TE spec) each TE linear weight adds its own gradient inside its wgrad
     GEMM: one launch fewer a weight, a layer and micro-batch (attention's 2, each local expert's 2:
