@@ -184,6 +184,11 @@ def render_text(name: str, c: TrainingConfig, p: Prediction, extra_args: list[st
                  "routing assumed balanced")
     if i.get("fsdp"):
         lines.append(fsdp_line(i["dp_sync"]))
+    slowest = max(i["stage_micro_batch_ms"].values())
+    if i.get("nic_ms_per_micro_batch", 0) >= slowest > 0:
+        lines.append(f"  NIC-bound: a micro-batch's traffic across the NIC ({i['nic_ms_per_micro_batch']:.0f} ms: "
+                     "the all-to-all's share across, FSDP's collectives, the pipeline's sends) outlasts its "
+                     "other work and sets its pace; the excess is in those terms")
     if "calibration" in i:
         lines.append(f"  rates measured ({i['calibration']}): {', '.join(i['rates_measured']) or 'none'}; "
                      "the rest published (--format json: each rate's source)")

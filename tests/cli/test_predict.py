@@ -249,3 +249,18 @@ def test_no_p2p_overlap_counts_the_interleaved_pipelines_sends(capsys, no_store)
     plan = _json(capsys, ["plan", "qwen3_235b", "--no-p2p-overlap", "--limit", "3", "--format", "json"])
     rows = plan["layouts"] if "layouts" in plan else plan
     assert rows and all(not r["config"]["overlap_p2p_comm"] for r in rows)
+
+
+def test_a_nic_bound_layout_says_so(capsys, no_store):
+    """DeepSeek-V3 under Megatron FSDP without a pipeline: its gathers and reduce and its all-to-all's
+    share across nodes outlast its compute together; predict's text names the NIC as the pace and
+    its JSON carries the NIC's time; NVIDIA's pipeline layout is not NIC-bound."""
+    fsdp = ["predict", "deepseek_v3", "--tp", "4", "--pp", "1", "--ep", "128", "--micro-batch", "2", "--fsdp",
+            "--dispatcher", "deepep", "--ep-overlap"]
+    capsys.readouterr()
+    assert main(fsdp) == 0
+    assert "NIC-bound" in capsys.readouterr().out
+    p = _json(capsys, fsdp + ["--format", "json"])
+    assert p["inputs"]["nic_ms_per_micro_batch"] == pytest.approx(max(p["inputs"]["stage_micro_batch_ms"].values()))
+    assert main(["predict", "deepseek_v3"]) == 0
+    assert "NIC-bound" not in capsys.readouterr().out
