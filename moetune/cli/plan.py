@@ -196,4 +196,10 @@ def _main(argv: list[str], db: str | None = None) -> int:
         print(f"{c.tp:>3} {c.cp:>2} {c.pp:>3} {c.vpp or '-':>3} {c.ep:>4} {c.etp or c.tp:>3} {c.micro_batch:>2} "
               f"{dispatcher_text(c):<10} {overlap_text(c):<10} {graphs_text(c):<6} {recompute_text(c):<{rw}} "
               f"{lay.memory_gb:>7.1f} {seen} {speed if speed is not None else '-':>9} {step:>22}  {rows}{note}")
+    first = found.headline(layouts[0]) or {}
+    if args.order == "speed" and "step_time_low_ms" in first:
+        lo, hi = first["step_time_low_ms"], first["step_time_high_ms"]
+        inside = sum(lo <= (found.headline(lay) or {}).get("step_time_ms", hi + 1) <= hi for lay in layouts)
+        print(f"{inside} of the {len(layouts)} shown lie inside the first's band ({lo:.0f}-{hi:.0f} ms): the model "
+              "does not order those; a trial of each does")
     return code

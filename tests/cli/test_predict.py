@@ -264,3 +264,16 @@ def test_a_nic_bound_layout_says_so(capsys, no_store):
     assert p["inputs"]["nic_ms_per_micro_batch"] == pytest.approx(max(p["inputs"]["stage_micro_batch_ms"].values()))
     assert main(["predict", "deepseek_v3"]) == 0
     assert "NIC-bound" not in capsys.readouterr().out
+
+
+def test_plan_counts_the_layouts_inside_the_firsts_band(capsys, no_store):
+    """plan's last line counts the shown layouts whose predicted step lies inside the first's band,
+    the ones the model does not order: the same count the JSON's rows give."""
+    rows = _json(capsys, ["plan", "qwen3_235b", "--limit", "8", "--format", "json"])["layouts"]
+    first = rows[0]["predicted"]
+    lo, hi = first["step_time_low_ms"], first["step_time_high_ms"]
+    inside = sum(lo <= r["predicted"]["step_time_ms"] <= hi for r in rows)
+    assert main(["plan", "qwen3_235b", "--limit", "8"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"{inside} of the 8 shown lie inside the first's band ({lo:.0f}-{hi:.0f} ms)")
+    assert 1 <= inside <= 8
