@@ -198,9 +198,11 @@ def test_plan_cli_errors(capsys):
     assert "no layout of deepseek_v3 fits" in capsys.readouterr().out
     assert main(["mixtral_8x7b", "--gpus", "16", "--limit", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    # the header, the search's two lines of counts, the columns and the two rows the limit shows
-    assert lines[0].startswith("mixtral_8x7b on 16x H100") and len(lines) == 6
-    assert lines[1].startswith("searched ") and len([ln for ln in lines[4:] if ln.split()[0].isdigit()]) == 2
+    # the header, the search's two lines of counts, the columns, the two rows the limit shows and how
+    # many of them lie inside the first's band
+    assert lines[0].startswith("mixtral_8x7b on 16x H100") and len(lines) == 7
+    assert lines[1].startswith("searched ") and len([ln for ln in lines[4:6] if ln.split()[0].isdigit()]) == 2
+    assert "of the 2 shown lie inside the first's band" in lines[6]
 
 
 FIT = Path(__file__).resolve().parents[2] / "benchmarks" / "fit_lease"
