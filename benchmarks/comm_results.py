@@ -41,6 +41,12 @@ def sweep_module():
     return mod
 
 
+def sweep_configs(exp) -> dict:
+    """Each run of the sweep by name: its TrainingConfig (benchmarks/device/comm_sweep.py)."""
+    sw = sweep_module()
+    return {name: sw.config(exp, changes) for name, changes, _ in sw.sweep(exp)}
+
+
 def trace_of(folder: Path, name: str, scratch: Path) -> Path | None:
     if (folder / f"{name}.sqlite").is_file():
         return folder / f"{name}.sqlite"
@@ -170,8 +176,7 @@ def reprice(record: dict, exp, gpu_type: str, calibrated_by: str | None = None) 
     figures kept: each run as `moetune predict` prices it with an empty store, and (calibrated_by:
     one of the record's probes) as it prices it once that probe is the cluster's calibration
     (`moetune calibrate`: its links, GEMMs, copy and launch move the rate table)."""
-    sw = sweep_module()
-    configs = {name: sw.config(exp, changes) for name, changes, _ in sw.sweep(exp)}
+    configs = sweep_configs(exp)
     calibrated = None
     with tempfile.TemporaryDirectory() as scratch:
         if calibrated_by:

@@ -188,8 +188,7 @@ def flex_nvlink() -> dict:
     import comm_results
     rec = json.loads(SWEEP4.read_text())
     exp = load_experiment(rec["experiment"])
-    sw = comm_results.sweep_module()
-    configs = {name: sw.config(exp, changes) for name, changes, _ in sw.sweep(exp)}
+    configs = comm_results.sweep_configs(exp)
     out = {}
     for backend, name in FLEX_RUNS.items():
         run = next(r for r in rec["sweep"] if r["name"] == name)

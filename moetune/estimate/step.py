@@ -170,12 +170,6 @@ def grad_accumulation_fused(c: TrainingConfig, node: Node) -> bool:
     return c.transformer_impl != "local" and node.has_apex
 
 
-def p2p_overlapped(c: TrainingConfig) -> bool:
-    """The pipeline's sends run beside compute: the interleaved schedule with overlap_p2p_comm
-    (Megatron's default; without virtual stages Megatron turns it off)."""
-    return c.pp > 1 and bool(c.vpp) and c.overlap_p2p_comm
-
-
 def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rates | None = None,
             measured_ms: float | None = None) -> Prediction:
     """The step's predicted time. `measured_ms`: a fit's or one-GPU trial's measured time of one
@@ -211,7 +205,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
         s["tp"] = tp["ms"] * (1 - rates["tp_overlap_hidden"] if c.tp_comm_overlap else 1.0)
         pp = comm.pp_sends(m, c, rates)["ms"]
         # the interleaved schedule sends beside the next chunk's compute (Megatron's overlap_p2p_comm)
-        s["pp"] = max(0.0, pp - s["gpu"]) if p2p_overlapped(c) else pp
+        s["pp"] = max(0.0, pp - s["gpu"]) if c.p2p_overlapped else pp
         s["pp_total"] = pp
         dense, experts = stage_params(m, c, w.layers, w.moe_layers, w.index == 0, w.index == c.pp - 1)
         backward, forward = s["gpu"] * 2 / 3, s["gpu"] / 3
@@ -250,7 +244,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
         s["optimizer"] = 1e3 * opt_bytes / (g.hbm_tb_s * 1e12 * rates["hbm_efficiency"])
     top = max(stages, key=lambda s: s["micro_batch"])
     bubble = (c.pp - 1) / (c.vpp or 1) * top["micro_batch"]
-    if p2p_overlapped(c):  # fill and drain wait on each stage's send: PP-1 hops forward and backward
+    if c.p2p_overlapped:  # fill and drain wait on each stage's send: PP-1 hops forward and backward
         bubble += (c.pp - 1) * top["pp_total"] / c.vpp
     terms = {"compute": mb * top["compute"], "host_launch": mb * top["host_exposed"],
              "ep_a2a": mb * top["a2a"], "tp_collectives": mb * top["tp"], "pp_sends": mb * top["pp"],

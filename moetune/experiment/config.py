@@ -197,6 +197,12 @@ class TrainingConfig:
             return ()
         return self.recompute_modules or DEFAULT_RECOMPUTE_MODULES
 
+    @property
+    def p2p_overlapped(self) -> bool:
+        """The pipeline's sends run beside compute: overlap_p2p_comm under the interleaved schedule
+        (without virtual stages Megatron turns it off)."""
+        return self.pp > 1 and bool(self.vpp) and self.overlap_p2p_comm
+
     def data_parallel(self, world: int) -> int:
         """Replicas of the dense part on `world` GPUs (0 where the layout needs more)."""
         return world // self.model_size

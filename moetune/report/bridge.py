@@ -161,7 +161,7 @@ def layout_lines(config: TrainingConfig, seq_length: int) -> list[str]:
     values["etp"] = config.etp or config.tp  # Megatron's: ETP follows TP where unset
     values["seq_length"] = config.seq_length or seq_length
     values["recompute_modules"] = list(config.selective_modules) or None
-    values["overlap_p2p_comm"] = config.overlap_p2p_comm and bool(config.vpp)  # Megatron's: VPP only
+    values["overlap_p2p_comm"] = config.p2p_overlapped  # Megatron's: the interleaved schedule only
     for field, keys in LAYOUT_KEYS.items():
         value = values[field]
         if field in ("offload_modules", "cuda_graph_modules"):
