@@ -12,6 +12,8 @@
 #   memLxMy, memgLxMy  x layers, y micro-batches a step, 7 iterations, without and with TE's CUDA graphs
 #                of attn, moe_router and moe_preprocess (captured after 3 warm-up iterations), the
 #                GPU's memory in use polled every 100 ms (NAME.mem): what the graphs' pools take
+#   memLxMyPz, memgLxMyPz  the same as the first stage (rank 0) of z pipeline stages (a world of 16 z),
+#                x layers over the z stages: Megatron captures every micro-batch there, not one
 # From the repo root, with .whl, .devlib and .deps/tecarry carried:
 #   bash benchmarks/device/host_cost.sh start [RUN ...]   # setup, then the runs in their own session
 #   bash benchmarks/device/host_cost.sh wait SECONDS      # until they end or SECONDS pass; packs into $OUT
@@ -43,10 +45,14 @@ run() {
   esac
   local layers=16 gbs=64 iters=14 extra=()
   case "$name" in
-    mem*) layers=${name#*L}; layers=${layers%M*}; gbs=$(( 16 * ${name##*M} )); iters=7 ;;
+    mem*) layers=${name#*L}; layers=${layers%M*}; mbs=${name##*M}; mbs=${mbs%P*}; gbs=$(( 16 * mbs )); iters=7 ;;
+  esac
+  local pp=1
+  case "$name" in
+    mem*P*) pp=${name##*P}; extra+=(--pipeline-model-parallel-size "$pp") ;;
   esac
   case "$name" in
-    memg*) extra=(--cuda-graph-impl transformer_engine --cuda-graph-modules attn moe_router moe_preprocess)
+    memg*) extra+=(--cuda-graph-impl transformer_engine --cuda-graph-modules attn moe_router moe_preprocess)
            export NCCL_GRAPH_REGISTER=0 ;;  # Megatron asks for it with expandable segments and graphs
   esac
   local poll=
@@ -61,7 +67,7 @@ l = next(x for x in json.load(open("benchmarks/fit_lease/layouts.json")) if x["n
 print(shlex.join(a for a in l["argv"] if os.environ["FUSE"] == "0" or a != "--no-gradient-accumulation-fusion"))')
   eval "set -- $argv"
   local t0=$SECONDS
-  env PYTHONPATH="$path" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True WORLD_SIZE=16 RANK=0 LOCAL_RANK=0 \
+  env PYTHONPATH="$path" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True WORLD_SIZE=$(( 16 * pp )) RANK=0 LOCAL_RANK=0 \
     MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 "${pin[@]}" "${pre[@]}" python3 -u moetune/workloads/train_moe.py "$@" \
     --num-layers "$layers" --global-batch-size "$gbs" --train-iters "$iters" --profile-step-start 10 \
     --profile-step-end 12 "${extra[@]}" > "$R/$name.log" 2>&1 < /dev/null
@@ -106,6 +112,12 @@ case "${1:-}" in
       [ "$(basename "$l")" = driver.log ] && continue
       printf '%-12s %s\n' "$(basename "$l" .log)" "$(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$l" | awk '{printf "%s ", $NF}')"
       grep -m2 -E 'Error|error:' "$l" | cut -c1-200
+    done
+    for m in "$OUT"/*.mem; do  # the GPU's most memory in use; the allocator's at the end, then emptied
+      [ -e "$m" ] || continue
+      printf '%-12s max used %s MiB; max reserved %s MB; held %s\n' "$(basename "$m" .mem)" "$(sort -n "$m" | tail -1)" \
+        "$(grep -o 'max reserved: [0-9.]*' "${m%.mem}.log" | tail -1 | awk '{print $NF}')" \
+        "$(grep -o 'emptying the cache.*' "${m%.mem}.log" | tail -1)"
     done
     find "$OUT" -mindepth 1 -delete && mv /tmp/host_cost.tar.xz "$OUT"/ && ls -la "$OUT"
     ;;
