@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
+import re
 import sqlite3
 import statistics
 import sys
@@ -35,6 +36,9 @@ sys.path.insert(0, str(ROOT))
 from moetune.analysis.figures import judged_step  # noqa: E402
 from moetune.analysis.load import materialize  # noqa: E402
 from moetune.analysis.logs import parse_log  # noqa: E402
+from moetune.estimate.memory import graphed_saved_bytes, in_flight  # noqa: E402
+from moetune.experiment.config import TrainingConfig  # noqa: E402
+from moetune.experiment.schema import load_experiment  # noqa: E402
 
 RUNS = ROOT / "benchmarks" / "host_cost"
 OUT = ROOT / "benchmarks" / "results" / "host_cost.json"
@@ -44,6 +48,16 @@ ORDER = {"call1": ("plain", "nsys", "gaf_nsys", "gaf", "plain_again", "cpus2", "
 LAYERS, MICRO_BATCHES, LOCAL_EXPERTS = 16, 4, 8  # the runs' layout (host_cost.sh)
 # the graph-memory runs: without graphs (call3), then with them (call4), by (layers, micro-batches)
 GRAPH_MEMORY = {"base": "call3", "graphs": "call4", "shapes": ((8, 4), (16, 4), (16, 8))}
+# the graph-memory runs with and without graphs in one call, pipeline stages too (memLxMyPz, memgLxMyPz)
+GRAPH_POOLS = "call5"
+LAYOUT = "qwen3_30b_a3b-baseline-r0"  # benchmarks/fit_lease/layouts.json
+GRAPHED = ("attn", "moe_router", "moe_preprocess")  # host_cost.sh's memg runs
+MEM_NAME = re.compile(r"mem(?P<graphs>g?)L(?P<layers>\d+)M(?P<mbs>\d+)(?:P(?P<pp>\d+))?$")
+MB_FIGURE = {"allocated_after_1": re.compile(r"after 1 iterations\) memory \(MB\) \| allocated: ([\d.]+)"),
+             "max_allocated_mb": re.compile(r"max allocated: ([\d.]+)"),
+             "max_reserved_mb": re.compile(r"max reserved: ([\d.]+)"),
+             "held_reserved_mb": re.compile(r"emptying the cache \(MB\) \| reserved: ([\d.]+)"),
+             "graph_pools_mb": re.compile(r"graph pools: ([\d.]+)")}
 
 
 def kind(name: str) -> dict:
@@ -136,25 +150,103 @@ def peak_mib(path: Path) -> int:
 
 def graph_memory() -> dict:
     """Each (layers, micro-batches) run's peak without and with CUDA graphs, what the graphs added,
-    and that per layer and micro-batch as the layers and the micro-batches grow."""
+    and beside it the graphed scopes' saved tensors by the estimate (memory.graphed_saved_bytes);
+    the pools' fixed part and their share of those tensors through the two 4-micro-batch runs (the
+    micro-batches a step of the trials the estimate is checked on), the rows memory.py prices graphs
+    by; and that checked on the 48-layer graphed trial of benchmarks/results/near_capacity.json."""
     rows = []
     for layers, mbs in GRAPH_MEMORY["shapes"]:
         base = peak_mib(RUNS / GRAPH_MEMORY["base"] / f"memL{layers}M{mbs}.mem.xz")
         graphs = peak_mib(RUNS / GRAPH_MEMORY["graphs"] / f"memgL{layers}M{mbs}.mem.xz")
         rows.append({"layers": layers, "micro_batches": mbs, "peak_mib": base, "graphs_peak_mib": graphs,
-                     "graphs_add_mib": graphs - base})
-    by = {(r["layers"], r["micro_batches"]): r["graphs_add_mib"] for r in rows}
+                     "graphs_add_mib": graphs - base, "saved_mib": round(saved_mib(layers, mbs), 1)})
+    by = {(r["layers"], r["micro_batches"]): r for r in rows}
+    lo, hi = by[8, 4], by[16, 4]
+    factor = (hi["graphs_add_mib"] - lo["graphs_add_mib"]) / (hi["saved_mib"] - lo["saved_mib"])
+    fixed = lo["graphs_add_mib"] - factor * lo["saved_mib"]
     return {"runs": rows,
             "per_layer_and_micro_batch_mib": {
-                "layers 8 to 16 at 4 micro-batches": round((by[16, 4] - by[8, 4]) / (8 * 4), 1),
-                "micro-batches 4 to 8 at 16 layers": round((by[16, 8] - by[16, 4]) / (16 * 4), 1)}}
+                "layers 8 to 16 at 4 micro-batches": round((hi["graphs_add_mib"] - lo["graphs_add_mib"]) / (8 * 4), 1),
+                "micro-batches 4 to 8 at 16 layers": round(
+                    (by[16, 8]["graphs_add_mib"] - hi["graphs_add_mib"]) / (16 * 4), 1)},
+            "pools": {"fixed_mib": round(fixed), "factor": round(factor, 4),
+                      "from": "the 8- and 16-layer runs at 4 micro-batches"},
+            "check": near_capacity_check(round(fixed), round(factor, 4))}
+
+
+def saved_mib(layers: int, micro_batches: int, pp: int = 1) -> float:
+    """memory.graphed_saved_bytes of a run's first stage (MiB): the layout's graphed scopes' saved
+    tensors, its layers, its micro-batches in flight."""
+    layout = next(x for x in json.loads((ROOT / "benchmarks" / "fit_lease" / "layouts.json").read_text())
+                  if x["name"] == LAYOUT)
+    m = load_experiment(layout["model"]).model
+    c = TrainingConfig.from_dict(layout["config"]).replace(
+        pp=pp, cuda_graph_impl="transformer_engine", cuda_graph_modules=GRAPHED,
+        capacity_factor=1.0, pad_to_capacity=True)  # as its argv runs it
+    return graphed_saved_bytes(m, c, 0, layers / pp, in_flight(c, micro_batches, 0)) / 2**20
+
+
+def near_capacity_check(fixed_mib: float, factor: float) -> dict:
+    """The graphed trial of near_capacity.json (Qwen3-30B-A3B, 48 layers, 4 micro-batches, one
+    H100): the reserved memory over the most allocated, which the graphs' pools make (replays
+    allocate nothing), beside the pools priced by this record's rows."""
+    record = json.loads((ROOT / "benchmarks" / "results" / "near_capacity.json").read_text())
+    v = next(x for x in record["variants"] if x["config"]["cuda_graph_impl"] != "none")
+    m = load_experiment(v["variant"].split("_graphs")[0]).model
+    c = TrainingConfig.from_dict(v["config"])
+    saved = graphed_saved_bytes(m, c, 0, m.num_layers, in_flight(c, v["micro_batches"], 0)) / 2**20
+    measured = (v["max_reserved_gb"] - v["max_allocated_gb"]) * 1024
+    priced = fixed_mib + factor * saved
+    return {"trial": v["variant"], "reserved_over_allocated_mib": round(measured), "saved_mib": round(saved, 1),
+            "priced_mib": round(priced), "error": round(priced / measured - 1, 3)}
+
+
+def mem_run(path: Path) -> dict:
+    """One memLxMy[Pz] run of GRAPH_POOLS: its shape, the GPU's peak in use, and the allocator's
+    figures (the last of each in the log: the end of the run, after the graphs' capture)."""
+    name = path.name.removesuffix(".mem.xz")
+    shape = MEM_NAME.match(name)
+    if shape is None:
+        raise ValueError(f"{path}: not a memLxMy[Pz] run")
+    with lzma.open(path.with_name(f"{name}.log.xz"), "rt") as f:
+        log = f.read()
+    row = {"name": name, "graphs": bool(shape["graphs"]), "layers": int(shape["layers"]),
+           "micro_batches": int(shape["mbs"]), "pp": int(shape["pp"] or 1), "peak_mib": peak_mib(path)}
+    for key, pattern in MB_FIGURE.items():
+        found = pattern.findall(log)
+        row[key] = float(found[-1]) if found else None
+    # the activations' peak: the most allocated over what the first iteration left (weights, grads,
+    # optimizer states)
+    row["activation_peak_mb"] = round(row["max_allocated_mb"] - row["allocated_after_1"], 1)
+    return row
+
+
+def graph_pools() -> dict | None:
+    """GRAPH_POOLS's runs (None until that call is in): each graphed run's private pools as the
+    allocator reports them (train_moe.py, after emptying its cache) beside the graphed scopes' saved
+    tensors and the pools this record's rows price; where a run of the same layers and stages ran
+    without graphs, what the graphs added to the GPU's peak (the micro-batches do not move that
+    one's peak once they fill the pipeline)."""
+    folder = RUNS / GRAPH_POOLS
+    if not folder.is_dir():
+        return None
+    rows = [mem_run(p) for p in sorted(folder.glob("mem*.mem.xz"))]
+    base = {(r["layers"], r["pp"]): r for r in rows if not r["graphs"]}
+    rates = graph_memory()["pools"]
+    for r in (r for r in rows if r["graphs"]):
+        r["saved_mib"] = round(saved_mib(r["layers"], r["micro_batches"], r["pp"]), 1)
+        r["priced_mib"] = round(rates["fixed_mib"] + rates["factor"] * r["saved_mib"])
+        if (r["layers"], r["pp"]) in base:
+            r["graphs_add_mib"] = r["peak_mib"] - base[r["layers"], r["pp"]]["peak_mib"]
+    return {"source": str(folder.relative_to(ROOT)), "runs": rows}
 
 
 def measure() -> dict:
     rows = runs()
     return {"source": str(RUNS.relative_to(ROOT)), "machine": "one H200, 16 cores (Intel Xeon, 1 thread a core)",
             "layout": "qwen3_30b_a3b-baseline-r0 (benchmarks/fit_lease/layouts.json), 16 layers, 4 micro-batches",
-            "summary": summary(rows), "runs": rows, "cuda_graph_memory": graph_memory()}
+            "summary": summary(rows), "runs": rows, "cuda_graph_memory": graph_memory(),
+            "cuda_graph_pools": graph_pools()}
 
 
 def table(record: dict) -> str:
@@ -177,7 +269,13 @@ def table(record: dict) -> str:
         f"{r['layers']} layers x {r['micro_batches']} micro-batches {r['peak_mib']} / {r['graphs_peak_mib']} "
         f"(+{r['graphs_add_mib']})" for r in g["runs"]),
         "  added a layer and micro-batch: "
-        + ", ".join(f"{k} {v}" for k, v in g["per_layer_and_micro_batch_mib"].items())]
+        + ", ".join(f"{k} {v}" for k, v in g["per_layer_and_micro_batch_mib"].items()),
+        f"  pools priced as {g['pools']['fixed_mib']} MiB + {g['pools']['factor']} x the graphed scopes' saved "
+        f"tensors ({g['pools']['from']}); {g['check']['trial']}: {g['check']['priced_mib']} MiB priced, "
+        f"{g['check']['reserved_over_allocated_mib']} reserved over allocated ({g['check']['error']:+.1%})"]
+    if record.get("cuda_graph_pools"):
+        lines += [f"  {r['name']}: pools {r['graph_pools_mb']} MB, priced {r['priced_mib']} MiB"
+                  for r in record["cuda_graph_pools"]["runs"] if r["graphs"]]
     return "\n".join(lines)
 
 

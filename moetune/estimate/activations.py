@@ -209,6 +209,34 @@ def layer_bytes(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
     return residual_bytes(m, c, moe) + attention_bytes(m, c) + mlp
 
 
+def graphed_bytes(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
+    """What one layer's CUDA-graphed scopes keep for backward, one micro batch: the tensors a graph's
+    replay writes into its private pool rather than the regular one. attn: the input norm's input
+    and output, the attention's saved tensors and its output to the residual (the next norm's
+    input); moe_router: the pre-MLP norm's output and the router's tensors, the shared experts'
+    too where they are not overlapped (Megatron graphs them with the router then); moe_preprocess:
+    only token counts; mlp and moe: the MLP side whole. No scopes, or a whole iteration: the layer."""
+    if c.cuda_graph_impl in (None, "none"):
+        return 0.0
+    if c.cuda_graph_impl == "full_iteration" or not c.cuda_graph_modules:
+        return layer_bytes(m, c, moe)
+    _, tsp = _tokens(m, c)
+    norm = BF16 * tsp * m.hidden_size
+    scopes = set(c.cuda_graph_modules)
+    out = 0.0
+    if "attn" in scopes:
+        out += 3 * norm + attention_bytes(m, c)
+    if moe and "moe" in scopes:
+        out += norm + moe_bytes(m, c)
+    elif moe and "moe_router" in scopes:
+        out += norm + router_bytes(m, c)
+        if m.moe_shared_expert_intermediate_size and not c.shared_expert_overlap:
+            out += _gated_mlp_bytes(m, c, m.moe_shared_expert_intermediate_size)
+    elif not moe and "mlp" in scopes:
+        out += dense_mlp_bytes(m, c)
+    return out
+
+
 def logits_bytes(m: ModelArch, c: TrainingConfig, vocab: int) -> float:
     """The output layer on the last stage: the final norm's input and output, the fp32 softmax the
     vocab-parallel cross entropy keeps, and the bf16 logits alive beside it while the loss runs."""

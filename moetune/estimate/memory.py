@@ -24,6 +24,12 @@ from moetune.experiment.pipeline import chunk_layers, mtp_rank, split_fields, sp
 
 GB = 2**30
 FIXED_GB = 3.0  # CUDA context, NCCL buffers, allocator slack: not in the model's figure
+# TE CUDA graphs' private pools (cuda_graph_bytes): a fixed part a rank and a share of the graphed
+# scopes' saved tensors, measured by moetune on one rank of Qwen3-30B-A3B at 8 and 16 layers (one
+# H100, benchmarks/results/host_cost.json cuda_graph_memory "pools"): the GPU's peak with graphs
+# over without, 2392 and 3660 MiB, through graphed_saved_bytes' 1391 and 2782
+CUDA_GRAPH_POOL_FACTOR = 0.9116
+CUDA_GRAPH_FIXED_GB = 1124 / 1024
 # of the GPU's memory a planned estimate leaves free (a fit's is experiment/fit.py headroom_gb)
 PLAN_HEADROOM_SHARE = 0.1
 
@@ -153,6 +159,7 @@ class Estimate:
     optimizer_gb: float
     activations_gb: float
     fixed_gb: float = FIXED_GB
+    cuda_graphs_gb: float = 0.0  # the graphs' private pools, beside the regular pool's activations
     parameters_b: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -162,12 +169,13 @@ class Estimate:
 
     @property
     def total_gb(self) -> float:
-        return self.model_state_gb + self.activations_gb + self.fixed_gb
+        return self.model_state_gb + self.activations_gb + self.cuda_graphs_gb + self.fixed_gb
 
     def to_dict(self) -> dict:
         return {"weights_gb": round(self.weights_gb, 3), "grads_gb": round(self.grads_gb, 3),
                 "optimizer_gb": round(self.optimizer_gb, 3), "activations_gb": round(self.activations_gb, 3),
-                "fixed_gb": self.fixed_gb, "total_gb": round(self.total_gb, 3)}
+                "cuda_graphs_gb": round(self.cuda_graphs_gb, 3), "fixed_gb": self.fixed_gb,
+                "total_gb": round(self.total_gb, 3)}
 
 
 def stage_layers(m: ModelArch, c: TrainingConfig, stage: int = 0) -> tuple[float, float]:
@@ -260,13 +268,33 @@ def _stage_estimate(m: ModelArch, c: TrainingConfig, gpus: int, stage: int) -> E
         act += activations.logits_bytes(m, c, padded_vocab(m, c.tp))
     if stage == mtp_rank(c, m.mtp_num_layers):
         act += activations.mtp_bytes(m, c, padded_vocab(m, c.tp)) * in_flight(c, microbatches, stage)
+    graphs = cuda_graph_bytes(m, c, n_dense, n_moe, held)
     notes = []
     if c.recompute_granularity == "full":
         notes.append("full recompute: one checkpoint per layer")
     if c.fsdp:
         notes.append(f"Megatron FSDP {c.fsdp_sharding}: {fs.gathered / GB:.1f} GB of two layers held whole")
-    return Estimate(weights / GB, grads / GB, opt / GB, act / GB,
+    if graphs:
+        notes.append(f"CUDA graphs: {graphs / GB:.1f} GB in their private pools")
+    return Estimate(weights / GB, grads / GB, opt / GB, act / GB, cuda_graphs_gb=graphs / GB,
                     parameters_b=(p.total + mtp_params(m).total) / 1e9, notes=notes)
+
+
+def graphed_saved_bytes(m: ModelArch, c: TrainingConfig, n_dense: float, n_moe: float, held: float) -> float:
+    """What TE's CUDA graphs of a stage keep in their private pools for backward: the graphed scopes'
+    saved tensors (activations.graphed_bytes) of each layer, for the micro-batches in flight at the
+    peak (Megatron captures one at PP 1 without EP overlap, every one of a step at PP > 1, and TE
+    reuses a captured micro-batch's buffers once its backward has run, so the schedule's depth
+    stays). The regular pool still holds everything outside the graphs."""
+    return held * (n_dense * activations.graphed_bytes(m, c, moe=False)
+                   + n_moe * activations.graphed_bytes(m, c, moe=True))
+
+
+def cuda_graph_bytes(m: ModelArch, c: TrainingConfig, n_dense: float, n_moe: float, held: float) -> float:
+    """The graphs' private pools on a stage, on top of the regular pool: a rank's fixed part and
+    the saved tensors at the measured rate (CUDA_GRAPH_FIXED_GB, CUDA_GRAPH_POOL_FACTOR)."""
+    saved = graphed_saved_bytes(m, c, n_dense, n_moe, held)
+    return CUDA_GRAPH_FIXED_GB * GB + CUDA_GRAPH_POOL_FACTOR * saved if saved else 0.0
 
 
 def _estimate_dense_scope(m: ModelArch, c: TrainingConfig, gpus: int) -> Estimate:

@@ -2,11 +2,12 @@
 table), then memory (the estimate), then the step-time model (price).
 
 A parallel layout (TP, CP, PP with the split Megatron can build, VPP, EP, ETP, micro batch, and the
-least recompute that fits) sets the memory; the settings (dispatcher, EP all-to-all overlap with or
-without delayed wgrad, TP-comm overlap, CUDA graph scopes) do not change the estimate, so for each
-parallel layout only the fastest of its settings is kept: the others are dominated (as fast or
-slower at the same memory). Settings are chosen one dimension at a time, in the order below, each
-priced with the others at their best so far (the dispatcher and the EP overlap together, since
+least recompute that fits) sets the memory; of the settings (dispatcher, EP all-to-all overlap with
+or without delayed wgrad, TP-comm overlap, CUDA graph scopes) only the graphs add to it (their
+private pools): a scope set whose pools do not fit is tried with more selective recompute, and
+dropped for memory where none fits. For each parallel layout only the fastest of its settings that
+fit is kept: the others are dominated. Settings are chosen one dimension at a time, in the order
+below, each priced with the others at their best so far (the dispatcher and the EP overlap together, since
 the overlap does not take every dispatcher); a parallel layout whose step, even with every
 communication and launch hidden, is slower than the `keep`-th fastest found is bounded out before
 its settings are priced. Sources: moe-optimization-workflow.md (fit first; recompute and CUDA graph
@@ -41,9 +42,12 @@ EP_OVERLAP_VALUES: tuple[dict, ...] = (
     {"overlap_ep_a2a": False, "delay_wgrad": False}, {"overlap_ep_a2a": True, "delay_wgrad": False},
     {"overlap_ep_a2a": True, "delay_wgrad": True})
 TP_OVERLAP_VALUES: tuple[dict, ...] = ({"tp_comm_overlap": False}, {"tp_comm_overlap": True})
-# TE-scoped partial graphs for dropless MoE, widened in the workflow's order
+# TE-scoped partial graphs for dropless MoE, widened in the workflow's order; the router's and
+# preprocess's alone first, the scopes the Model Zoo's Qwen3-235B H100 run graphs (run_h100_235b.sh),
+# whose pools are small beside attention's
 GRAPH_VALUES: tuple[dict, ...] = (
     {"cuda_graph_impl": "none", "cuda_graph_modules": ()},
+    {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ("moe_router", "moe_preprocess")},
     {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ("attn",)},
     {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ("attn", "moe_router")},
     {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ("attn", "moe_router", "moe_preprocess")})
@@ -92,7 +96,7 @@ class Found:
     config: TrainingConfig
     """The layout with its fastest settings."""
     memory_gb: float
-    """Its estimate, fixed overhead included (the settings do not change it)."""
+    """Its estimate with those settings, fixed overhead included (of the settings only CUDA graphs add)."""
     breakdown: dict
     """The estimate's parts (Estimate.to_dict)."""
     measured_gb: float | None
@@ -211,7 +215,11 @@ def search_space(exp, readings, gpus: int | None = None, gpu_type: str | None = 
             out.refused.append([])
             continue
         fitting.append(found[:3])
-    _price_settings(exp, cluster, readings, gpus, gpu_type, fitting, keep, fixed, out)
+    fits = _fits(m, world, limit, capacity, measured)
+    # graphs whose pools do not fit may fit with more selective recompute (the workflow: revisit
+    # recompute after enabling graphs; TE's graphs pair with selective recompute, not full)
+    rungs = [r for r in ladder if r["recompute_granularity"] != "full"] if len(ladder) > 1 else []
+    _price_settings(exp, cluster, readings, gpus, gpu_type, fitting, keep, fixed, out, fits, rungs)
     out.fit.sort(key=lambda f: f.step_ms)
     return out
 
@@ -251,6 +259,34 @@ def _least_recompute(m, cfg, world, ladder, start, limit, capacity, cluster, mea
     return best
 
 
+def _fits(m, world: int, limit: float, capacity: float, measured):
+    """A config's test of fit as the recompute ladder's: (its estimate, its measured peak or None)
+    where the estimate is within the limit or the measured peak fits, else None."""
+    def fits(c: TrainingConfig):
+        est, peak = estimate(m, c, world), measured(c) if measured else None
+        return (est, peak) if est.total_gb <= limit or fits_measured(peak, capacity) else None
+    return fits
+
+
+def _graphs_fit(m, cluster, c: TrainingConfig, fits, rungs: list[dict]):
+    """(config, (estimate, measured peak)) of a CUDA graph setting at the layout's recompute, or else
+    at the least selective rung above it where the graphs' pools fit and the constraints pass;
+    (c, None) where none does."""
+    est = fits(c)
+    if est is not None:
+        return c, est
+    now = {k: getattr(c, k) for k in rungs[0]} if rungs else None
+    above = rungs[rungs.index(now) + 1:] if now in rungs else []
+    for rung in above:
+        t = c.replace(**rung)
+        if check(t, m, cluster):
+            continue
+        est = fits(t)
+        if est is not None:
+            return t, est
+    return c, None
+
+
 def _lower_bound(exp, cluster, readings, cfg: TrainingConfig, p) -> float:
     """The step no settings of this layout can beat: the slowest stage's compute, pipeline and CP
     sends, its all-to-all at the cheapest dispatcher with the most EP overlap hides, its TP
@@ -274,8 +310,10 @@ def _lower_bound(exp, cluster, readings, cfg: TrainingConfig, p) -> float:
     return per * mb + fill + t["dp_grad_reduce"] + t["dp_param_gather"] + t["optimizer"]
 
 
-def _price_settings(exp, cluster, readings, gpus, gpu_type, fitting, keep, fixed, out: Space) -> None:
-    """Each fitting layout's fastest settings, into out.fit; the settings not kept counted by reason."""
+def _price_settings(exp, cluster, readings, gpus, gpu_type, fitting, keep, fixed, out: Space, fits,
+                    rungs: list[dict]) -> None:
+    """Each fitting layout's fastest settings, into out.fit; the settings not kept counted by reason
+    (CUDA graphs whose pools do not fit: memory)."""
     priced = []
     for cfg, est, peak in fitting:
         try:
@@ -305,6 +343,12 @@ def _price_settings(exp, cluster, readings, gpus, gpu_type, fitting, keep, fixed
                 if violations:
                     out.settings_dropped[violations[0].code] += 1
                     continue
+                grown = None
+                if trial.cuda_graph_impl != cur.cuda_graph_impl or trial.cuda_graph_modules != cur.cuda_graph_modules:
+                    trial, grown = _graphs_fit(exp.model, cluster, trial, fits, rungs)
+                    if grown is None:
+                        out.settings_dropped[MEMORY] += 1
+                        continue
                 try:
                     q = price(exp, trial, readings, gpus, gpu_type)
                 except ValueError:
@@ -312,6 +356,8 @@ def _price_settings(exp, cluster, readings, gpus, gpu_type, fitting, keep, fixed
                 out.settings_priced += 1
                 if q.step_time_ms < step:
                     cur, step = trial, q.step_time_ms
+                    if grown:  # the graphs' own estimate, and a peak measured with them or none
+                        est, peak = grown
                     out.settings_dropped["dominated"] += 1  # the one it replaced
                 else:
                     out.settings_dropped["dominated"] += 1

@@ -51,9 +51,23 @@ def test_the_rate_table_cites_this_record_and_no_cpu_ratio():
 
 def test_cuda_graphs_take_memory_that_grows_with_layers_and_micro_batches():
     """Every graph run peaks above its run without graphs; what the graphs add grows with the layers
-    and with the micro-batches of a step (each captured layer and micro-batch holds its own buffers)."""
+    and, at PP 1 where Megatron captures one micro-batch, with the micro-batches of a step too (the
+    regular pool's, which the 4-micro-batch rows leave out)."""
     g = host_cost.measure()["cuda_graph_memory"]
     by = {(r["layers"], r["micro_batches"]): r for r in g["runs"]}
     assert all(r["graphs_add_mib"] > 0 for r in g["runs"])
     assert by[8, 4]["graphs_add_mib"] < by[16, 4]["graphs_add_mib"] < by[16, 8]["graphs_add_mib"]
     assert all(v > 0 for v in g["per_layer_and_micro_batch_mib"].values())
+
+
+def test_the_estimate_prices_graph_pools_by_this_record_and_it_holds_on_a_trial_it_did_not_see():
+    """memory.py's two graph rows are this record's (one home: the runs), the saved tensors double
+    with the layers, and the rows price the 48-layer graphed trial of near_capacity.json (not among
+    the runs they come from) within 5 % of its reserved memory over its most allocated."""
+    from moetune.estimate import memory
+    g = host_cost.measure()["cuda_graph_memory"]
+    assert memory.CUDA_GRAPH_POOL_FACTOR == g["pools"]["factor"]
+    assert round(memory.CUDA_GRAPH_FIXED_GB * 1024) == g["pools"]["fixed_mib"]
+    by = {(r["layers"], r["micro_batches"]): r["saved_mib"] for r in g["runs"]}
+    assert by[16, 4] == 2 * by[8, 4] == by[16, 8]  # PP 1: one micro-batch captured
+    assert abs(g["check"]["error"]) < 0.05

@@ -150,3 +150,37 @@ def test_gpt_oss_own_attention_dropout_leaves_its_windowed_layers_fused():
     default = m.__class__(**{**m.to_dict(), "attention_dropout": None})
     assert unfused_share(default, c) == default.window_layers() / default.num_layers > 0
     assert "--attention-dropout" in m.to_args() and "--attention-dropout" not in default.to_args()
+
+
+def test_graphed_scopes_keep_their_own_tensors():
+    """CUDA graphs' pools hold what the graphed scopes save: nothing without graphs; attention's
+    tensors and three hidden-width norms' for attn; the pre-MLP norm's output and the router's for
+    moe_router (preprocess adds none); the whole layer for graphs without scopes."""
+    m, c = _qwen()
+    norm = 2 * (c.seq_length or m.seq_length) * c.micro_batch / c.tp * m.hidden_size
+    te = c.replace(cuda_graph_impl="transformer_engine")
+    assert act.graphed_bytes(m, c, moe=True) == 0
+    attn = act.graphed_bytes(m, te.replace(cuda_graph_modules=("attn",)), moe=True)
+    assert attn == 3 * norm + act.attention_bytes(m, c)
+    rp = act.graphed_bytes(m, te.replace(cuda_graph_modules=("moe_router", "moe_preprocess")), moe=True)
+    assert rp == act.graphed_bytes(m, te.replace(cuda_graph_modules=("moe_router",)), moe=True)
+    assert rp == norm + act.router_bytes(m, c) < attn
+    assert act.graphed_bytes(m, te.replace(cuda_graph_modules=("attn", "moe_router")), moe=True) == attn + rp
+    assert act.graphed_bytes(m, te, moe=True) == act.layer_bytes(m, c, moe=True)
+
+
+def test_graph_pools_follow_the_micro_batches_in_flight():
+    """The estimate's graph pools: none without graphs; at PP 1 one micro-batch's (Megatron captures
+    one), at PP 2 the first stage's two in flight; they add to the total."""
+    from moetune.estimate.memory import CUDA_GRAPH_FIXED_GB, CUDA_GRAPH_POOL_FACTOR, GB, graphed_saved_bytes
+    m, c = _qwen()
+    c = c.replace(pp=1, vpp=None, ep=8, global_batch=64)
+    graphed = c.replace(cuda_graph_impl="transformer_engine", cuda_graph_modules=("attn", "moe_router"))
+    plain, pools = estimate(m, c, 16), estimate(m, graphed, 16)
+    assert plain.cuda_graphs_gb == 0 and pools.cuda_graphs_gb > CUDA_GRAPH_FIXED_GB
+    assert pools.total_gb - plain.total_gb == pytest.approx(pools.cuda_graphs_gb)
+    one = graphed_saved_bytes(m, graphed, 0, m.num_layers, 1)
+    two = estimate(m, graphed.replace(pp=2), 32)
+    # half the layers a stage, twice the micro-batches in flight: the same saved tensors
+    assert two.cuda_graphs_gb == pytest.approx(pools.cuda_graphs_gb, rel=1e-9)
+    assert pools.cuda_graphs_gb - CUDA_GRAPH_FIXED_GB == pytest.approx(CUDA_GRAPH_POOL_FACTOR * one / GB)
