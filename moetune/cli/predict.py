@@ -14,7 +14,7 @@ import sys
 
 from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, refusal_line, refuse_unknown_values
 from moetune.estimate import Prediction, StoreReadings, price
-from moetune.estimate.memory import plan_cluster
+from moetune.estimate.memory import PLAN_HEADROOM_SHARE, estimate, plan_cluster
 from moetune.estimate.space import pipeline_split
 from moetune.experiment import constraints
 from moetune.experiment.config import CUDA_GRAPH_MODULES, FSDP_SHARDING, RECOMPUTE_MODULES, TrainingConfig
@@ -249,7 +249,7 @@ def _main(argv: list[str], db: str | None = None) -> int:
         config = layout_config(exp.baseline, a, exp.model, notes)
     except ValueError as e:
         return _fail(str(e))
-    cluster, _, _ = plan_cluster(exp, a.gpus, a.gpu_type)
+    cluster, world, capacity = plan_cluster(exp, a.gpus, a.gpu_type)
     refused = constraints.check(config, exp.model, cluster)
     if refused:  # the same rule, the same line, as `moetune check`
         return _fail(refusal_line(refused))
@@ -259,9 +259,23 @@ def _main(argv: list[str], db: str | None = None) -> int:
         pred = price(exp, config, StoreReadings(db), a.gpus, a.gpu_type, a.compute, with_band=True)
     except ValueError as e:
         return _fail(str(e))
+    memory = estimate(exp.model, config, world)
+    fits = memory.total_gb <= (1 - PLAN_HEADROOM_SHARE) * capacity
     if a.format == "json":
         unpriced = {"extra_args_not_priced": list(exp.extra_args)} if exp.extra_args else {}
-        print(json.dumps({"model": exp.name, "config": config.to_dict(), **pred.to_dict(), **unpriced}, indent=1))
+        print(json.dumps({"model": exp.name, "config": config.to_dict(), **pred.to_dict(),
+                          "memory": {**memory.to_dict(), "capacity_gb": capacity, "fits": fits}, **unpriced}, indent=1))
     else:
         print(render_text(exp.name, config, pred, exp.extra_args))
+        print(memory_line(memory, capacity, fits))
     return 0
+
+
+def memory_line(e, capacity: float, fits: bool) -> str:
+    """The estimate's peak a GPU in words, its parts, and whether it fits with plan's headroom."""
+    graphs = f"; CUDA graphs' pools {e.cuda_graphs_gb:.1f}" if e.cuda_graphs_gb else ""
+    within = f"within the plan's {PLAN_HEADROOM_SHARE:.0%} headroom"
+    verdict = f"fits {within}" if fits else f"does not fit {within} (moetune plan lists layouts that do)"
+    return (f"  memory: {e.total_gb:.1f} GB a GPU by the estimate (weights, gradients and optimizer "
+            f"{e.model_state_gb:.1f}; activations {e.activations_gb:.1f}{graphs}; fixed {e.fixed_gb:.1f}) of "
+            f"{capacity:.0f} GB: {verdict}")

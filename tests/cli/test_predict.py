@@ -277,3 +277,20 @@ def test_plan_counts_the_layouts_inside_the_firsts_band(capsys, no_store):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(f"{inside} of the 8 shown lie inside the first's band ({lo:.0f}-{hi:.0f} ms)")
     assert 1 <= inside <= 8
+
+
+def test_predict_says_the_layouts_memory_and_whether_graphs_pools_fit(capsys, no_store):
+    """predict shows the estimate a GPU with the CUDA graphs' pools apart: Qwen3-235B's NVIDIA layout
+    fits without graphs and with the router's and preprocess's, not with attention's (its pools hold
+    each layer's attention tensors for every micro-batch in flight); text says so in one line."""
+    base = ["predict", "qwen3_235b", "--format", "json"]
+    off = _json(capsys, base + ["--cuda-graphs", "none"])["memory"]
+    rp = _json(capsys, base + ["--cuda-graphs", "moe_router,moe_preprocess"])["memory"]
+    arp = _json(capsys, base + ["--cuda-graphs", "attn,moe_router,moe_preprocess"])["memory"]
+    assert off["cuda_graphs_gb"] == 0 < rp["cuda_graphs_gb"] < arp["cuda_graphs_gb"]
+    assert off["fits"] and rp["fits"] and not arp["fits"]
+    assert rp["total_gb"] - off["total_gb"] == pytest.approx(rp["cuda_graphs_gb"], abs=0.002)
+    capsys.readouterr()
+    assert main(["predict", "qwen3_235b", "--cuda-graphs", "attn,moe_router,moe_preprocess"]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("memory:")]
+    assert len(line) == 1 and "CUDA graphs' pools" in line[0] and "does not fit" in line[0]
