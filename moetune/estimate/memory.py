@@ -292,7 +292,9 @@ def graphed_saved_bytes(m: ModelArch, c: TrainingConfig, n_dense: float, n_moe: 
 
 def cuda_graph_bytes(m: ModelArch, c: TrainingConfig, n_dense: float, n_moe: float, held: float) -> float:
     """The graphs' private pools on a stage, on top of the regular pool: a rank's fixed part and
-    the saved tensors at the measured rate (CUDA_GRAPH_FIXED_GB, CUDA_GRAPH_POOL_FACTOR)."""
+    the saved tensors at the measured rate (CUDA_GRAPH_FIXED_GB, CUDA_GRAPH_POOL_FACTOR). Measured
+    with TE's graphs; Megatron's local graphs (a pool a micro-batch at PP > 1) are priced alike,
+    unmeasured."""
     saved = graphed_saved_bytes(m, c, n_dense, n_moe, held)
     return CUDA_GRAPH_FIXED_GB * GB + CUDA_GRAPH_POOL_FACTOR * saved if saved else 0.0
 
