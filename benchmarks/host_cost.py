@@ -28,6 +28,7 @@ import re
 import sqlite3
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,9 +37,12 @@ sys.path.insert(0, str(ROOT))
 from moetune.analysis.figures import judged_step  # noqa: E402
 from moetune.analysis.load import materialize  # noqa: E402
 from moetune.analysis.logs import parse_log  # noqa: E402
+from moetune.estimate import memory  # noqa: E402
 from moetune.estimate.memory import graphed_saved_bytes, in_flight  # noqa: E402
 from moetune.experiment.config import TrainingConfig  # noqa: E402
 from moetune.experiment.schema import load_experiment  # noqa: E402
+
+import near_capacity  # noqa: E402  (benchmarks/, beside this script)
 
 RUNS = ROOT / "benchmarks" / "host_cost"
 OUT = ROOT / "benchmarks" / "results" / "host_cost.json"
@@ -192,13 +196,23 @@ def near_capacity_check(fixed_mib: float, factor: float) -> dict:
     allocate nothing), beside the pools priced by this record's rows."""
     record = json.loads((ROOT / "benchmarks" / "results" / "near_capacity.json").read_text())
     v = next(x for x in record["variants"] if x["config"]["cuda_graph_impl"] != "none")
-    m = load_experiment(v["variant"].split("_graphs")[0]).model
+    exp = near_capacity.load_variant(v["variant"], Path(tempfile.mkdtemp()))
+    m, world = exp.model, exp.cluster.gpus
     c = TrainingConfig.from_dict(v["config"])
     saved = graphed_saved_bytes(m, c, 0, m.num_layers, in_flight(c, v["micro_batches"], 0)) / 2**20
     measured = (v["max_reserved_gb"] - v["max_allocated_gb"]) * 1024
     priced = fixed_mib + factor * saved
+    # the same layout's fits, without and with layernorm recompute (each twice): their peaks (the
+    # reserved memory: graphs' pools in it) beside the whole estimate less its fixed overhead
+    fits = []
+    for fix, modules in (("baseline", ()), ("recompute_layernorm", ("layernorm",))):
+        cfg = c.replace(recompute_granularity="selective" if modules else None, recompute_modules=modules)
+        est = memory.estimate(m, cfg, world)
+        fits.append({"fix": fix, "peaks_gb": [x["peak_gb"] for x in record["checks"] if x["fix"] == fix],
+                     "estimate_gb": round(est.total_gb - est.fixed_gb, 2),
+                     "cuda_graphs_gb": round(est.cuda_graphs_gb, 2)})
     return {"trial": v["variant"], "reserved_over_allocated_mib": round(measured), "saved_mib": round(saved, 1),
-            "priced_mib": round(priced), "error": round(priced / measured - 1, 3)}
+            "priced_mib": round(priced), "error": round(priced / measured - 1, 3), "fits": fits}
 
 
 def mem_run(path: Path) -> dict:
@@ -273,6 +287,8 @@ def table(record: dict) -> str:
         f"  pools priced as {g['pools']['fixed_mib']} MiB + {g['pools']['factor']} x the graphed scopes' saved "
         f"tensors ({g['pools']['from']}); {g['check']['trial']}: {g['check']['priced_mib']} MiB priced, "
         f"{g['check']['reserved_over_allocated_mib']} reserved over allocated ({g['check']['error']:+.1%})"]
+    lines += [f"  its fit, {f['fix']}: peaks {', '.join(f'{x:.1f}' for x in f['peaks_gb'])} GB, estimated "
+              f"{f['estimate_gb']:.1f} (pools {f['cuda_graphs_gb']:.1f})" for f in g["check"]["fits"]]
     if record.get("cuda_graph_pools"):
         lines += [f"  {r['name']}: pools {r['graph_pools_mb']} MB, priced {r['priced_mib']} MiB"
                   for r in record["cuda_graph_pools"]["runs"] if r["graphs"]]

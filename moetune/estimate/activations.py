@@ -41,6 +41,11 @@ def modules(c: TrainingConfig) -> set[str]:
 def residual_bytes(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
     """The hidden-width tensors around attention and the MLP: the two norms' inputs (the residual
     stream) and outputs, and the two dropout masks."""
+    return sum(_residual_parts(m, c, moe).values())
+
+
+def _residual_parts(m: ModelArch, c: TrainingConfig, moe: bool) -> dict[str, float]:
+    """residual_bytes' tensors by name: ln1_in, ln1_out, ln2_in, ln2_out, masks."""
     _, tsp = _tokens(m, c)
     h = m.hidden_size
     mods = modules(c)
@@ -55,7 +60,7 @@ def residual_bytes(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
     else:  # fused into the dense MLP's fc1 (LayerNormLinear), which keeps it unless the MLP is redone
         ln2_out = 0 if "mlp" in mods else BF16 * tsp * h
     masks = 2 * MASK * tsp * h if HIDDEN_DROPOUT else 0
-    return ln1_in + ln1_out + ln2_in + ln2_out + masks
+    return {"ln1_in": ln1_in, "ln1_out": ln1_out, "ln2_in": ln2_in, "ln2_out": ln2_out, "masks": masks}
 
 
 def attention_bytes(m: ModelArch, c: TrainingConfig) -> float:
@@ -211,25 +216,25 @@ def layer_bytes(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
 
 def graphed_bytes(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
     """What one layer's CUDA-graphed scopes keep for backward, one micro batch: the tensors a graph's
-    replay writes into its private pool rather than the regular one. attn: the input norm's input
-    and output, the attention's saved tensors and its output to the residual (the next norm's
-    input); moe_router: the pre-MLP norm's output and the router's tensors, the shared experts'
-    too where they are not overlapped (Megatron graphs them with the router then); moe_preprocess:
-    only token counts; mlp and moe: the MLP side whole. No scopes, or a whole iteration: the layer."""
+    replay writes into its private pool rather than the regular one, recompute applied. attn: the
+    input norm's input and output, the attention's saved tensors and its output to the residual
+    (the next norm's input); moe_router: the pre-MLP norm's output and the router's tensors, the
+    shared experts' too where they are not overlapped (Megatron graphs them with the router then);
+    moe_preprocess: only token counts; mlp and moe: the MLP side whole. No scopes, or a whole
+    iteration: the layer."""
     if c.cuda_graph_impl in (None, "none"):
         return 0.0
     if c.cuda_graph_impl == "full_iteration" or not c.cuda_graph_modules:
         return layer_bytes(m, c, moe)
-    _, tsp = _tokens(m, c)
-    norm = BF16 * tsp * m.hidden_size
+    r = _residual_parts(m, c, moe)
     scopes = set(c.cuda_graph_modules)
     out = 0.0
     if "attn" in scopes:
-        out += 3 * norm + attention_bytes(m, c)
+        out += r["ln1_in"] + r["ln1_out"] + r["ln2_in"] + attention_bytes(m, c)
     if moe and "moe" in scopes:
-        out += norm + moe_bytes(m, c)
+        out += r["ln2_out"] + moe_bytes(m, c)
     elif moe and "moe_router" in scopes:
-        out += norm + router_bytes(m, c)
+        out += r["ln2_out"] + router_bytes(m, c)
         if m.moe_shared_expert_intermediate_size and not c.shared_expert_overlap:
             out += _gated_mlp_bytes(m, c, m.moe_shared_expert_intermediate_size)
     elif not moe and "mlp" in scopes:

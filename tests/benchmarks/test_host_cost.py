@@ -71,3 +71,10 @@ def test_the_estimate_prices_graph_pools_by_this_record_and_it_holds_on_a_trial_
     by = {(r["layers"], r["micro_batches"]): r["saved_mib"] for r in g["runs"]}
     assert by[16, 4] == 2 * by[8, 4] == by[16, 8]  # PP 1: one micro-batch captured
     assert abs(g["check"]["error"]) < 0.05
+    # that trial's fits (reserved peaks) without and with layernorm recompute, each within 2 % of the
+    # estimate less its fixed overhead, which the recompute lowers in the pools as well
+    fits = {f["fix"]: f for f in g["check"]["fits"]}
+    for f in fits.values():
+        assert len(f["peaks_gb"]) == 2
+        assert abs(f["estimate_gb"] / (sum(f["peaks_gb"]) / 2) - 1) < 0.02
+    assert fits["recompute_layernorm"]["cuda_graphs_gb"] < fits["baseline"]["cuda_graphs_gb"]

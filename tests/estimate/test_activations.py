@@ -167,6 +167,10 @@ def test_graphed_scopes_keep_their_own_tensors():
     assert rp == norm + act.router_bytes(m, c) < attn
     assert act.graphed_bytes(m, te.replace(cuda_graph_modules=("attn", "moe_router")), moe=True) == attn + rp
     assert act.graphed_bytes(m, te, moe=True) == act.layer_bytes(m, c, moe=True)
+    # layernorm recompute: the pre-MLP norm's output is not kept, inside the router's graph either
+    ln = te.replace(cuda_graph_modules=("moe_router",), recompute_granularity="selective",
+                    recompute_modules=("layernorm",))
+    assert act.graphed_bytes(m, ln, moe=True) == rp - norm
 
 
 def test_graph_pools_follow_the_micro_batches_in_flight():
