@@ -219,7 +219,8 @@ def table(r: dict) -> str:
                      f"{v['micro_batches']} | {v['estimate_gb']} | {peak} | {f(v['memory_used_share'])} | "
                      f"{f(v['gpu_idle_share'])} | {f(v['sm_util_estimate'])} | {f(v['step_time_ms'], 1)} | "
                      f"{v['wall']} | {', '.join(v['evidence'])} |")
-    lines += ["", "The estimate is today's `moetune/estimate/memory.py`. The first run of "
+    lines += ["", "The estimate is `moetune/estimate/memory.py`'s when the runs were imported (docs/memory.md "
+              "has today's, the graphed trial's with its CUDA graph pools). The first run of "
               "mixtral_8x7b_pp4_mbs2_attn made a step of 4 samples, 2 micro-batches against 4 stages, "
               "so its first stage held 2 in flight, not 4 (such a one-GPU step is refused now: "
               "experiment/fit.py one_gpu_config); with 8 samples it ran out of memory after 78 GB allocated. "
