@@ -57,8 +57,7 @@ GRAPH_POOLS = "call5"
 LAYOUT = "qwen3_30b_a3b-baseline-r0"  # benchmarks/fit_lease/layouts.json
 GRAPHED = ("attn", "moe_router", "moe_preprocess")  # host_cost.sh's memg runs
 MEM_NAME = re.compile(r"mem(?P<graphs>g?)L(?P<layers>\d+)M(?P<mbs>\d+)(?:P(?P<pp>\d+))?$")
-MB_FIGURE = {"allocated_after_1": re.compile(r"after 1 iterations\) memory \(MB\) \| allocated: ([\d.]+)"),
-             "max_allocated_mb": re.compile(r"max allocated: ([\d.]+)"),
+MB_FIGURE = {"max_allocated_mb": re.compile(r"max allocated: ([\d.]+)"),
              "max_reserved_mb": re.compile(r"max reserved: ([\d.]+)"),
              "held_reserved_mb": re.compile(r"emptying the cache \(MB\) \| reserved: ([\d.]+)"),
              "graph_pools_mb": re.compile(r"graph pools: ([\d.]+)")}
@@ -229,27 +228,23 @@ def mem_run(path: Path) -> dict:
     for key, pattern in MB_FIGURE.items():
         found = pattern.findall(log)
         row[key] = float(found[-1]) if found else None
-    # the activations' peak: the most allocated over what the first iteration left (weights, grads,
-    # optimizer states)
-    row["activation_peak_mb"] = round(row["max_allocated_mb"] - row["allocated_after_1"], 1)
     return row
 
 
-def graph_pools() -> dict | None:
+def graph_pools(pools: dict) -> dict | None:
     """GRAPH_POOLS's runs (None until that call is in): each graphed run's private pools as the
     allocator reports them (train_moe.py, after emptying its cache) beside the graphed scopes' saved
     tensors and the pools this record's rows price; where a run of the same layers and stages ran
     without graphs, what the graphs added to the GPU's peak (the micro-batches do not move that
-    one's peak once they fill the pipeline)."""
+    one's peak once they fill the pipeline). `pools`: this record's rows (graph_memory's)."""
     folder = RUNS / GRAPH_POOLS
     if not folder.is_dir():
         return None
     rows = [mem_run(p) for p in sorted(folder.glob("mem*.mem.xz"))]
     base = {(r["layers"], r["pp"]): r for r in rows if not r["graphs"]}
-    rates = graph_memory()["pools"]
     for r in (r for r in rows if r["graphs"]):
         r["saved_mib"] = round(saved_mib(r["layers"], r["micro_batches"], r["pp"]), 1)
-        r["priced_mib"] = round(rates["fixed_mib"] + rates["factor"] * r["saved_mib"])
+        r["priced_mib"] = round(pools["fixed_mib"] + pools["factor"] * r["saved_mib"])
         if (r["layers"], r["pp"]) in base:
             r["graphs_add_mib"] = r["peak_mib"] - base[r["layers"], r["pp"]]["peak_mib"]
     return {"source": str(folder.relative_to(ROOT)), "runs": rows}
@@ -257,10 +252,11 @@ def graph_pools() -> dict | None:
 
 def measure() -> dict:
     rows = runs()
+    graphs = graph_memory()
     return {"source": str(RUNS.relative_to(ROOT)), "machine": "one H200, 16 cores (Intel Xeon, 1 thread a core)",
             "layout": "qwen3_30b_a3b-baseline-r0 (benchmarks/fit_lease/layouts.json), 16 layers, 4 micro-batches",
-            "summary": summary(rows), "runs": rows, "cuda_graph_memory": graph_memory(),
-            "cuda_graph_pools": graph_pools()}
+            "summary": summary(rows), "runs": rows, "cuda_graph_memory": graphs,
+            "cuda_graph_pools": graph_pools(graphs["pools"])}
 
 
 def table(record: dict) -> str:

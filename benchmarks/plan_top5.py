@@ -14,7 +14,7 @@ import argparse
 from moetune.cli.plan import dispatcher_text, graphs_text, overlap_text, recompute_text
 from moetune.cli.predict import split_text
 from moetune.estimate import StoreReadings, price
-from moetune.estimate.memory import PLAN_HEADROOM_SHARE, estimate, plan_cluster
+from moetune.estimate.memory import estimate, fits_plan, plan_cluster
 from moetune.estimate.search import search
 from moetune.estimate.space import pipeline_split
 from moetune.experiment.schema import load_experiment
@@ -77,7 +77,7 @@ def flagship(name: str, readings: StoreReadings) -> list[str]:
         f = space.fit[rank - 1]
         lines.append(row(f"NVIDIA's parallel layout, rank {rank}", f.config, f.memory_gb,
                          price(exp, f.config, readings)))
-    fits = est.total_gb <= (1 - PLAN_HEADROOM_SHARE) * capacity
+    fits = fits_plan(est.total_gb, capacity)
     label = f"NVIDIA's ({row_id}){'' if fits else ', does not fit'}"
     lines.append(row(label, nv, est.total_gb, price(exp, nv, readings)))
     lines.append("")

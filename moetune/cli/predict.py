@@ -14,7 +14,7 @@ import sys
 
 from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, refusal_line, refuse_unknown_values
 from moetune.estimate import Prediction, StoreReadings, price
-from moetune.estimate.memory import PLAN_HEADROOM_SHARE, estimate, plan_cluster
+from moetune.estimate.memory import PLAN_HEADROOM_SHARE, estimate, fits_plan, plan_cluster
 from moetune.estimate.space import pipeline_split
 from moetune.experiment import constraints
 from moetune.experiment.config import CUDA_GRAPH_MODULES, FSDP_SHARDING, RECOMPUTE_MODULES, TrainingConfig
@@ -260,7 +260,7 @@ def _main(argv: list[str], db: str | None = None) -> int:
     except ValueError as e:
         return _fail(str(e))
     memory = estimate(exp.model, config, world)
-    fits = memory.total_gb <= (1 - PLAN_HEADROOM_SHARE) * capacity
+    fits = fits_plan(memory.total_gb, capacity)
     if a.format == "json":
         unpriced = {"extra_args_not_priced": list(exp.extra_args)} if exp.extra_args else {}
         print(json.dumps({"model": exp.name, "config": config.to_dict(), **pred.to_dict(),

@@ -384,6 +384,13 @@ def fits_measured(peak_gb: float | None, capacity_gb: float) -> bool:
     return peak_gb is not None and peak_gb + fit.headroom_gb(capacity_gb) <= capacity_gb
 
 
+def fits_plan(total_gb: float, capacity_gb: float, peak_gb: float | None = None,
+              headroom_share: float = PLAN_HEADROOM_SHARE) -> bool:
+    """The plan's test of fit: the estimate (fixed overhead included) within the GPU's memory less
+    `headroom_share`, or a measured peak that fits as a fit judges it (fits_measured)."""
+    return total_gb <= (1 - headroom_share) * capacity_gb or fits_measured(peak_gb, capacity_gb)
+
+
 def baseline_layout(exp, gpus: int | None = None, gpu_type: str | None = None,
                     headroom_share: float = PLAN_HEADROOM_SHARE, measured: Measured | None = None) -> Layout:
     """The experiment's own baseline as a layout, fitting or not (`fits` says which; `refused`
@@ -396,7 +403,7 @@ def baseline_layout(exp, gpus: int | None = None, gpu_type: str | None = None,
     est = estimate(exp.model, cfg, world)
     refused = [v.code for v in check(cfg, exp.model, cluster)]
     peak = measured(cfg) if measured else None
-    fits = est.total_gb <= (1 - headroom_share) * capacity or fits_measured(peak, capacity)
+    fits = fits_plan(est.total_gb, capacity, peak, headroom_share)
     return Layout(cfg, cfg.to_args(exp.model) + run_args(), est.total_gb, est.to_dict(), cfg.tp * cfg.pp,
                   fits=not refused and fits, capacity_gb=capacity, refused=refused, measured_gb=peak)
 
@@ -456,7 +463,7 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
                         continue
                     est = estimate(m, cfg, world)
                     peak = measured(cfg) if measured else None
-                    if est.total_gb > (1 - headroom_share) * capacity and not fits_measured(peak, capacity):
+                    if not fits_plan(est.total_gb, capacity, peak, headroom_share):
                         if refused is not None:
                             refused.append([])
                         continue

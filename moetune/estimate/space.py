@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from moetune.estimate import comm
-from moetune.estimate.memory import PLAN_HEADROOM_SHARE, estimate, fits_measured, plan_cluster
+from moetune.estimate.memory import PLAN_HEADROOM_SHARE, estimate, fits_plan, plan_cluster
 from moetune.estimate.pricing import price
 from moetune.estimate.step import Node, graphed_share
 from moetune.experiment.config import TrainingConfig
@@ -196,6 +196,7 @@ def search_space(exp, readings, gpus: int | None = None, gpu_type: str | None = 
     # the least rung of the ladder a layout at a smaller micro batch needed (its memory grows with
     # the micro batch): where none fitted, none fits at a larger one
     needs: dict[tuple, int | None] = {}
+    fits = _fits(m, world, capacity, measured, headroom_share)
     for fields in _grid(exp, world, base, fixed):
         cfg = base.replace(**{**fields, **ladder[0], **fixed})
         out.considered += 1
@@ -206,7 +207,7 @@ def search_space(exp, readings, gpus: int | None = None, gpu_type: str | None = 
             continue
         key = tuple((k, v) for k, v in fields.items() if k != "micro_batch")
         start = needs.get(key, 0)
-        found = None if start is None else _least_recompute(m, cfg, world, ladder, start, limit, capacity,
+        found = None if start is None else _least_recompute(m, cfg, world, ladder, start, limit, fits,
                                                               cluster, measured, fixed)
         if measured is None:  # a measured peak may fit where the estimate does not: no shortcut then
             needs[key] = None if found is None else found[3]
@@ -215,7 +216,6 @@ def search_space(exp, readings, gpus: int | None = None, gpu_type: str | None = 
             out.refused.append([])
             continue
         fitting.append(found[:3])
-    fits = _fits(m, world, limit, capacity, measured)
     # graphs whose pools do not fit may fit with more selective recompute (the workflow: revisit
     # recompute after enabling graphs; TE's graphs pair with selective recompute, not full)
     rungs = [r for r in ladder if r["recompute_granularity"] != "full"] if len(ladder) > 1 else []
@@ -224,7 +224,7 @@ def search_space(exp, readings, gpus: int | None = None, gpu_type: str | None = 
     return out
 
 
-def _least_recompute(m, cfg, world, ladder, start, limit, capacity, cluster, measured, fixed):
+def _least_recompute(m, cfg, world, ladder, start, limit, fits, cluster, measured, fixed):
     """(config, estimate, measured peak, rung) at the first rung of the recompute ladder from
     `start` that fits and passes the constraints; None where none does (the last rung is tried
     second: where full recompute does not fit, nothing less does; then the rungs between are
@@ -237,10 +237,8 @@ def _least_recompute(m, cfg, world, ladder, start, limit, capacity, cluster, mea
         # layout is (its estimate is the heaviest stage's), unless a measured peak says otherwise
         if c.pp > 1 and measured is None and estimate(m, c, world, stage=0).total_gb > limit:
             return None
-        est = estimate(m, c, world)
-        peak = measured(c) if measured else None
-        ok = est.total_gb <= limit or fits_measured(peak, capacity)
-        return (c, est, peak, i) if ok else None
+        found = fits(c)
+        return (c, *found, i) if found else None
 
     first = tried(start)
     if first is not None or start == len(ladder) - 1:
@@ -259,12 +257,12 @@ def _least_recompute(m, cfg, world, ladder, start, limit, capacity, cluster, mea
     return best
 
 
-def _fits(m, world: int, limit: float, capacity: float, measured):
-    """A config's test of fit as the recompute ladder's: (its estimate, its measured peak or None)
-    where the estimate is within the limit or the measured peak fits, else None."""
+def _fits(m, world: int, capacity: float, measured, headroom_share: float):
+    """A config's test of fit (memory.fits_plan), for the recompute ladder and the graphs alike:
+    (its estimate, its measured peak or None) where it fits, else None."""
     def fits(c: TrainingConfig):
         est, peak = estimate(m, c, world), measured(c) if measured else None
-        return (est, peak) if est.total_gb <= limit or fits_measured(peak, capacity) else None
+        return (est, peak) if fits_plan(est.total_gb, capacity, peak, headroom_share) else None
     return fits
 
 
