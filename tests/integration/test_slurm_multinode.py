@@ -29,6 +29,16 @@ def step_nodes(job_id: str, step: str = "0") -> list[str]:
     return hostnames(out[0]) if out else []
 
 
+def why_failed(folder: Path) -> list[str]:
+    """The job log's lines that say why a step failed (the log alone, not its progress bars)."""
+    log = folder / "log.txt"
+    if not log.exists():
+        return ["no log.txt"]
+    keep = ("moetune:", "[Rank", "srun:", "error", "Error", "nsys", "slurmstepd")
+    lines = [ln[:300] for ln in log.read_text(errors="replace").splitlines() if ln.startswith(keep) or "rror" in ln]
+    return lines[-30:]
+
+
 def test_two_node_study_through_slurm_under_nsys_on_each_node(slurm, nsys_bin, make_trial):
     """Two trials of two whole nodes each run through Slurm under nsys, with a profiled rank on each
     node, through the decide stage."""
@@ -48,7 +58,7 @@ def check_two_node_trial(slurm, store, tid):
     tr = store.trial(tid)
     folder = Path(tr.folder)
     st = jobs.slurm_state(tr.job_id)
-    assert st.state == "COMPLETED" and tr.state == "completed"
+    assert st.state == "COMPLETED" and tr.state == "completed", (st, tr.state, why_failed(folder))
     nodes = hostnames(st.node)
     assert len(nodes) == 2 and set(nodes) <= set(slurm["nodes"])
     assert step_nodes(tr.job_id) == nodes  # the training step ran on both nodes
