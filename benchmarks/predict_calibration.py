@@ -195,7 +195,7 @@ def flex_nvlink() -> dict:
         c = configs[name]
         a = comm.a2a(exp.model, c, SWEEP4_GPU, exp.cluster.nvlink_domain, Rates())
         assert a["share_across"] == 0 and not c.overlap_ep_a2a, name  # all over NVLink, all exposed
-        passes = 4 * exp.model.num_layers * micro_batches(c, rec["gpus"])  # dispatch, combine; forward, backward
+        passes = 2 * a["passes"] * exp.model.num_layers * micro_batches(c, rec["gpus"])  # dispatch, combine
         nbytes = a["bytes_sent"] * a["share_in_nvlink"] * passes
         share = nbytes / (run["a2a_transfer_ms"] / 1e3) / (gpus.GPUS[SWEEP4_GPU].nvlink_gb_s * 1e9)
         rows = ("deepep_nvlink_dispatch", "deepep_nvlink_combine") if backend == "deepep" else ("hybridep_nvlink",)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from moetune.estimate import fsdp
-from moetune.estimate.flops import BF16, tokens
+from moetune.estimate.flops import BF16, reruns_moe_forward, tokens
 from moetune.estimate.rates import Rates
 from moetune.experiment import gpus
 from moetune.experiment.config import TrainingConfig
@@ -85,7 +85,8 @@ def rank_dedup_share(m: ModelArch, c: TrainingConfig) -> float:
 
 def a2a(m: ModelArch, c: TrainingConfig, gpu_type: str, nvlink_domain: int, rates: Rates) -> dict:
     """The expert all-to-all of one MoE layer for one micro-batch: dispatch and combine forward,
-    and their mirror in backward. Each runs NVLink and NIC transfers at once: the slower sets it.
+    and their mirror in backward (and the forward's again where recompute reruns the layer: passes).
+    Each runs NVLink and NIC transfers at once: the slower sets it.
     DeepEP and HybridEP send a token once to each peer rank in their domain that holds any of its
     experts (rank_dedup_share) and across once per remote domain (remote_domain_share)."""
     name = dispatcher_name(c)
@@ -101,9 +102,16 @@ def a2a(m: ModelArch, c: TrainingConfig, gpu_type: str, nvlink_domain: int, rate
     one = lambda nvl, rdma: max(sent * inside / (nvlink * nvl), sent * across / (nic * rdma))  # noqa: E731
     dispatch, combine = one(nvl_d, nic_d), one(nvl_c, nic_c)
     on_nic = sent * across / nic * (1 / nic_d + 1 / nic_c)
+    n = a2a_passes(c)
     return {"dispatcher": name, "bytes_sent": sent, "share_in_nvlink": inside, "share_across": across,
-            "dispatch_ms": 1e3 * dispatch, "combine_ms": 1e3 * combine, "ms": 2e3 * (dispatch + combine),
-            "nic_ms": 2e3 * on_nic}
+            "dispatch_ms": 1e3 * dispatch, "combine_ms": 1e3 * combine, "passes": n,
+            "ms": n * 1e3 * (dispatch + combine), "nic_ms": n * 1e3 * on_nic}
+
+
+def a2a_passes(c: TrainingConfig) -> int:
+    """Times a micro-batch's dispatch and combine run: forward, backward, and forward again where
+    recompute reruns the MoE layer."""
+    return 3 if reruns_moe_forward(c) else 2
 
 
 def allgather(m: ModelArch, c: TrainingConfig, gpu_type: str, nvlink_domain: int, rates: Rates) -> dict:
@@ -115,16 +123,18 @@ def allgather(m: ModelArch, c: TrainingConfig, gpu_type: str, nvlink_domain: int
     rate, link = link_rate(c.ep * (c.etp or c.tp), gpu_type, nvlink_domain, rates)
     one = ring_ms(whole, c.ep, rate)
     inside, across = ep_peer_shares(c, nvlink_domain)
+    n = a2a_passes(c)
     return {"dispatcher": "allgather", "bytes_sent": whole * (c.ep - 1) / c.ep, "share_in_nvlink": inside,
-            "share_across": across, "link": link, "dispatch_ms": one, "combine_ms": one, "ms": 4 * one,
-            "nic_ms": 4 * one if link == "nic" else 0.0}
+            "share_across": across, "link": link, "dispatch_ms": one, "combine_ms": one, "passes": n,
+            "ms": 2 * n * one, "nic_ms": 2 * n * one if link == "nic" else 0.0}
 
 
 def cp_exchange(m: ModelArch, c: TrainingConfig, layers: int, gpu_type: str, nvlink_domain: int,
                 rates: Rates) -> dict:
     """Context parallel's ring attention for one micro-batch: in each of CP-1 steps a rank passes its
     share of the sequence's keys and values to the next CP rank; backward passes them again with
-    their gradients (three times the forward's bytes). CP peers are TP ranks apart. Taken as
+    their gradients (three times the forward's bytes), and recompute of attention the forward's
+    again. CP peers are TP ranks apart. Taken as
     exposed: the rate table has no row for how much of it attention hides."""
     if c.cp <= 1:
         return {"ms": 0.0}
@@ -136,7 +146,8 @@ def cp_exchange(m: ModelArch, c: TrainingConfig, layers: int, gpu_type: str, nvl
         per_token = 2 * d * max(m.num_query_groups / c.tp, 1)
     nbytes = tokens(m, c) * per_token * BF16
     rate, link = link_rate(c.tp * c.cp, gpu_type, nvlink_domain, rates)
-    return {"ms": 3 * (c.cp - 1) * layers * 1e3 * nbytes / rate, "bytes": nbytes, "link": link}
+    again = c.recompute_granularity == "full" or "core_attn" in c.selective_modules  # the ring's forward
+    return {"ms": (3 + again) * (c.cp - 1) * layers * 1e3 * nbytes / rate, "bytes": nbytes, "link": link}
 
 
 def link_rate(span: int, gpu_type: str, nvlink_domain: int, rates: Rates) -> tuple[float, str]:
@@ -155,11 +166,17 @@ def tp_collectives(m: ModelArch, c: TrainingConfig, layers: int, moe_layers: int
                    nvlink_domain: int, rates: Rates) -> dict:
     """Sequence parallel's all-gather and reduce-scatter of a layer's activations, two pairs a
     dense layer forward (attention, MLP) and one a MoE layer with ETP 1 (its experts take the
-    split tokens through the all-to-all); backward mirrors them."""
+    split tokens through the all-to-all); backward mirrors them, and recompute runs the forward's
+    again for what it reruns."""
     if c.tp <= 1:
         return {"ms": 0.0, "collectives": 0}
     per_layer_moe = 2 if (c.etp or c.tp) == 1 else 4
-    count = 2 * (4 * (layers - moe_layers) + per_layer_moe * moe_layers)
+    forward = 4 * (layers - moe_layers) + per_layer_moe * moe_layers
+    count = 2 * forward
+    if c.recompute_granularity == "full":  # the layers' forward again
+        count += forward
+    elif "moe" in c.selective_modules and per_layer_moe == 4:  # the experts' pair again
+        count += 2 * moe_layers
     rate, link = link_rate(c.tp, gpu_type, nvlink_domain, rates)
     one = ring_ms(tokens(m, c) * m.hidden_size * BF16, c.tp, rate)
     return {"ms": count * one, "collectives": count, "link": link, "each_ms": one}

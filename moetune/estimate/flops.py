@@ -2,7 +2,8 @@
 element-wise kernels move, and kernels launched; then its time on a GPU of the table.
 
 Forward FLOPs are 2 per multiply-add; backward is twice the forward; recomputed modules run their
-forward again. Routing is taken as balanced: every rank's experts get top-k times its tokens.
+forward again: its FLOPs, its element-wise bytes and its launches. Routing is taken as balanced:
+every rank's experts get top-k times its tokens.
 """
 from __future__ import annotations
 
@@ -70,13 +71,61 @@ def recomputed_flops(m: ModelArch, c: TrainingConfig, f: dict[str, float]) -> fl
     """Forward FLOPs a layer runs again in backward under the config's recompute."""
     if c.recompute_granularity == "full":
         return sum(f.values())
-    mods = set(c.recompute_modules)
-    again = {"core_attn": ("attention_core",), "mlp": ("dense_mlp",), "moe": ("experts", "router"),
-             "shared_experts": ("shared_experts",)}
-    extra = sum(f.get(k, 0.0) for mod in mods for k in again.get(mod, ()))
+    mods = set(c.selective_modules)
+    again = {"core_attn": ("attention_core",), "mlp": ("dense_mlp",),
+             "moe": ("experts", "router", "shared_experts"), "shared_experts": ("shared_experts",)}
+    extra = sum(f.get(k, 0.0) for k in {k for mod in mods for k in again.get(mod, ())})
     if "mla_up_proj" in mods:
         extra += 2 * tokens(m, c) * mla_up_params(m) / c.tp
     return extra
+
+
+def reruns_moe_forward(c: TrainingConfig) -> bool:
+    """Recompute runs a MoE layer's forward again whole, its dispatch and combine included: full
+    recompute, or selective `moe` (Megatron checkpoints the layer's forward, all-to-all and all)."""
+    return c.recompute_granularity == "full" or "moe" in c.selective_modules
+
+
+def recomputed_bytes(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
+    """Bytes the element-wise kernels of a layer's recomputed modules move again in backward: their
+    forward's (layer_bytes' items, once)."""
+    if c.recompute_granularity == "full":
+        return layer_bytes(m, c, moe) / 3
+    mods = set(c.selective_modules)
+    h, k = m.hidden_size, m.moe_router_topk
+    shared = 3 * (m.moe_shared_expert_intermediate_size or 0)
+    per_token = 2 * 2 * h if "layernorm" in mods else 0  # the two norms: read, write
+    if moe and "moe" in mods:
+        per_token += 3 * k * m.moe_ffn_hidden_size + 4 * k * h + 2 * m.num_experts * 2 + shared
+    elif moe:
+        per_token += (3 * k * m.moe_ffn_hidden_size if "moe_act" in mods else 0) + \
+            (shared if "shared_experts" in mods else 0)
+    elif "mlp" in mods:
+        per_token += 3 * m.ffn_hidden_size
+    return BF16 * per_token * tokens(m, c) / c.tp
+
+
+def recomputed_launches(m: ModelArch, c: TrainingConfig, moe: bool, local: int, rates: Rates) -> float:
+    """Kernels a layer's recompute launches again in backward: the forward's of what it reruns. A
+    pass's launches are taken as its FLOPs' share, a third forward (so a selective `moe` recompute
+    of 16 local experts adds 34, against 35 measured: data/trial_bank, recompute_moe_1gpu over
+    baseline_1gpu); a module of single kernels, its own count (moe_act: one grouped activation, or
+    one an expert without grouped GEMM, +1 measured: te_gg_recompute_act over te_gg)."""
+    experts = rates["kernels_per_local_expert"] * local if moe else 0.0
+    if c.recompute_granularity == "full":
+        return (rates["kernels_per_layer"] + experts) / 3
+    mods = set(c.selective_modules)
+    n = 2.0 if "layernorm" in mods else 0.0
+    n += 1 if "core_attn" in mods else 0  # the fused attention kernel
+    n += 2 if "mla_up_proj" in mods and m.multi_latent_attention else 0  # query and key-value up
+    if moe and "moe" in mods:
+        n += experts / 3
+    elif moe:
+        n += (1 if c.grouped_gemm else local) if "moe_act" in mods else 0
+        n += 3 if "shared_experts" in mods and m.moe_shared_expert_intermediate_size else 0  # fc1, act, fc2
+    elif "mlp" in mods:
+        n += 3
+    return n
 
 
 def layer_bytes(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
@@ -143,7 +192,7 @@ def stage_work(m: ModelArch, c: TrainingConfig, rates: Rates) -> list[StageWork]
             for kind, v in f.items():
                 w.flops[kind] = w.flops.get(kind, 0.0) + 3 * n * v
             w.flops["recompute"] = w.flops.get("recompute", 0.0) + n * recomputed_flops(m, c, f)
-            w.bytes += n * layer_bytes(m, c, moe)
+            w.bytes += n * (layer_bytes(m, c, moe) + recomputed_bytes(m, c, moe))
             w.shapes += [(g, n) for g in ktable.layer_gemms(m, c, moe)]
         if st.index == len(stages) - 1:
             heads = 1 + m.mtp_num_layers
@@ -153,6 +202,8 @@ def stage_work(m: ModelArch, c: TrainingConfig, rates: Rates) -> list[StageWork]
         w.attention = ktable.attention_shape(m, c)
         local = max(1, m.num_experts // max(c.ep, 1)) if m.num_experts > 1 else 0
         w.kernels = rates["kernels_per_layer"] * st.layers + rates["kernels_per_local_expert"] * local * st.moe_layers
+        w.kernels += (recomputed_launches(m, c, True, local, rates) * st.moe_layers
+                      + recomputed_launches(m, c, False, local, rates) * (st.layers - st.moe_layers))
         if c.permute_fusion:
             w.kernels -= rates["permute_fusion_launches_removed"] * st.moe_layers
         w.grad_adds = (st.layers * (attention_weights(m) + (2 if m.moe_shared_expert_intermediate_size else 0))

@@ -164,3 +164,21 @@ def test_context_parallel_passes_keys_and_values_around_its_ring():
     assert r["ms"] == pytest.approx(3 * 4 * nbytes / (H100_NVLINK * rates["collective_nvlink"]) * 1e3)
     wide = comm.cp_exchange(TOY, TrainingConfig(cp=2, tp=8, sequence_parallel=True), 4, "H100", 8, rates)
     assert wide["link"] == "nic"
+
+
+def test_recompute_that_reruns_the_moe_layer_runs_its_all_to_all_again():
+    """Megatron's `moe` recompute checkpoints the MoE layer's forward, dispatch and combine included,
+    as full recompute checkpoints the layer: the all-to-all runs three times a micro-batch, not two
+    (its NIC share too); moe_act or layernorm recompute leaves it alone. Full recompute runs the
+    forward's TP collectives again (3 of 2)."""
+    r = Rates()
+    c = TrainingConfig(micro_batch=2, ep=8, tp=2)
+    a = comm.a2a(TOY, c, "H100", 8, r)
+    for rc, passes in ((dict(recompute_granularity="selective", recompute_modules=("moe",)), 3),
+                       (dict(recompute_granularity="full"), 3),
+                       (dict(recompute_granularity="selective", recompute_modules=("moe_act", "layernorm")), 2)):
+        b = comm.a2a(TOY, c.replace(**rc), "H100", 8, r)
+        assert b["passes"] == passes and b["ms"] == pytest.approx(a["ms"] * passes / 2), rc
+    tp = comm.tp_collectives(TOY, c, 8, 8, "H100", 8, r)
+    full = comm.tp_collectives(TOY, c.replace(recompute_granularity="full"), 8, 8, "H100", 8, r)
+    assert full["collectives"] == tp["collectives"] * 3 // 2 and full["ms"] == pytest.approx(tp["ms"] * 1.5)

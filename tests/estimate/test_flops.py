@@ -81,3 +81,43 @@ def test_sliding_window_cuts_core_attention_on_its_layers_only():
     assert cut["attention_proj"] == full["attention_proj"] and cut["experts"] == full["experts"]
     # a window as long as the sequence is no window
     assert flops.attended_keys(ModelArch(**{**swa.to_dict(), "window_size": 4096}), 1024) == 512
+
+
+def test_recompute_moves_its_modules_forward_bytes_and_launches_again():
+    """Recompute reruns its modules' forward: their element-wise bytes once more (moe_act: SwiGLU's
+    two inputs and output of the top-k copies; layernorm: the two norms' reads and writes; full: the
+    layer's forward, a third of forward and backward) and their launches (moe_act under grouped GEMM
+    one kernel; layernorm two), so the stage's work grows by exactly those."""
+    r = Rates()
+    c = TrainingConfig(micro_batch=2, grouped_gemm=True)
+    t, h, k, f = 2048, 1024, 2, 512
+    sel = c.replace(recompute_granularity="selective", recompute_modules=("moe_act", "layernorm"))
+    assert flops.recomputed_bytes(TOY, sel, moe=True) == flops.BF16 * t * (2 * 2 * h + 3 * k * f)
+    assert flops.recomputed_bytes(TOY, sel, moe=False) == flops.BF16 * t * 2 * 2 * h
+    full = c.replace(recompute_granularity="full")
+    assert flops.recomputed_bytes(TOY, full, moe=True) == pytest.approx(flops.layer_bytes(TOY, c, True) / 3)
+    assert flops.recomputed_launches(TOY, sel, True, 8, r) == 3
+    base, again = flops.stage_work(TOY, c, r)[0], flops.stage_work(TOY, sel, r)[0]
+    assert again.bytes - base.bytes == pytest.approx(TOY.num_layers * flops.recomputed_bytes(TOY, sel, True))
+    assert again.kernels - base.kernels == pytest.approx(TOY.num_layers * 3)
+    none = c.replace(recompute_granularity=None)
+    assert flops.recomputed_bytes(TOY, none, True) == flops.recomputed_launches(TOY, none, True, 8, r) == 0
+
+
+def test_moe_recompute_launches_against_moetunes_measured_pair():
+    """A selective `moe` recompute's launches, priced as the forward third of the layer's expert
+    launches, against the one-GPU pair of the trial bank that differs by it alone (baseline_1gpu,
+    recompute_moe_1gpu: 16 local experts, no grouped GEMM, 4 layers, 8 micro-batches a step):
+    within 10 % of the launches a layer and micro-batch it measured."""
+    import json
+    from pathlib import Path
+    bank = Path(__file__).resolve().parents[2] / "data" / "trial_bank" / "bank.jsonl"
+    rows = {r["name"]: r for r in map(json.loads, bank.read_text().splitlines())}
+    base, rec = rows["baseline_1gpu"], rows["recompute_moe_1gpu"]
+    assert rec["config"]["recompute_modules"] == ["moe"] and base["config"]["ep"] == 1
+    per = lambda r: r["analysis"]["metrics"]["combined"]["kernels_per_step"]  # noqa: E731
+    layers, mb = 4, 8  # the bank's moe_proxy, global batch 16 at micro batch 2 on one GPU
+    assert base["args"][base["args"].index("--num-layers") + 1] == str(layers)
+    measured = (per(rec) - per(base)) / (layers * mb)
+    c = TrainingConfig(recompute_granularity="selective", recompute_modules=("moe",))
+    assert flops.recomputed_launches(TOY, c, True, 16, Rates()) == pytest.approx(measured, rel=0.1)

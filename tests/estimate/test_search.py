@@ -94,10 +94,10 @@ def test_nvidia_qwen3_235b_layout_is_within_its_band_of_the_fastest():
     """Qwen3-235B on 256 H100: NVIDIA's TP2 PP8 VPP4 EP32 (embedding and loss accounted) is among the
     ten fastest layouts, with the settings of the Model Zoo's H100 run: CUDA graphs of the router and
     preprocess only, whose pools fit once moe_act and layernorm are recomputed (attention's would not,
-    nor these without the recompute); the first is faster by less than its band's low end allows, by
-    no fill and drain and half the micro-batches' launches (no pipeline, micro batch 2); each one
-    between has a smaller all-to-all (EP 16: two nodes' copies, not four) or a smaller bubble (more
-    virtual stages)."""
+    nor these without the recompute); the first is faster by less than its band's low end allows;
+    each one ahead of it has a smaller all-to-all (EP 16: two nodes' copies, not four), a smaller
+    bubble (more virtual stages) or less compute (no recompute, where the layout fits without it:
+    recompute runs its modules' forward again, their element-wise bytes and launches too)."""
     from moetune.estimate.memory import PLAN_HEADROOM_SHARE, estimate, plan_cluster
     from moetune.estimate.pricing import price
     from moetune.estimate.readings import StoreReadings
@@ -116,11 +116,10 @@ def test_nvidia_qwen3_235b_layout_is_within_its_band_of_the_fastest():
     p = price(exp, nv.config, StoreReadings.empty(), with_band=True)
     best = price(exp, space.fit[0].config, StoreReadings.empty())
     assert p.band is not None and p.band.low_ms < best.step_time_ms < p.step_time_ms
-    assert best.terms["pipeline_bubble"] < p.terms["pipeline_bubble"]
-    assert best.terms["host_launch"] < p.terms["host_launch"] and space.fit[0].config.micro_batch > nv.config.micro_batch
-    for f in space.fit[1:rank - 1]:
+    for f in space.fit[:rank - 1]:
         q = price(exp, f.config, StoreReadings.empty())
-        assert q.terms["ep_a2a"] < p.terms["ep_a2a"] or q.terms["pipeline_bubble"] < p.terms["pipeline_bubble"]
+        assert (q.terms["ep_a2a"] < p.terms["ep_a2a"] or q.terms["pipeline_bubble"] < p.terms["pipeline_bubble"]
+                or (q.terms["compute"] < p.terms["compute"] and not f.config.recompute_granularity))
 
 
 def test_nvidia_deepseek_v3_layout_is_among_the_five_fastest_and_its_estimate_fits():
