@@ -2,7 +2,8 @@
 (experiments/qwen3_30b_a3b_ep4.yaml on 4 GPUs, qwen3_30b_a3b_ep8.yaml on 8): the dispatchers
 (alltoall, DeepEP, HybridEP), EP all-to-all overlap with and without delayed wgrad, TE CUDA graph
 scopes, EP against EP/2 with expert tensor parallelism 2 (parallel folding), micro batch 2, permute
-and router fusion (moe-dispatcher-selection.txt, moe-comm-overlap.txt, megatron-core-moe-readme.md);
+and router fusion, recompute (norms and activation; the MoE layer), two pipeline stages with 1, 2
+and 4 virtual stages each (moe-dispatcher-selection.txt, moe-comm-overlap.txt, megatron-core-moe-readme.md);
 then the slow-link runs: NCCL_P2P_DISABLE=1 sends NCCL's traffic through host memory (23-30 GB/s on
 the 4-GPU H200 host, about half a 400 Gb/s NIC: shared/device-notes.md), a cross-node-like link for
 NCCL's paths only; DeepEP and HybridEP keep NVLink under it, so no dispatcher is compared there.
@@ -54,7 +55,16 @@ def sweep(exp: Experiment) -> list[tuple[str, dict, dict]]:
         ("tp2_mbs4_tpoverlap", {"tp": 2, "sequence_parallel": True, "micro_batch": 4,
                                 "tp_comm_overlap": True}),
         ("fusions", {"permute_fusion": True, "router_fusion": True}),
+        # what recompute runs again, at micro batch 4 beside mbs4: the norms' and activation's
+        # forward, then the whole MoE layer's, its dispatch and combine included (a third pass)
+        ("mbs4_recompute_act_norm", {"micro_batch": 4, "recompute_granularity": "selective",
+                                     "recompute_modules": ["moe_act", "layernorm"]}),
+        ("mbs4_recompute_moe", {"micro_batch": 4, "recompute_granularity": "selective",
+                                "recompute_modules": ["moe"]}),
     ]
+    if exp.cluster.gpus >= 4:  # two stages at half the EP: what a virtual stage costs beyond its bubble
+        nvlink += [(f"pp2{f'_vpp{v}' if v else ''}", {"pp": 2, "ep": ep // 2, **({"vpp": v} if v else {})})
+                   for v in (None, 2, 4)]
     slow = [("slow_" + name, changes, SLOW_LINK) for name, changes in nvlink
             if name in ("baseline", "overlap", "overlap_wgrad", "mbs2", "mbs4", "mbs4_overlap",
                         "mbs4_overlap_wgrad")]
