@@ -167,6 +167,10 @@ RULES: tuple[Rule, ...] = (
     ("ep_overlap_full_recompute", OVERLAP,
      lambda c, e: c.overlap_ep_a2a and c.recompute_granularity == "full",
      "full recompute does not go with EP all-to-all overlap; use selective recompute"),
+    ("ep_overlap_moe_recompute", MEGATRON,
+     lambda c, e: c.overlap_ep_a2a and "moe" in c.selective_modules,
+     "recomputing the whole MoE layer does not go with EP all-to-all overlap (Megatron 0.17+); "
+     "recompute moe_act, or turn the overlap off"),
     ("delay_wgrad_needs_te", MEGATRON, lambda c, e: c.delay_wgrad and not _te(c, e),
      "--delay-wgrad-compute needs Transformer Engine (--transformer-impl transformer_engine)"),
     ("delay_wgrad_needs_overlap", OVERLAP, lambda c, e: c.delay_wgrad and not c.overlap_ep_a2a,

@@ -36,6 +36,8 @@ CASES = [
     ({"overlap_ep_a2a": True, "shared_expert_overlap": True}, {}, "ep_overlap_shared_expert_overlap"),
     ({"overlap_ep_a2a": True, "recompute_granularity": "full", "recompute_num_layers": 1}, {},
      "ep_overlap_full_recompute"),
+    ({"overlap_ep_a2a": True, "recompute_granularity": "selective", "recompute_modules": ["moe"]}, {},
+     "ep_overlap_moe_recompute"),
     ({"overlap_ep_a2a": True, "delay_wgrad": True, "transformer_impl": "local"}, {}, "delay_wgrad_needs_te"),
     ({"delay_wgrad": True}, {}, "delay_wgrad_needs_overlap"),
     ({"overlap_ep_a2a": True, "delay_wgrad": True, "overlap_grad_reduce": True,
