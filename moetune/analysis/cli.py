@@ -1,25 +1,17 @@
 """`moetune analyze PATH... [--log FILE] [--format text|json|markdown]`."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from moetune.analysis import analyze
 from moetune.analysis.errors import MoetuneError
 from moetune.analysis.render import figure_rows, render_markdown, render_text
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line on stderr and exit 2 (argparse would print the whole usage)."""
-
-    def error(self, message):
-        print(f"moetune analyze: {message} (see moetune analyze --help)", file=sys.stderr)
-        raise SystemExit(2)
+from moetune.analysis.usage import Parser
 
 
 def main(argv: list[str]) -> int:
-    p = _Parser(prog="moetune analyze",
+    p = Parser(prog="moetune analyze",
                                 description="Classify the wall of Nsight Systems traces (SQLite, "
                                             ".nsys-rep, or folders of them) and/or a training log.")
     p.add_argument("paths", nargs="*", help="trace files or folders (one file per rank or node)")

@@ -5,11 +5,11 @@ and GEMM rates and DeepEP where the image has it (trial/calibrate.py); the rows 
 cluster, and `moetune predict` and `plan` use them over the published rates, naming which."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
+from moetune.analysis.usage import Parser
 from moetune.cli.common import exit_code
 from moetune.errors import MoetuneError
 from moetune.experiment.schema import load_experiment
@@ -31,7 +31,7 @@ def main(argv: list[str], db: str | None = None) -> int:
 
 
 def _main(argv: list[str], db: str | None) -> int:
-    p = argparse.ArgumentParser(prog="moetune calibrate", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="moetune calibrate", description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="experiment name (experiments/NAME.yaml) or a YAML path")
     p.add_argument("--gpus", type=int, help="ranks in all (default: a node's GPUs on each node)")
     p.add_argument("--nodes", type=int, help=f"nodes (default: {calibrate.DEFAULT_NODES}, or the cluster's fewer)")

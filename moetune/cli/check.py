@@ -1,9 +1,9 @@
 """`moetune check [--gpus N --gpu-type T] [--experiment NAME] -- <Megatron arguments>`."""
 from __future__ import annotations
 
-import argparse
 import sys
 
+from moetune.analysis.usage import Parser
 from moetune.cli.common import add_gpu_args, exit_code
 from moetune.experiment import megatron_validate as megatron
 from moetune.experiment.config import TrainingConfig
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="moetune check",
+    p = Parser(prog="moetune check",
                                 description="Check a Megatron command line against the combinations "
                                             "Megatron and the MoE guidance forbid. Prints ok, or one "
                                             "line per violation (exit 1). An argument Megatron does "

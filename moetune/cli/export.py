@@ -5,10 +5,10 @@ or a flag-by-flag diff against the baseline with the decision and evidence of ea
 (report/export.py)."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from moetune.analysis.usage import Parser
 from moetune.cli.common import exit_code, positive_int
 from moetune.errors import MoetuneError
 from moetune.experiment.schema import check_name
@@ -21,7 +21,7 @@ def main(argv: list[str], db: str | None = None) -> int:
 
 
 def _main(argv: list[str], db: str | None) -> int:
-    p = argparse.ArgumentParser(prog="moetune export", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="moetune export", description=__doc__.split("\n\n")[0])
     p.add_argument("study", help="the study's name (`moetune status` lists them)")
     p.add_argument("--trial", type=positive_int, metavar="N",
                    help="the trial's number in the study (default: the best kept configuration)")

@@ -4,9 +4,9 @@ study MODEL-fit; prints each rank's peak and step time and whether the layout fi
 are in cli/common.py (add_fit_arguments), so that `moetune --help` does not load this module."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from moetune.analysis.usage import Parser
 from moetune.cli.common import LAYOUT_OPTIONS
 from moetune.experiment.config import TrainingConfig
 from moetune.trial import stages
@@ -17,7 +17,7 @@ def fit_config(exp, args, notes: list[str] | None = None) -> TrainingConfig:
     and `plan` apply (cli/predict.layout_config): a PP changed does not inherit an uneven split made
     for the baseline's PP, it is recomputed (the split said in `notes`)."""
     from moetune.cli.predict import add_layout_args, layout_config
-    p = argparse.ArgumentParser(add_help=False)
+    p = Parser(add_help=False)
     add_layout_args(p)
     flags = p.parse_args([])  # every layout flag unset, then fit's own
     for k in LAYOUT_OPTIONS:

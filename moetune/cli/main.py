@@ -9,6 +9,7 @@ from pathlib import Path
 
 from moetune import __version__, settings
 from moetune.analysis import cli as analysis_cli
+from moetune.analysis.usage import Parser
 from moetune.cli.common import (
     LAYOUT_OPTIONS,
     add_fit_arguments,
@@ -264,8 +265,8 @@ def _positive(text: str) -> float:
     return x
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    p = Parser(
         prog="moetune",
         description="Automatic performance tuner for Megatron MoE training on Slurm: profile "
                     "short runs under Nsight Systems, find the wall, apply the next fix, repeat.")
@@ -352,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("status", cmd_status, "studies, trials and decisions in the store")
     sp.add_argument("study", nargs="?")
+    p.subcommands = dict(sub.choices)
     return p
 
 
@@ -360,11 +362,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # plan, check and analyze own their arguments (check takes a raw Megatron argv after --)
     head = _first_command(argv)
-    if head is not None and argv[head] in PASSTHROUGH:
-        args = parser.parse_args(argv[:head + 1])
-        rest = argv[head + 1:]
-    else:
-        args, rest = parser.parse_args(argv), []
+    try:
+        if head is not None and argv[head] in PASSTHROUGH:
+            args = parser.parse_args(argv[:head + 1])
+            rest = argv[head + 1:]
+        else:
+            args, extra = parser.parse_known_args(argv)
+            if extra:  # the subcommand's own parser says it, with the flag meant
+                parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+            rest = []
+    except SystemExit as e:  # a usage error (its one line printed) or --help, --version
+        return e.code if isinstance(e.code, int) else 2
     try:
         code = args.fn(args, rest) or 0
         sys.stdout.flush()

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from moetune.analysis.usage import Parser
 from moetune.cli.common import exit_code, positive_int, refusal_line
 from moetune.estimate import StoreReadings
 from moetune.estimate.search import search
@@ -176,7 +177,7 @@ def write(out: Path, text: str) -> None:
 
 
 def _main(argv: list[str], db: str | None) -> int:
-    p = argparse.ArgumentParser(prog="moetune new", description="Write an experiment YAML for a MoE model from its "
+    p = Parser(prog="moetune new", description="Write an experiment YAML for a MoE model from its "
                                 "Hugging Face config.json, its baseline the fastest fitting layout the plan finds; "
                                 "or from a Megatron command line (after --, or in FILE), its baseline that "
                                 "command line's layout.")

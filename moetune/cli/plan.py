@@ -4,10 +4,10 @@ layout, the measured peak beside it; ranked by predicted tokens/s/GPU (experimen
 virtual stages and the baseline among them, or (--order memory) least model parallelism first."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+from moetune.analysis.usage import Parser
 from moetune.cli.common import (
     add_gpu_args,
     exit_code,
@@ -93,7 +93,7 @@ def main(argv: list[str], db: str | None = None) -> int:
 
 
 def _main(argv: list[str], db: str | None = None) -> int:
-    p = argparse.ArgumentParser(prog="moetune plan",
+    p = Parser(prog="moetune plan",
                                 description="List the layouts whose estimated per-GPU memory fits, fastest "
                                             "predicted first (--order memory: least model parallelism first, "
                                             "fit first: moe-optimization-workflow.md).")

@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from moetune.analysis.usage import Parser
 from moetune.cli.common import add_gpu_args, exit_code, experiment_for_gpus, refusal_line, refuse_unknown_values
 from moetune.estimate import Prediction, StoreReadings, price
 from moetune.estimate.memory import PLAN_HEADROOM_SHARE, estimate, fits_plan, plan_cluster
@@ -230,7 +231,7 @@ def _fail(line: str) -> int:
 
 
 def _main(argv: list[str], db: str | None = None) -> int:
-    p = argparse.ArgumentParser(prog="moetune predict", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="moetune predict", description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="experiment name (experiments/NAME.yaml) or a YAML path")
     add_gpu_args(p, "GPU count (default: the experiment's cluster)")
     add_layout_args(p)

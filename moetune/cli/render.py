@@ -5,12 +5,12 @@ export.sh, the post-processing job sbatch'ed after it (job/postprocess.py sbatch
 engineer reads them before the first submission; `sbatch DIR/job.sbatch` runs the trial by hand."""
 from __future__ import annotations
 
-import argparse
 import difflib
 import os
 import sys
 from pathlib import Path
 
+from moetune.analysis.usage import Parser
 from moetune.cli.common import (
     add_gpu_args,
     baseline_misfit,
@@ -41,7 +41,7 @@ def _fail(line: str) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="moetune render", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="moetune render", description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="experiment name (experiments/NAME.yaml) or a YAML path")
     add_gpu_args(p, "GPU count (default: the experiment's cluster)")
     p.add_argument("--fix", action="append", default=[], metavar="RULE",

@@ -69,4 +69,5 @@ def test_what_cannot_be_exported_is_one_line(db, capsys, tmp_path):
 @pytest.mark.parametrize("argv", [["--trial", "0"], ["--format", "yaml"]])
 def test_usage_errors_exit_2(db, capsys, argv):
     assert main(["--db", db, "export", STUDY, *argv]) == 2
-    assert "usage: moetune export" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"moetune export: argument {argv[0]}")
