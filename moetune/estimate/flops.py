@@ -191,7 +191,11 @@ def stage_work(m: ModelArch, c: TrainingConfig, rates: Rates) -> list[StageWork]
             f = layer_flops(m, c, moe)
             for kind, v in f.items():
                 w.flops[kind] = w.flops.get(kind, 0.0) + 3 * n * v
-            w.flops["recompute"] = w.flops.get("recompute", 0.0) + n * recomputed_flops(m, c, f)
+            # recomputed attention runs at attention's forward rate, the rest at the GEMMs'
+            attn = f["attention_core"] if c.recompute_granularity == "full" or "core_attn" in c.selective_modules \
+                else 0.0
+            w.flops["recompute"] = w.flops.get("recompute", 0.0) + n * (recomputed_flops(m, c, f) - attn)
+            w.flops["recompute_attention"] = w.flops.get("recompute_attention", 0.0) + n * attn
             w.bytes += n * (layer_bytes(m, c, moe) + recomputed_bytes(m, c, moe))
             w.shapes += [(g, n) for g in ktable.layer_gemms(m, c, moe)]
         if st.index == len(stages) - 1:
@@ -221,9 +225,9 @@ def table_ms(w: StageWork, c: TrainingConfig, table: ktable.KernelTable) -> dict
     scaling in; an MoE layer's experts as one grouped layer where --moe-grouped-gemm is on, else a
     layer each), at its shape's measured rate; the output layer and the router stay BF16, as Megatron
     keeps them. Where the table has no layer rows of the recipe, the GEMM passes (forward, data and
-    weight gradients) at their shapes' rates. Recomputed FLOPs at the stage's mean rate; attention
-    at its shape's measured rate over the stage's attention FLOPs (a sliding window's fewer FLOPs at
-    the same rate)."""
+    weight gradients) at their shapes' rates. Recomputed FLOPs at the stage's mean GEMM rate, recomputed
+    attention at its forward's measured rate; attention at its shape's measured rate over the stage's
+    attention FLOPs (a sliding window's fewer FLOPs at the same rate)."""
     recipe = ktable.recipe_rows(c)
     us = {"gemm": 0.0, "grouped_gemm": 0.0}
     for gm, layers in w.shapes:
@@ -237,7 +241,7 @@ def table_ms(w: StageWork, c: TrainingConfig, table: ktable.KernelTable) -> dict
             d = ktable.precision(r)
             cost = gm.calls * sum(table.gemm_us(a, b, n, d) for a, b, n in gm.passes() if min(a, b, n) >= 1)
         us["grouped_gemm" if grouped else "gemm"] += layers * cost
-    kinds = [k for k, v in w.flops.items() if v and k not in ATTENTION + ("recompute",)]
+    kinds = [k for k, v in w.flops.items() if v and k not in ATTENTION + ("recompute", "recompute_attention")]
     done = sum(w.flops[k] for k in kinds)
     if w.flops.get("recompute") and done:
         us["gemm"] += w.flops["recompute"] * (us["gemm"] + us["grouped_gemm"]) / done
@@ -248,6 +252,7 @@ def table_ms(w: StageWork, c: TrainingConfig, table: ktable.KernelTable) -> dict
     if attention and a is not None:
         fwd, bwd = table.attention_us(a)
         ms["attention"] = attention / (3 * a.forward_flop() / ((fwd + bwd) * 1e-6)) * 1e3
+        ms["attention"] += w.flops.get("recompute_attention", 0.0) / (a.forward_flop() / (fwd * 1e-6)) * 1e3
     return ms
 
 

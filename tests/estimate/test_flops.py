@@ -121,3 +121,18 @@ def test_moe_recompute_launches_against_moetunes_measured_pair():
     measured = (per(rec) - per(base)) / (layers * mb)
     c = TrainingConfig(recompute_granularity="selective", recompute_modules=("moe",))
     assert flops.recomputed_launches(TOY, c, True, 16, Rates()) == pytest.approx(measured, rel=0.1)
+
+
+def test_recomputed_attention_runs_at_attentions_forward_rate():
+    """core_attn recompute adds the attention forward's time at its shape's measured forward rate,
+    not at the GEMMs' mean rate: the stage's attention time grows by exactly one forward per layer
+    and its GEMM time not at all."""
+    r, table = Rates(), kernels.table_for("H100")
+    c = TrainingConfig(micro_batch=2, grouped_gemm=True)
+    rc = c.replace(recompute_granularity="selective", recompute_modules=("core_attn",))
+    base, again = (flops.stage_work(TOY, x, r)[0] for x in (c, rc))
+    a, b = flops.table_ms(base, c, table), flops.table_ms(again, rc, table)
+    fwd, _ = table.attention_us(again.attention)
+    assert b["gemm"] == a["gemm"] and b["grouped_gemm"] == a["grouped_gemm"]
+    assert b["attention"] - a["attention"] == pytest.approx(TOY.num_layers * fwd / 1e3 * (
+        flops.layer_flops(TOY, c, True)["attention_core"] / again.attention.forward_flop()))
