@@ -110,7 +110,9 @@ def recomputed_launches(m: ModelArch, c: TrainingConfig, moe: bool, local: int, 
     pass's launches are taken as its FLOPs' share, a third forward (so a selective `moe` recompute
     of 16 local experts adds 34, against 35 measured: data/trial_bank, recompute_moe_1gpu over
     baseline_1gpu); a module of single kernels, its own count (moe_act: one grouped activation, or
-    one an expert without grouped GEMM, +1 measured: te_gg_recompute_act over te_gg)."""
+    one an expert without grouped GEMM, +1 measured: te_gg_recompute_act over te_gg). The MoE
+    layer's own launches outside its experts (router, permutation) sit in kernels_per_layer with
+    attention's, not apart: `moe` counts its experts' only, measured where those dominate."""
     experts = rates["kernels_per_local_expert"] * local if moe else 0.0
     if c.recompute_granularity == "full":
         return (rates["kernels_per_layer"] + experts) / 3
