@@ -143,6 +143,30 @@ def tp_overlap_ab(rows: list[dict]) -> list[dict]:
     return out
 
 
+def setting_ab(rows: list[dict], prefix: str) -> list[dict]:
+    """Each run whose name is another's with one setting more (NAME_PREFIX... beside NAME:
+    ep4_mbs4_recompute_moe beside ep4_mbs4, ep4_pp2_vpp4 beside ep4_pp2): the step the setting added,
+    measured (resolved where it exceeds the two runs' spreads together) and as the model prices it."""
+    by = {r["name"]: r for r in rows}
+    out = []
+    for r in rows:
+        stem, tail = balanced_split(r["name"])
+        base_stem, sep, _ = stem.rpartition("_" + prefix)
+        base = by.get(base_stem + tail) if sep else None
+        if not (base and base["measured_ms"] and r["measured_ms"]
+                and base.get("predicted_ms") and r.get("predicted_ms")):
+            continue
+        added = r["measured_ms"] - base["measured_ms"]
+        spread = (r["measured_spread_ms"] or 0) + (base["measured_spread_ms"] or 0)
+        out.append({"without": base["name"], "with": r["name"], "added_ms": round(added, 1),
+                    "spread_ms": round(spread, 1), "resolved": abs(added) > spread,
+                    "predicted_added_ms": round(r["predicted_ms"] - base["predicted_ms"], 1)})
+    return out
+
+
+SETTING_ABS = {"recompute_ab": "recompute_", "vpp_ab": "vpp"}  # record key: the runs' name part
+
+
 def host_cpus(rows: list[dict], gpus: int) -> dict | None:
     """The pinned runs (CPUS: the job's cores) beside their unpinned twin: each one's step, and the
     fewest cores a rank had where the step was no slower than the twin's beyond the two spreads."""
@@ -247,6 +271,8 @@ def main(argv=None) -> int:
               "error_over": "the runs on NVLink (the slow link's are not priced as such)"}
     record = reprice(record, exp, a.gpu_type, a.calibrated_by)
     record["tp_overlap_ab"] = tp_overlap_ab(rows)  # reads the priced TP collectives
+    for key, prefix in SETTING_ABS.items():  # read the predictions too
+        record[key] = setting_ab(rows, prefix)
     Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
     print("| run | measured ms | predicted ms | wall | exposed a2a ms (wait / transfer) | GPU idle | peak GB |")
     print("|---|---:|---:|---|---:|---:|---:|")
@@ -267,6 +293,13 @@ def main(argv=None) -> int:
         print("|---|---|---:|---:|")
         for x in record["tp_overlap_ab"]:
             print(f"| {x['without']} | {x['with']} | {x['saved_ms']} | {x['predicted_tp_collectives_ms']} |")
+    for key in SETTING_ABS:
+        if record[key]:
+            print("\n| without | with | step added ms (measured) | runs' spreads ms | resolved | predicted |")
+            print("|---|---|---:|---:|---|---:|")
+            for x in record[key]:
+                print(f"| {x['without']} | {x['with']} | {x['added_ms']} | {x['spread_ms']} | "
+                      f"{'yes' if x['resolved'] else 'no'} | {x['predicted_added_ms']} |")
     if record["host_cpus"]:
         print("\n| run | cores a rank | measured ms | unpinned ms |")
         print("|---|---:|---:|---:|")

@@ -102,3 +102,22 @@ def test_repricing_keeps_every_measurement_and_the_committed_predictions_are_cur
     base = next(r for r in committed["sweep"] if r["name"] == "ep4_baseline_balanced")
     launch = next(r["us"] for r in committed["probes"]["4gpu"]["rows"] if r["kind"] == "launch")
     assert (base["predicted_calibrated_ms"] > base["predicted_ms"]) == (launch > Rates()["ref_launch_us"])
+
+
+def test_a_setting_pairs_with_the_run_without_it_and_says_whether_its_cost_is_resolved():
+    """Recompute and virtual stages, read as the step they add: NAME_recompute_X beside NAME and
+    NAME_vppN beside NAME, balanced runs with balanced twins only, measured beside predicted, and
+    resolved only where the difference exceeds the two runs' spreads together."""
+    def r(name, ms, spread, pred):
+        return dict(_row(name, ms), measured_spread_ms=spread, predicted_ms=pred)
+    rows = [r("ep4_mbs4_balanced", 1000.0, 10.0, 900.0), r("ep4_mbs4", 1100.0, 10.0, 900.0),
+            r("ep4_mbs4_recompute_moe_balanced", 1200.0, 20.0, 960.0),
+            r("ep4_mbs4_recompute_act_norm_balanced", 1015.0, 10.0, 905.0),
+            r("ep4_pp2_balanced", 800.0, 5.0, 700.0), r("ep4_pp2_vpp4_balanced", 780.0, 5.0, 690.0)]
+    rec = results.setting_ab(rows, "recompute_")
+    assert [(x["without"], x["with"], x["added_ms"], x["resolved"], x["predicted_added_ms"]) for x in rec] == [
+        ("ep4_mbs4_balanced", "ep4_mbs4_recompute_moe_balanced", 200.0, True, 60.0),
+        ("ep4_mbs4_balanced", "ep4_mbs4_recompute_act_norm_balanced", 15.0, False, 5.0)]
+    (vpp,) = results.setting_ab(rows, "vpp")
+    assert (vpp["without"], vpp["added_ms"], vpp["spread_ms"], vpp["resolved"]) == \
+        ("ep4_pp2_balanced", -20.0, 10.0, True)
