@@ -12,8 +12,8 @@ from moetune.analysis.usage import Parser
 
 def main(argv: list[str]) -> int:
     p = Parser(prog="moetune analyze",
-                                description="Classify the wall of Nsight Systems traces (SQLite, "
-                                            ".nsys-rep, or folders of them) and/or a training log.")
+               description="Classify the wall of Nsight Systems traces (SQLite, "
+                           ".nsys-rep, or folders of them) and/or a training log.")
     p.add_argument("paths", nargs="*", help="trace files or folders (one file per rank or node)")
     p.add_argument("--log", help="the Megatron training log of the same job")
     p.add_argument("--format", choices=("text", "json", "markdown"), default="text")

@@ -38,11 +38,11 @@ def main(argv: list[str]) -> int:
 
 def _main(argv: list[str]) -> int:
     p = Parser(prog="moetune check",
-                                description="Check a Megatron command line against the combinations "
-                                            "Megatron and the MoE guidance forbid. Prints ok, or one "
-                                            "line per violation (exit 1). An argument Megatron does "
-                                            "not have is a violation; where .venv-megatron exists, "
-                                            "Megatron's own parser reads the arguments too.")
+               description="Check a Megatron command line against the combinations "
+                           "Megatron and the MoE guidance forbid. Prints ok, or one "
+                           "line per violation (exit 1). An argument Megatron does "
+                           "not have is a violation; where .venv-megatron exists, "
+                           "Megatron's own parser reads the arguments too.")
     add_gpu_args(p, "world size (default: the experiment's, else 8)")
     p.add_argument("--experiment", help="take the model and cluster from experiments/NAME.yaml")
     p.add_argument("--no-te", action="store_true", help="the image has no Transformer Engine")

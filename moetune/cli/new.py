@@ -178,9 +178,9 @@ def write(out: Path, text: str) -> None:
 
 def _main(argv: list[str], db: str | None) -> int:
     p = Parser(prog="moetune new", description="Write an experiment YAML for a MoE model from its "
-                                "Hugging Face config.json, its baseline the fastest fitting layout the plan finds; "
-                                "or from a Megatron command line (after --, or in FILE), its baseline that "
-                                "command line's layout.")
+               "Hugging Face config.json, its baseline the fastest fitting layout the plan finds; "
+               "or from a Megatron command line (after --, or in FILE), its baseline that "
+               "command line's layout.")
     p.add_argument("name", help="the experiment's name (letters, digits, '.', '_', '-')")
     origin = p.add_mutually_exclusive_group(required=True)
     origin.add_argument("--from-hf", metavar="PATH", help="the model's Hugging Face config.json")

@@ -94,9 +94,9 @@ def main(argv: list[str], db: str | None = None) -> int:
 
 def _main(argv: list[str], db: str | None = None) -> int:
     p = Parser(prog="moetune plan",
-                                description="List the layouts whose estimated per-GPU memory fits, fastest "
-                                            "predicted first (--order memory: least model parallelism first, "
-                                            "fit first: moe-optimization-workflow.md).")
+               description="List the layouts whose estimated per-GPU memory fits, fastest "
+                           "predicted first (--order memory: least model parallelism first, "
+                           "fit first: moe-optimization-workflow.md).")
     p.add_argument("model", help="experiment name (experiments/NAME.yaml) or path")
     add_gpu_args(p, "GPU count (default: the experiment's cluster)")
     p.add_argument("--baseline", action="store_true",
