@@ -8,6 +8,7 @@ plan(), which reads the file itself and says what is wrong.
 
     start(files)  -> begins the scan in a thread
     take(path)    -> (rows, total) or None: the DISTINCT (globalPid, deviceId) rows and count(*)
+    wait()        -> the scan's thread has ended (plan() ends with it, before any worker starts)
 """
 from __future__ import annotations
 
@@ -63,11 +64,17 @@ def start(files) -> None:
         _thread.start()
 
 
-def take(path) -> tuple | None:
-    """The scan's answer for this file (waiting for the scan), once; None if it has none."""
+def wait() -> None:
+    """The scan ended: none of its threads runs (a process forked beside it would copy SQLite's locks
+    as that thread holds them)."""
     global _thread
     if _thread is not None:
         _thread.join()
         _thread = None
+
+
+def take(path) -> tuple | None:
+    """The scan's answer for this file (waiting for the scan), once; None if it has none."""
+    wait()
     key = _key(path)
     return _found.pop(key, None) if key else None

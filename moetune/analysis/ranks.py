@@ -23,6 +23,7 @@ import gc
 import multiprocessing as mp
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -127,6 +128,7 @@ def plan(files, workers: int = 1) -> list[Task]:
         keys = sorted(((-1 if p is None else int(p), -1 if d is None else int(d)), total // len(rows))
                       for p, d in rows)  # kernels per rank: the file's share, as an estimate
         per_file.append((path, keys or [(None, 0)]))
+    rank_scan.wait()  # a file without kernels takes no answer: the scan may still run, and workers fork next
     labels = iter(rank_labels(per_file))
     groups: list[tuple[str, list]] = []
     for path, keys in per_file:
@@ -331,11 +333,14 @@ def rank_frames(paths):
 
 
 def _context():
-    """Fork (fast, and a script needs no `if __name__ == "__main__"` guard) unless this process has
-    read through connectorx, which is not safe across a fork (columnar.used_here); then a fork
-    server started clean, with the analysis imported."""
+    """Fork (fast, and a script needs no `if __name__ == "__main__"` guard) where no other Python thread
+    runs and this process has not read through connectorx; else a fork server started clean, with the
+    analysis imported. A fork copies every lock as it stands, held by threads the child does not have:
+    the tuner's store thread inside SQLite left a forked worker waiting forever on SQLite's allocator
+    mutex, and connectorx's thread pools crash a forked reader (columnar.used_here). (Native pools
+    idle in numpy's and Arrow's libraries are not counted: they take their locks across a fork.)"""
     methods = mp.get_all_start_methods()
-    if "fork" in methods and not used_here():
+    if "fork" in methods and not used_here() and threading.active_count() == 1:
         return mp.get_context("fork")
     if "forkserver" not in methods:
         return mp.get_context("spawn")

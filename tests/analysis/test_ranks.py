@@ -71,3 +71,54 @@ def test_analysis_inside_a_pool_worker_runs_its_ranks_in_that_process(tmp_path):
     with mp.get_context("spawn").Pool(1) as pool:
         inside = pool.apply(_analyze_in_a_daemon, (p,))
     assert inside == analysis.analyze([p], workers=2)["metrics"]
+
+
+def test_workers_beside_a_thread_busy_in_sqlite_start_clean_and_finish(tmp_path):
+    """A fork copies the locks other threads hold as they stand: a tuner's store thread inside SQLite
+    once left a forked worker waiting forever on SQLite's allocator mutex. With such a thread running,
+    the workers start from a fork server, not a fork, and four ranks read by two workers give what one
+    process gives."""
+    import sqlite3
+    import threading
+
+    from moetune.analysis import ranks
+    files = [three_steps(TraceBuilder(), PID + (r << 24), r, 500 + 50 * r).write(tmp_path / f"r{r}.sqlite")
+             for r in range(4)]
+    stop = threading.Event()
+
+    def busy():  # opens and closes connections (SQLite's allocator at work) until told to stop
+        while not stop.is_set():
+            sqlite3.connect(str(tmp_path / "store.db")).close()
+
+    t = threading.Thread(target=busy, daemon=True)
+    t.start()
+    try:
+        assert threading.active_count() >= 2 and ranks._context().get_start_method() != "fork"
+        two = analysis.analyze(files, workers=2)
+    finally:
+        stop.set()
+        t.join()
+    one = analysis.analyze(files, workers=1)
+    assert two["metrics"] == one["metrics"] and two["wall"] == one["wall"]
+
+
+def test_plan_ends_the_rank_scan_even_where_no_file_has_kernels(tmp_path):
+    """The rank scan's thread (analysis.keys, begun while the analysis imports pandas) has ended when
+    plan() returns, also where no file has a kernel table to take its answer (a CPU stand-in's
+    trace): workers fork next, and a fork beside that thread would copy SQLite's locks as it holds
+    them."""
+    import sqlite3
+
+    from moetune.analysis import keys
+    files = []
+    for r in range(3):
+        p = three_steps(TraceBuilder(), PID + (r << 24), r, 500).write(tmp_path / f"r{r}.sqlite")
+        with sqlite3.connect(p) as con:
+            con.execute("DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
+        con.close()
+        files.append(p)
+    keys.start(files)
+    scan = keys._thread
+    assert scan is not None
+    plan(files)
+    assert keys._thread is None and not scan.is_alive()
