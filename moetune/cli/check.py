@@ -64,7 +64,6 @@ def _main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"moetune check: {e}", file=sys.stderr)
         return 2
-    model = exp.model if exp else ModelArch.from_args(argv)
     # without an experiment, the schema's cluster (one node of 8 H100s, DeepEP not assumed)
     fields = (exp.cluster if exp else Cluster()).model_dump()
     if args.gpus is not None:
@@ -85,6 +84,7 @@ def _main(argv: list[str]) -> int:
             problems.append(f"Megatron's parser refuses it: {refusal}")
     if not problems:
         try:
+            model = exp.model if exp else ModelArch.from_args(argv)
             config = TrainingConfig.from_args(with_megatron_defaults(argv))
         except (TypeError, ValueError) as e:
             print(f"moetune check: cannot read the arguments: {e}", file=sys.stderr)

@@ -86,7 +86,11 @@ class ModelArch:
             if flag in argv:
                 i = argv.index(flag)
                 if i + 1 < len(argv):
-                    return cast(argv[i + 1])
+                    try:
+                        return cast(argv[i + 1])
+                    except ValueError:
+                        what = "a whole number" if cast is int else "a number" if cast is float else cast.__name__
+                        raise ValueError(f"{flag} {argv[i + 1]}: not {what}") from None
             return default
         heads = val("--num-attention-heads", default=1)
         pattern = parse_layer_pattern(val("--moe-layer-freq", str) or "", val("--num-layers", default=1))

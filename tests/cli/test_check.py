@@ -37,6 +37,15 @@ def test_check_cli_usage_errors_and_no_separator(capsys):
     assert "expert_folding" in capsys.readouterr().out
 
 
+def test_a_model_flag_that_is_not_a_number_is_one_line(capsys):
+    """`--num-layers x` (read for the model, not the layout) is one line naming the flag and value,
+    exit 2, not a traceback."""
+    from moetune.cli.check import main
+    assert main(["--no-megatron-parser", "--", "--num-layers", "x", "--num-experts", "16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "moetune check: cannot read the arguments: --num-layers x: not a whole number"
+
+
 def test_check_cli_names_an_argument_megatron_lacks(capsys):
     """A mistyped flag is named (with the flag meant), not read as absent: EP is not taken as 1,
     so the overlap flag is not blamed for it. Megatron's recorded option strings, no venv needed."""
