@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from moetune.estimate import fsdp
-from moetune.estimate.flops import BF16, reruns_moe_forward, tokens
+from moetune.estimate.flops import BF16, reruns_attention, reruns_moe_forward, tokens
 from moetune.estimate.rates import Rates
 from moetune.experiment import gpus
 from moetune.experiment.config import TrainingConfig
@@ -146,7 +146,7 @@ def cp_exchange(m: ModelArch, c: TrainingConfig, layers: int, gpu_type: str, nvl
         per_token = 2 * d * max(m.num_query_groups / c.tp, 1)
     nbytes = tokens(m, c) * per_token * BF16
     rate, link = link_rate(c.tp * c.cp, gpu_type, nvlink_domain, rates)
-    again = c.recompute_granularity == "full" or "core_attn" in c.selective_modules  # the ring's forward
+    again = reruns_attention(c)  # the ring's forward
     return {"ms": (3 + again) * (c.cp - 1) * layers * 1e3 * nbytes / rate, "bytes": nbytes, "link": link}
 
 
@@ -175,7 +175,7 @@ def tp_collectives(m: ModelArch, c: TrainingConfig, layers: int, moe_layers: int
     count = 2 * forward
     if c.recompute_granularity == "full":  # the layers' forward again
         count += forward
-    elif "moe" in c.selective_modules and per_layer_moe == 4:  # the experts' pair again
+    elif reruns_moe_forward(c) and per_layer_moe == 4:  # the experts' pair again
         count += 2 * moe_layers
     rate, link = link_rate(c.tp, gpu_type, nvlink_domain, rates)
     one = ring_ms(tokens(m, c) * m.hidden_size * BF16, c.tp, rate)

@@ -86,6 +86,12 @@ def reruns_moe_forward(c: TrainingConfig) -> bool:
     return c.recompute_granularity == "full" or "moe" in c.selective_modules
 
 
+def reruns_attention(c: TrainingConfig) -> bool:
+    """Recompute runs core attention's forward again (its ring too under context parallel): full
+    recompute, or selective `core_attn`."""
+    return c.recompute_granularity == "full" or "core_attn" in c.selective_modules
+
+
 def recomputed_bytes(m: ModelArch, c: TrainingConfig, moe: bool) -> float:
     """Bytes the element-wise kernels of a layer's recomputed modules move again in backward: their
     forward's (layer_bytes' items, once)."""
@@ -194,8 +200,7 @@ def stage_work(m: ModelArch, c: TrainingConfig, rates: Rates) -> list[StageWork]
             for kind, v in f.items():
                 w.flops[kind] = w.flops.get(kind, 0.0) + 3 * n * v
             # recomputed attention runs at attention's forward rate, the rest at the GEMMs'
-            attn = f["attention_core"] if c.recompute_granularity == "full" or "core_attn" in c.selective_modules \
-                else 0.0
+            attn = f["attention_core"] if reruns_attention(c) else 0.0
             w.flops["recompute"] = w.flops.get("recompute", 0.0) + n * (recomputed_flops(m, c, f) - attn)
             w.flops["recompute_attention"] = w.flops.get("recompute_attention", 0.0) + n * attn
             w.bytes += n * (layer_bytes(m, c, moe) + recomputed_bytes(m, c, moe))
