@@ -4,6 +4,7 @@ The trial bank the demo replays is data of a checkout (data/trial_bank), named b
 elsewhere: a wheel ships none."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,3 +25,15 @@ def trial_folder(runs_root, study_name: str, trial) -> Path:
     if getattr(trial, "folder", None):
         return Path(trial.folder)
     return (Path(runs_root) / study_name / str(trial.id)).resolve()
+
+
+def write_whole(path, text: str, mode: int | None = None) -> None:
+    """`text` into `path` whole or not at all: written beside it, then renamed over it, so that a
+    process killed mid-write (a tuner, a node) leaves the earlier file or none, never half of one
+    for a restart to read."""
+    path = Path(path)
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    part.write_text(text)
+    if mode is not None:
+        part.chmod(mode)
+    os.replace(part, path)

@@ -25,7 +25,7 @@ from moetune.job import slurm
 from moetune.job.paths import TrialPaths
 from moetune.job.render import shell_word, time_minutes
 from moetune.job.slurm import ACTIVE
-from moetune.paths import WORKLOADS
+from moetune.paths import WORKLOADS, write_whole
 from moetune.workloads.postprocess import PostprocessError  # the login side raises it too
 
 BODY = WORKLOADS / "postprocess.py"  # what each array element runs, by its path
@@ -80,9 +80,9 @@ def submit(folder: str | Path, ranks: list[int], cluster, after: str, name: str,
                               retry_without_dependency=True)
     except slurm.JobError as e:
         raise PostprocessError(f"sbatch of the post-processing of {folder} failed: {e}") from None
-    TrialPaths(folder).postprocess.write_text(json.dumps({"job_id": job_id, "for_job": str(after),
-                                                 "ranks": list(ranks), "submitted": time.time()},
-                                                indent=1) + "\n")
+    write_whole(TrialPaths(folder).postprocess, json.dumps({"job_id": job_id, "for_job": str(after),
+                                                           "ranks": list(ranks), "submitted": time.time()},
+                                                          indent=1) + "\n")
     return job_id
 
 

@@ -27,7 +27,7 @@ from moetune.experiment.environment import config_env
 from moetune.experiment.schema import Cluster, cluster_section
 from moetune.job import oci
 from moetune.job.paths import TrialPaths
-from moetune.paths import TEMPLATES
+from moetune.paths import TEMPLATES, write_whole
 from moetune.paths import WORKLOADS as WORKLOAD_DIR
 
 TEMPLATE_FILES = {"venv": "venv.sh.j2", "container": "container.sh.j2", "oci": "oci.sh.j2"}
@@ -273,8 +273,7 @@ def write_job(spec: JobSpec) -> list[Path]:
     out = []
     for name, text in render_job(spec).items():
         path = folder / name
-        path.write_text(text)
-        path.chmod(0o755)
+        write_whole(path, text, mode=0o755)
         out.append(path)
     return out
 

@@ -18,6 +18,7 @@ from moetune import settings
 from moetune.errors import MoetuneError
 from moetune.experiment.config import TrainingConfig
 from moetune.job.paths import TrialPaths
+from moetune.paths import write_whole
 
 
 class ReplayError(MoetuneError):
@@ -118,5 +119,5 @@ def replay_job(config: dict, folder: str, bank_dir: str | None = None) -> dict:
         kind = out.report if rel.removesuffix(".xz").endswith(".nsys-rep") else out.sqlite
         _copy(bank / rel, kind(i))
     state = {"state": entry.get("state"), "bank_entry": entry.get("name")}
-    out.state.write_text(json.dumps(state))
+    write_whole(out.state, json.dumps(state))
     return state

@@ -19,7 +19,7 @@ from moetune.experiment import preflight as spec
 from moetune.experiment.schema import Cluster
 from moetune.job import cost, render
 from moetune.job import scheduler as jobs
-from moetune.paths import WORKLOADS
+from moetune.paths import WORKLOADS, write_whole
 from moetune.workloads.preflight_probe import MARKER
 
 PROBE = WORKLOADS / "preflight_probe.py"
@@ -129,8 +129,8 @@ def finish(cluster: Cluster, s: render.JobSpec, token: str, kind: str, poll_s: f
     problems = spec.problems(record, cluster)
     outcome = Outcome(record, problems, spec.capabilities(record, cluster), folder=s.folder,
                       job_id=job_info.get("job_id"))
-    (Path(s.folder) / "outcome.json").write_text(json.dumps(outcome.to_dict(), indent=1, sort_keys=True,
-                                                            default=str) + "\n")
+    write_whole(Path(s.folder) / "outcome.json", json.dumps(outcome.to_dict(), indent=1, sort_keys=True,
+                                                           default=str) + "\n")
     if store is not None:
         store.add_preflight(cluster.name, spec.image_key(cluster),
                             spec.fingerprint(cluster, str(Path(runs_root or ".").resolve())), record,

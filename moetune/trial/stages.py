@@ -38,6 +38,7 @@ from moetune.experiment.schema import Cluster
 from moetune.job import cost, executors, postprocess, render, slurm
 from moetune.job import scheduler as jobs
 from moetune.job.paths import TrialPaths
+from moetune.paths import write_whole
 from moetune.store import now
 from moetune.trial import framework
 from moetune.trial.framework import NotReady, Stage, StageError, TrialContext
@@ -143,7 +144,7 @@ def write_trial_job(spec: render.JobSpec, config: dict) -> list[Path]:
     for path, text in ((spec.paths.spec, json.dumps(asdict(spec), indent=1, sort_keys=True)),
                        (spec.paths.config, json.dumps(config, indent=1, sort_keys=True)),
                        (spec.paths.command, " ".join(map(render.shell_word, spec.command)))):
-        path.write_text(text + "\n")
+        write_whole(path, text + "\n")
         out.append(path)
     return out
 
@@ -160,7 +161,7 @@ def do_render(t: TrialContext) -> list[Path]:
         raise StageError(f"trial {t.id}: {e}") from None
     out = write_trial_job(spec, t.row.config)
     if bound:
-        t.paths.one_gpu_rank.write_text(json.dumps(bound.to_dict(), indent=1, sort_keys=True) + "\n")
+        write_whole(t.paths.one_gpu_rank, json.dumps(bound.to_dict(), indent=1, sort_keys=True) + "\n")
         out.append(t.paths.one_gpu_rank)
     t.store.update_trial(t.id, folder=str(t.folder))
     return out
@@ -200,7 +201,7 @@ def do_fit(t: TrialContext) -> list[Path]:
                       "seconds": None if seconds is None else round(seconds, 1), "basis": basis},
               "ranks": {str(r): m for r, m in measured.items()}}
     out = t.paths.fit.fit_result
-    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    write_whole(out, json.dumps(result, indent=1, sort_keys=True) + "\n")
     figures = fit.fit_metrics(result)  # plan reads fit_peak_gb
     t.store.set_metrics(t.id, figures, replace=figures)  # the tuner's figures stay beside them
     return [out]
@@ -255,8 +256,8 @@ def do_submit(t: TrialContext, force: bool = False, bank_dir: Path | None = None
     ref = None if force else executor.find(spec, earlier)
     if ref is None:
         ref = executor.submit(spec)
-    out.write_text(json.dumps({**ref.to_dict(), "submitted_at": now(),
-                               **({"bank": str(bank_dir)} if bank_dir else {})}, indent=1, sort_keys=True) + "\n")
+    write_whole(out, json.dumps({**ref.to_dict(), "submitted_at": now(),
+                                 **({"bank": str(bank_dir)} if bank_dir else {})}, indent=1, sort_keys=True) + "\n")
     # a judged trial's state and times are the study's record: a submit by hand leaves them
     t.store.update_trial(t.id, job_id=ref.job_id,
                          **({} if t.judged else {"state": "submitted", "submitted_at": now()}))
@@ -277,7 +278,7 @@ def do_collect(t: TrialContext, wait: bool = True, poll_s: float = 2.0,
         if not st.terminal:
             raise NotReady(f"trial {t.id}: job {ref.job_id} is {st.state}; collect again later")
     state = t.paths.state
-    state.write_text(json.dumps({"job_id": ref.job_id, **st.to_dict()}, indent=1, sort_keys=True) + "\n")
+    write_whole(state, json.dumps({"job_id": ref.job_id, **st.to_dict()}, indent=1, sort_keys=True) + "\n")
     if not t.judged:  # a judged trial's state is the tuner's verdict, not the job's alone
         t.store.update_trial(t.id, state=st.outcome.trial_state, started_at=st.start, ended_at=st.end)
     return [state] + [p for p in (t.paths.log,) if p.exists()] + t.paths.reports
@@ -301,7 +302,7 @@ def do_decide(t: TrialContext) -> list[Path]:
     result = json.loads(t.paths.analysis.read_text())
     decision = recorded_decisions(t.store, t.row, result)
     out = t.paths.decision
-    out.write_text(json.dumps(decision, indent=1, sort_keys=True, default=str) + "\n")
+    write_whole(out, json.dumps(decision, indent=1, sort_keys=True, default=str) + "\n")
     return [out]
 
 

@@ -23,6 +23,7 @@ from moetune.analysis.nsys import nsys_binary
 from moetune.job import postprocess, render
 from moetune.job import scheduler as jobs
 from moetune.job.paths import TrialPaths
+from moetune.paths import write_whole
 from moetune.trial.framework import StageError, TrialContext
 from moetune.trial.jobfiles import launcher, load_ref, load_spec
 from moetune.workloads import postprocess as in_job
@@ -202,7 +203,7 @@ def do_analyze(t: TrialContext, local: bool = False) -> list[Path]:
     text = json.dumps(result, indent=1, sort_keys=True, default=str) + "\n"
     earlier = out.read_text() if out.exists() else None
     kept = _keep_earlier(t, earlier) if earlier not in (None, text) else []
-    out.write_text(text)
+    write_whole(out, text)
     drawn = write_views(t.paths, views)
     if not t.judged:  # a judged trial's figures are what the tuner decided by: they stay
         record_analysis(t.store, t.id, result, json.loads(earlier) if earlier else None)
@@ -214,7 +215,7 @@ def _keep_earlier(t: TrialContext, earlier: str) -> list[Path]:
     folder = t.paths.previous("analyses")
     folder.mkdir(parents=True, exist_ok=True)
     kept = folder / f"analysis.{len(list(folder.glob('analysis.*.json'))) + 1}.json"
-    kept.write_text(earlier)
+    write_whole(kept, earlier)
     return [kept]
 
 
@@ -259,5 +260,5 @@ def write_views(paths: TrialPaths, views: list[dict] | None) -> list[Path]:
             p.unlink(missing_ok=True)
         return []
     for p, content in zip(files, (timeline.timeline(views), timeline.top_kernels(views)), strict=True):
-        p.write_text(json.dumps(content, indent=1, sort_keys=True) + "\n")
+        write_whole(p, json.dumps(content, indent=1, sort_keys=True) + "\n")
     return list(files)
