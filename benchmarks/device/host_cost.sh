@@ -14,6 +14,10 @@
 #                GPU's memory in use polled every 100 ms (NAME.mem): what the graphs' pools take
 #   memLxMyPz, memgLxMyPz  the same as the first stage (rank 0) of z pipeline stages (a world of 16 z),
 #                x layers over the z stages: Megatron captures every micro-batch there, not one
+#   vppLxMyPzVw  x layers, y micro-batches, as the first of z pipeline stages with w virtual stages a
+#                rank (14 iterations; V1: no virtual stages): what a virtual stage costs the host a
+#                micro-batch beyond its bubble (the sends themselves are the fake group's no-ops)
+#   vppLxMyPzVw_nsys  the same under nsys: its launches a step
 # From the repo root, with .whl, .devlib and .deps/tecarry carried:
 #   bash benchmarks/device/host_cost.sh start [RUN ...]   # setup, then the runs in their own session
 #   bash benchmarks/device/host_cost.sh wait SECONDS      # until they end or SECONDS pass; packs into $OUT
@@ -50,6 +54,11 @@ run() {
   local pp=1
   case "$name" in
     mem*P*) pp=${name##*P}; extra+=(--pipeline-model-parallel-size "$pp") ;;
+    vpp*) local shape=${name%_nsys} v
+          layers=${shape#vppL}; layers=${layers%%M*}; mbs=${shape#*M}; mbs=${mbs%%P*}
+          pp=${shape#*P}; pp=${pp%%V*}; v=${shape##*V}; gbs=$(( 16 * mbs ))
+          extra+=(--pipeline-model-parallel-size "$pp")
+          [ "$v" -gt 1 ] && extra+=(--num-virtual-stages-per-pipeline-rank "$v") ;;
   esac
   case "$name" in
     memg*) extra+=(--cuda-graph-impl transformer_engine --cuda-graph-modules attn moe_router moe_preprocess)
