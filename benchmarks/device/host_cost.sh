@@ -17,7 +17,8 @@
 #   vppLxMyPzVw  x layers, y micro-batches, as the first of z pipeline stages with w virtual stages a
 #                rank (14 iterations; V1: no virtual stages): what a virtual stage costs the host a
 #                micro-batch beyond its bubble (the sends themselves are the fake group's no-ops)
-#   vppLxMyPzVw_nsys  the same under nsys: its launches a step
+#   vppLxMyPzVw_nsys  the same under nsys: its launches a step; _nop2p: the sends not overlapped
+#                (--no-overlap-p2p-communication); _again: a second sample
 # From the repo root, with .whl, .devlib and .deps/tecarry carried:
 #   bash benchmarks/device/host_cost.sh start [RUN ...]   # setup, then the runs in their own session
 #   bash benchmarks/device/host_cost.sh wait SECONDS      # until they end or SECONDS pass; packs into $OUT
@@ -54,11 +55,12 @@ run() {
   local pp=1
   case "$name" in
     mem*P*) pp=${name##*P}; extra+=(--pipeline-model-parallel-size "$pp") ;;
-    vpp*) local shape=${name%_nsys} v
+    vpp*) local shape=${name%%_*} v
           layers=${shape#vppL}; layers=${layers%%M*}; mbs=${shape#*M}; mbs=${mbs%%P*}
           pp=${shape#*P}; pp=${pp%%V*}; v=${shape##*V}; gbs=$(( 16 * mbs ))
           extra+=(--pipeline-model-parallel-size "$pp")
-          [ "$v" -gt 1 ] && extra+=(--num-virtual-stages-per-pipeline-rank "$v") ;;
+          [ "$v" -gt 1 ] && extra+=(--num-virtual-stages-per-pipeline-rank "$v")
+          case "$name" in *_nop2p*) extra+=(--no-overlap-p2p-communication) ;; esac ;;
   esac
   case "$name" in
     memg*) extra+=(--cuda-graph-impl transformer_engine --cuda-graph-modules attn moe_router moe_preprocess)
