@@ -15,7 +15,8 @@ What it answers for the step-time model (estimate/rates.py host_us_per_kernel):
 - the host's time a launch with no profiler at all;
 - the launches gradient-accumulation fusion saves, and whether the step follows;
 - whether fewer cores a rank slow the host;
-and, from the memLxMy / memgLxMy runs (x layers, y micro-batches, without and with TE's CUDA graphs
+from the vppLxMyPzVw runs, the host's time a virtual stage adds (estimate/rates.py
+host_ms_per_virtual_stage_pass); and, from the memLxMy / memgLxMy runs (x layers, y micro-batches, without and with TE's CUDA graphs
 of attn, moe_router and moe_preprocess), the GPU memory the graphs' pools take (NAME.mem.xz: the
 memory in use, polled every 100 ms, capture included).
 """
@@ -52,15 +53,19 @@ ORDER = {"call1": ("plain", "nsys", "gaf_nsys", "gaf", "plain_again", "cpus2", "
 LAYERS, MICRO_BATCHES, LOCAL_EXPERTS = 16, 4, 8  # the runs' layout (host_cost.sh)
 # the graph-memory runs: without graphs (call3), then with them (call4), by (layers, micro-batches)
 GRAPH_MEMORY = {"base": "call3", "graphs": "call4", "shapes": ((8, 4), (16, 4), (16, 8))}
-# the graph-memory runs with and without graphs in one call, pipeline stages too (memLxMyPz, memgLxMyPz)
-GRAPH_POOLS = "call5"
+# the graph-memory runs with and without graphs in one call, pipeline stages too (memLxMyPz, memgLxMyPz):
+# three calls on one H100 machine, each run's base the run without graphs of its call
+GRAPH_POOLS = ("call5", "call6", "call7")
+# the virtual-stage runs (vppLxMyPzVw): one rank's layers split into w virtual stages; calls 8 and 9
+# on one H100 machine, call 10 on another (its nsys runs traced)
+VIRTUAL_STAGES = {"call8": "H100 a", "call9": "H100 a", "call10": "H100 b"}
+VPP_NAME = re.compile(r"vppL(?P<layers>\d+)M(?P<mbs>\d+)P(?P<pp>\d+)V(?P<vpp>\d+)(?P<tags>(?:_[a-z0-9]+)*)$")
 LAYOUT = "qwen3_30b_a3b-baseline-r0"  # benchmarks/fit_lease/layouts.json
 GRAPHED = ("attn", "moe_router", "moe_preprocess")  # host_cost.sh's memg runs
 MEM_NAME = re.compile(r"mem(?P<graphs>g?)L(?P<layers>\d+)M(?P<mbs>\d+)(?:P(?P<pp>\d+))?$")
 MB_FIGURE = {"max_allocated_mb": re.compile(r"max allocated: ([\d.]+)"),
              "max_reserved_mb": re.compile(r"max reserved: ([\d.]+)"),
-             "held_reserved_mb": re.compile(r"emptying the cache \(MB\) \| reserved: ([\d.]+)"),
-             "graph_pools_mb": re.compile(r"graph pools: ([\d.]+)")}
+             "held_reserved_mb": re.compile(r"emptying the cache \(MB\) \| reserved: ([\d.]+)")}
 
 
 def kind(name: str) -> dict:
@@ -232,22 +237,74 @@ def mem_run(path: Path) -> dict:
 
 
 def graph_pools(pools: dict) -> dict | None:
-    """GRAPH_POOLS's runs (None until that call is in): each graphed run's private pools as the
-    allocator reports them (train_moe.py, after emptying its cache) beside the graphed scopes' saved
-    tensors and the pools this record's rows price; where a run of the same layers and stages ran
-    without graphs, what the graphs added to the GPU's peak (the micro-batches do not move that
-    one's peak once they fill the pipeline). `pools`: this record's rows (graph_memory's)."""
-    folder = RUNS / GRAPH_POOLS
-    if not folder.is_dir():
-        return None
-    rows = [mem_run(p) for p in sorted(folder.glob("mem*.mem.xz"))]
-    base = {(r["layers"], r["pp"]): r for r in rows if not r["graphs"]}
+    """GRAPH_POOLS's runs: what each graphed run added to the GPU's peak over the run of the same
+    layers, micro-batches and stages without graphs in its call (nvidia-smi's, and the allocator's
+    reserved over its most allocated, which replays do not raise), beside the pools this record's
+    rows price. `pools`: this record's rows (graph_memory's). (The allocator's figure after emptying
+    its cache says nothing of the pools: Megatron has freed the graphs by then.)"""
+    rows = []
+    for call in GRAPH_POOLS:
+        for p in sorted((RUNS / call).glob("mem*.mem.xz")):
+            rows.append({"call": call, **mem_run(p)})
+    shape = lambda r: (r["call"], r["layers"], r["micro_batches"], r["pp"])  # noqa: E731
+    base = {shape(r): r for r in rows if not r["graphs"]}
     for r in (r for r in rows if r["graphs"]):
         r["saved_mib"] = round(saved_mib(r["layers"], r["micro_batches"], r["pp"]), 1)
         r["priced_mib"] = round(pools["fixed_mib"] + pools["factor"] * r["saved_mib"])
-        if (r["layers"], r["pp"]) in base:
-            r["graphs_add_mib"] = r["peak_mib"] - base[r["layers"], r["pp"]]["peak_mib"]
-    return {"source": str(folder.relative_to(ROOT)), "runs": rows}
+        r["reserved_over_allocated_mib"] = round(r["max_reserved_mb"] - r["max_allocated_mb"])
+        if shape(r) in base:
+            b = base[shape(r)]
+            r["graphs_add_mib"] = r["peak_mib"] - b["peak_mib"]
+            r["error"] = round(r["priced_mib"] / r["graphs_add_mib"] - 1, 3)
+    return {"source": [str((RUNS / c).relative_to(ROOT)) for c in GRAPH_POOLS], "runs": rows}
+
+
+def vpp_kind(name: str) -> dict:
+    """What a vppLxMyPzVw[_tag...] name says: the shape, the profiler, the sends overlapped or not."""
+    m = VPP_NAME.match(name)
+    if m is None:
+        raise ValueError(f"{name}: not a vppLxMyPzVw run")
+    tags = set(m["tags"].split("_")) - {""}
+    return {"layers": int(m["layers"]), "micro_batches": int(m["mbs"]), "pp": int(m["pp"]),
+            "vpp": int(m["vpp"]), "profiler": "nsys" if "nsys" in tags else "none",
+            "p2p_overlap": "nop2p" not in tags}
+
+
+def virtual_stages() -> dict:
+    """VIRTUAL_STAGES's runs: each run's judged step; each run with w > 1 virtual stages against
+    the w = 1 run of its call with the same stages, profiler and send overlap. A micro-batch passes a
+    rank's virtual stages once forward and once backward, so w stages make 2 (w - 1) passes a
+    micro-batch beyond the first two: the host's time a pass is the step's growth over those passes
+    (the layout is host-bound, and its GPU work is the same at every w). The traced pair's launches
+    say how little of it is kernels."""
+    rows = []
+    for call, machine in VIRTUAL_STAGES.items():
+        for p in sorted((RUNS / call).glob("vpp*.log.xz")):
+            name = p.name.removesuffix(".log.xz")
+            judged = judged_step({"log": parse_log(p)})
+            row = {"call": call, "machine": machine, "name": name, **vpp_kind(name),
+                   "step_ms": round(judged["step_time_ms"], 1), "spread_ms": round(judged["step_time_std_ms"], 1)}
+            trace = p.with_name(f"{name}.sqlite.xz")
+            if trace.exists():
+                row["traced"] = trace_steps(trace)
+            rows.append(row)
+    key = lambda r: (r["call"], r["layers"], r["micro_batches"], r["pp"], r["profiler"], r["p2p_overlap"])  # noqa: E731
+    base = {key(r): r for r in rows if r["vpp"] == 1}
+    for r in rows:
+        b = base.get(key(r))
+        if r["vpp"] > 1 and b is not None:
+            passes = 2 * (r["vpp"] - 1) * r["micro_batches"]
+            r["passes_added"] = passes
+            r["ms_per_pass"] = round((r["step_ms"] - b["step_ms"]) / passes, 2)
+            if "traced" in r and "traced" in b:
+                added = statistics.median(t["launches"] for t in r["traced"]) - statistics.median(
+                    t["launches"] for t in b["traced"])
+                r["launches_per_pass"] = round(added / passes, 2)
+    per_pass = [r["ms_per_pass"] for r in rows if "ms_per_pass" in r]
+    return {"source": [str((RUNS / c).relative_to(ROOT)) for c in VIRTUAL_STAGES], "runs": rows,
+            "ms_per_pass": {"median": round(statistics.median(per_pass), 2),
+                            "range": [min(per_pass), max(per_pass)], "n": len(per_pass)},
+            "launches_per_pass": [r["launches_per_pass"] for r in rows if "launches_per_pass" in r]}
 
 
 def measure() -> dict:
@@ -256,7 +313,7 @@ def measure() -> dict:
     return {"source": str(RUNS.relative_to(ROOT)), "machine": "one H200, 16 cores (Intel Xeon, 1 thread a core)",
             "layout": "qwen3_30b_a3b-baseline-r0 (benchmarks/fit_lease/layouts.json), 16 layers, 4 micro-batches",
             "summary": summary(rows), "runs": rows, "cuda_graph_memory": graphs,
-            "cuda_graph_pools": graph_pools(graphs["pools"])}
+            "cuda_graph_pools": graph_pools(graphs["pools"]), "virtual_stages": virtual_stages()}
 
 
 def table(record: dict) -> str:
@@ -285,9 +342,18 @@ def table(record: dict) -> str:
         f"{g['check']['reserved_over_allocated_mib']} reserved over allocated ({g['check']['error']:+.1%})"]
     lines += [f"  its fit, {f['fix']}: peaks {', '.join(f'{x:.1f}' for x in f['peaks_gb'])} GB, estimated "
               f"{f['estimate_gb']:.1f} (pools {f['cuda_graphs_gb']:.1f})" for f in g["check"]["fits"]]
-    if record.get("cuda_graph_pools"):
-        lines += [f"  {r['name']}: pools {r['graph_pools_mb']} MB, priced {r['priced_mib']} MiB"
-                  for r in record["cuda_graph_pools"]["runs"] if r["graphs"]]
+    lines += [f"  {r['call']}:{r['name']} (PP {r['pp']}, {r['layers'] // r['pp']} layers a stage): added "
+              f"{r.get('graphs_add_mib', '-')} MiB to the peak, reserved over allocated "
+              f"{r['reserved_over_allocated_mib']}, priced {r['priced_mib']}"
+              for r in record["cuda_graph_pools"]["runs"] if r["graphs"]]
+    v = record["virtual_stages"]
+    lines.append("virtual stages (one rank of PP 4, 4 layers, 8 micro-batches), step ms by call:")
+    for r in v["runs"]:
+        extra = (f", {r['ms_per_pass']} ms a pass added" if "ms_per_pass" in r else "") + (
+            f", {r['launches_per_pass']} launches a pass" if "launches_per_pass" in r else "")
+        lines.append(f"  {r['call']}:{r['name']} ({r['machine']}) {r['step_ms']:.0f} +- {r['spread_ms']:.0f}{extra}")
+    lines.append(f"  host ms a virtual-stage pass: median {v['ms_per_pass']['median']} of {v['ms_per_pass']['n']}, "
+                 f"range {v['ms_per_pass']['range']}")
     return "\n".join(lines)
 
 

@@ -123,7 +123,8 @@ def probe_figures(record: dict, gpu_type: str, half_at: float) -> dict[str, floa
 # figure's reference row, whether only a GPU of the cluster's type counts).
 RELATIVE = {"gemm_top": (("kernel_table_rate",), "ref_gemm_top", True),  # the kernel table's GEMMs and attention
             "hbm_share": (("hbm_efficiency",), "ref_hbm_share", True),
-            "launch_us": (("host_us_per_kernel",), "ref_launch_us", False)}  # a CUDA launch: any GPU
+            # a CUDA launch, any GPU: the host's speed, which the schedule's own passes share
+            "launch_us": (("host_us_per_kernel", "host_ms_per_virtual_stage_pass"), "ref_launch_us", False)}
 
 
 def _relative_rates(record: dict, gpu_type: str, published: Rates, label: str) -> dict[str, tuple[float, str]]:

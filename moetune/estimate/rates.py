@@ -99,6 +99,10 @@ HOST: tuple[Rate, ...] = (
     Rate("host_us_per_kernel", 82.96, "us", f"{_MEASURED}: the untraced step time over launches of the "
          "host-bound (GPU busy under half) H100 one-GPU trials (74-132; median of 7); the one-GPU H200 "
          "host with no profiler at all 64-90 (benchmarks/results/host_cost.json)"),
+    Rate("host_ms_per_virtual_stage_pass", 3.5, "ms", "measured by moetune: benchmarks/results/host_cost.json "
+         "virtual_stages: one host-bound rank of PP 4 (Qwen3-30B-A3B, 4 layers, 8 micro-batches) at 2 and 4 "
+         "virtual stages against 1, on two H100 hosts, the step's growth over the passes added (median of 8, "
+         "1.8-8.4; about 4 launches a pass, the rest the schedule's own host work)"),
     Rate("cuda_graph_te_launches_removed", 0.4251, "share", f"{_MEASURED}: launches TE CUDA graphs of attn, "
          "moe_router and moe_preprocess remove, qwen3_30b_a3b one-GPU trials 1 and 2 (split evenly "
          "among the scopes where fewer are graphed: assumed)"),

@@ -170,6 +170,17 @@ def grad_accumulation_fused(c: TrainingConfig, node: Node) -> bool:
     return c.transformer_impl != "local" and node.has_apex
 
 
+def virtual_stage_host_ms(c: TrainingConfig, rates: Rates) -> float:
+    """The host's time a rank's virtual stages add to a micro-batch: VPP stages make 2 (VPP - 1)
+    passes (forward and backward) through the schedule beyond one stage's two, each at the measured
+    host time a pass, most of it the schedule's own Python, not launches. A whole-iteration graph
+    replays the schedule; TE's partial graphs leave it to the host."""
+    v = c.vpp or 1
+    if c.pp == 1 or v == 1 or c.cuda_graph_impl == "full_iteration":
+        return 0.0
+    return 2 * (v - 1) * rates["host_ms_per_virtual_stage_pass"]
+
+
 def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rates | None = None,
             measured_ms: float | None = None) -> Prediction:
     """The step's predicted time. `measured_ms`: a fit's or one-GPU trial's measured time of one
@@ -186,7 +197,8 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
     for w in works:
         parts = flops.compute_ms(w, c, node.gpu_type, rates, table)
         gpu = sum(parts.values())
-        host = host_ms(w.kernels - (w.grad_adds if grad_accumulation_fused(c, node) else 0.0), c, rates)
+        host = (host_ms(w.kernels - (w.grad_adds if grad_accumulation_fused(c, node) else 0.0), c, rates)
+                + virtual_stage_host_ms(c, rates))
         stages.append({"work": w, "parts": parts, "gpu": gpu, "host": host})
     source = "analytic"
     if measured_ms:

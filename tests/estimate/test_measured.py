@@ -144,7 +144,8 @@ def test_gemm_curve_recovers_the_curve_a_sweep_was_drawn_from():
 def test_a_cluster_probe_moves_the_trace_rates_by_its_ratio_to_the_reference_machine():
     """A reference-machine run (benchmarks/calibration_h100/run1.json) against the same run with
     every GEMM twice as fast, launches 1.5 times as long and copies 10 % slower: the kernel table's
-    rate doubles, host_us_per_kernel grows 1.5 times, HBM falls 10 %; the ratio is what moves,
+    rate doubles, host_us_per_kernel and the host's time a virtual-stage pass (the same host's
+    speed) grow 1.5 times, HBM falls 10 %; the ratio is what moves,
     whatever the reference's own figures."""
     run = json.loads((ROOT / "benchmarks" / "calibration_h100" / "run1.json").read_text())
     other = json.loads(json.dumps(run))
@@ -157,9 +158,10 @@ def test_a_cluster_probe_moves_the_trace_rates_by_its_ratio_to_the_reference_mac
             r["gb_s"] *= 0.9
     a = {k: v for k, (v, _) in measured_rates(run, "H100", 48.5, None, "a").items()}
     b = {k: v for k, (v, _) in measured_rates(other, "H100", 48.5, None, "b").items()}
-    assert set(a) == {"kernel_table_rate", "hbm_efficiency", "host_us_per_kernel"}
+    assert set(a) == {"kernel_table_rate", "hbm_efficiency", "host_us_per_kernel", "host_ms_per_virtual_stage_pass"}
     assert b["kernel_table_rate"] / a["kernel_table_rate"] == pytest.approx(2.0, rel=1e-6)
     assert b["host_us_per_kernel"] / a["host_us_per_kernel"] == pytest.approx(1.5)
+    assert b["host_ms_per_virtual_stage_pass"] / a["host_ms_per_virtual_stage_pass"] == pytest.approx(1.5)
     assert b["hbm_efficiency"] / a["hbm_efficiency"] == pytest.approx(0.9)
     # and the reference's own run stays near the published rates (the reference is its runs' median)
     pub = Rates()

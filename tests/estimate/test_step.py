@@ -119,6 +119,24 @@ def test_host_time_of_launches():
     assert step.host_ms(1000, c, slow) == pytest.approx(2 * us)
 
 
+def test_virtual_stages_add_the_hosts_passes():
+    """A rank's VPP stages make 2 (VPP - 1) passes a micro-batch beyond one stage's, each at the
+    measured host time a pass; none at PP 1, at one virtual stage or under a whole-iteration graph.
+    In a prediction the stage's host time a micro-batch grows by exactly that."""
+    r = Rates()
+    per = r["host_ms_per_virtual_stage_pass"]
+    c = TrainingConfig(pp=4, vpp=4, micro_batch=1, global_batch=16)
+    assert step.virtual_stage_host_ms(c, r) == pytest.approx(6 * per)
+    assert step.virtual_stage_host_ms(c.replace(vpp=2), r) == pytest.approx(2 * per)
+    assert step.virtual_stage_host_ms(c.replace(vpp=None), r) == 0.0
+    assert step.virtual_stage_host_ms(c.replace(cuda_graph_impl="full_iteration"), r) == 0.0
+    assert step.virtual_stage_host_ms(TrainingConfig(pp=1), r) == 0.0
+    interleaved = predict(TOY, c.replace(vpp=2), NODE, world=8)
+    none = predict(TOY, c.replace(vpp=None), NODE, world=8)
+    assert (interleaved.inputs["host_launch_ms_per_micro_batch"] - none.inputs["host_launch_ms_per_micro_batch"]
+            == pytest.approx(2 * per))
+
+
 def _host_exposed(host: float, stream: float) -> float:
     """What step.py adds to a stream for its host, by hand: the larger of the two, and the
     measured excess at their ratio."""
