@@ -183,6 +183,10 @@ def render_text(name: str, c: TrainingConfig, p: Prediction, extra_args: list[st
         lines.append(band_line(p.band))
     lines.append(f"  {i['micro_batches']} micro-batches a step, bubble fraction {i['bubble_fraction']:.3f}; "
                  "routing assumed balanced")
+    if i.get("virtual_stage_host_ms_per_micro_batch"):
+        lines.append(f"  host: {i['host_launch_ms_per_micro_batch']:.1f} ms a micro-batch on the slowest stage, "
+                     f"{i['virtual_stage_host_ms_per_micro_batch']:.1f} of it the schedule's passes through "
+                     f"{c.vpp} virtual stages (host_ms_per_virtual_stage_pass)")
     if i.get("fsdp"):
         lines.append(fsdp_line(i["dp_sync"]))
     slowest = max(i["stage_micro_batch_ms"].values())

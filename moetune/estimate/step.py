@@ -275,6 +275,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
               "slowest_stage_work": top["work"].to_dict(),
               "compute_ms_per_micro_batch": top["compute"], "compute_parts_ms": top["parts"],
               "host_launch_ms_per_micro_batch": top["host"],
+              "virtual_stage_host_ms_per_micro_batch": virtual_stage_host_ms(c, rates) if not measured_ms else 0.0,
               "ep_a2a_ms_per_micro_batch": top["a2a_total"], "nic_ms_per_micro_batch": top["nic_busy"],
               "ep_overlap": c.overlap_ep_a2a,
               "ep_a2a_per_layer": a2a or {}, "dp_sync": top["dp"], "fsdp": c.fsdp,

@@ -174,6 +174,17 @@ def test_vpp_1_means_no_virtual_stages(capsys, no_store):
     assert (d["config"]["first_pp_layers"], d["config"]["last_pp_layers"]) == (11, 11)
 
 
+def test_predict_says_what_the_virtual_stages_cost_the_host(capsys, no_store):
+    """At VPP 4 the host's time a micro-batch shows the schedule's 6 passes beyond one stage's, at
+    the rate table's time a pass; without virtual stages there is no such line."""
+    from moetune.estimate import Rates
+    assert main(["predict", "qwen3_235b"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "virtual stages" in x)
+    assert f"{6 * Rates()['host_ms_per_virtual_stage_pass']:.1f} of it the schedule's passes through 4" in line
+    assert main(["predict", "qwen3_235b", "--vpp", "1"]) == 0
+    assert "virtual stages" not in capsys.readouterr().out
+
+
 def test_predict_and_plan_show_the_band_and_the_rows_that_dominate_it(capsys, no_store):
     """predict: the step with its low-high band on the first line and the dominant rows (text),
     the band with every row's ends and moves (JSON); plan: each shown layout's band and rows. A
