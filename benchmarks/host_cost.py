@@ -16,9 +16,10 @@ What it answers for the step-time model (estimate/rates.py host_us_per_kernel):
 - the launches gradient-accumulation fusion saves, and whether the step follows;
 - whether fewer cores a rank slow the host;
 from the vppLxMyPzVw runs, the host's time a virtual stage adds (estimate/rates.py
-host_ms_per_virtual_stage_pass); and, from the memLxMy / memgLxMy runs (x layers, y micro-batches, without and with TE's CUDA graphs
-of attn, moe_router and moe_preprocess), the GPU memory the graphs' pools take (NAME.mem.xz: the
-memory in use, polled every 100 ms, capture included).
+host_ms_per_virtual_stage_pass); and, from the memLxMy[Pz] / memgLxMy[Pz] runs (x layers, y
+micro-batches, z pipeline stages, without and with TE's CUDA graphs of attn, moe_router and
+moe_preprocess), the GPU memory the graphs' pools take (NAME.mem.xz: the memory in use, polled every
+100 ms, capture included).
 """
 from __future__ import annotations
 
@@ -236,7 +237,7 @@ def mem_run(path: Path) -> dict:
     return row
 
 
-def graph_pools(pools: dict) -> dict | None:
+def graph_pools(pools: dict) -> dict:
     """GRAPH_POOLS's runs: what each graphed run added to the GPU's peak over the run of the same
     layers, micro-batches and stages without graphs in its call (nvidia-smi's, and the allocator's
     reserved over its most allocated, which replays do not raise), beside the pools this record's

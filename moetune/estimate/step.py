@@ -194,11 +194,11 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
     a2a = comm.a2a(m, c, node.gpu_type, node.nvlink_domain, rates) if m.num_experts > 1 and c.ep > 1 else None
     stages: list[dict[str, Any]] = []
     table = kernels.table_for(node.gpu_type)
+    passes_ms = virtual_stage_host_ms(c, rates)  # the same on every stage: each has VPP chunks
     for w in works:
         parts = flops.compute_ms(w, c, node.gpu_type, rates, table)
         gpu = sum(parts.values())
-        host = (host_ms(w.kernels - (w.grad_adds if grad_accumulation_fused(c, node) else 0.0), c, rates)
-                + virtual_stage_host_ms(c, rates))
+        host = host_ms(w.kernels - (w.grad_adds if grad_accumulation_fused(c, node) else 0.0), c, rates) + passes_ms
         stages.append({"work": w, "parts": parts, "gpu": gpu, "host": host})
     source = "analytic"
     if measured_ms:
@@ -275,7 +275,7 @@ def predict(m: ModelArch, c: TrainingConfig, node: Node, world: int, rates: Rate
               "slowest_stage_work": top["work"].to_dict(),
               "compute_ms_per_micro_batch": top["compute"], "compute_parts_ms": top["parts"],
               "host_launch_ms_per_micro_batch": top["host"],
-              "virtual_stage_host_ms_per_micro_batch": virtual_stage_host_ms(c, rates) if not measured_ms else 0.0,
+              "virtual_stage_host_ms_per_micro_batch": 0.0 if measured_ms else passes_ms,
               "ep_a2a_ms_per_micro_batch": top["a2a_total"], "nic_ms_per_micro_batch": top["nic_busy"],
               "ep_overlap": c.overlap_ep_a2a,
               "ep_a2a_per_layer": a2a or {}, "dp_sync": top["dp"], "fsdp": c.fsdp,
