@@ -12,26 +12,31 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import host_cost  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def record():
+    """What the script computes from the committed logs and traces, read once for the module (the
+    tests only read it)."""
+    return host_cost.measure()
+
+
 def test_a_run_name_says_profiler_fusion_and_cores():
     assert host_cost.kind("plain_again") == {"profiler": "none", "fusion": False, "cores": 16}
     assert host_cost.kind("gaf_nsys") == {"profiler": "nsys", "fusion": True, "cores": 16}
     assert host_cost.kind("cpus2") == {"profiler": "none", "fusion": False, "cores": 2}
 
 
-def test_the_committed_record_is_what_the_runs_give_now():
+def test_the_committed_record_is_what_the_runs_give_now(record):
     """benchmarks/results/host_cost.json holds what the script computes from the committed logs and
     traces (neither can drift), and every run of ORDER was read."""
-    record = host_cost.measure()
     assert json.loads((ROOT / "benchmarks" / "results" / "host_cost.json").read_text()) == \
         json.loads(json.dumps(record))
     assert len(record["runs"]) == sum(len(v) for v in host_cost.ORDER.values())
 
 
-def test_fusion_saves_one_add_a_te_weight_and_tracing_slows_the_host():
+def test_fusion_saves_one_add_a_te_weight_and_tracing_slows_the_host(record):
     """The fused trace launches fewer kernels a step by one gradient add for each weight TE
     accumulates itself (attention's two, each local expert's two), the same every captured
     iteration; nsys slows the step outside its capture and more inside it."""
-    record = host_cost.measure()
     s = record["summary"]
     assert s["fusion_launches_saved"]["per_layer_and_micro_batch"] == 2 + 2 * host_cost.LOCAL_EXPERTS
     for r in record["runs"]:
@@ -40,7 +45,7 @@ def test_fusion_saves_one_add_a_te_weight_and_tracing_slows_the_host():
             assert 1 < r["over_no_profiler"] < r["captured_over_no_profiler"]
 
 
-def test_the_rate_table_cites_this_record_and_no_cpu_ratio():
+def test_the_rate_table_cites_this_record_and_no_cpu_ratio(record):
     """host_us_per_kernel's source gives the no-profiler range this record measured, and no row
     scales a launch by a rank's CPUs: the pinned runs did not slow beyond their call's spread."""
     lo, hi = json.loads((ROOT / "benchmarks" / "results" / "host_cost.json").read_text())[
@@ -48,26 +53,26 @@ def test_the_rate_table_cites_this_record_and_no_cpu_ratio():
     r = Rates()
     assert f"{lo:.0f}-{hi:.0f} (benchmarks/results/host_cost.json)" in r.rows["host_us_per_kernel"].source
     assert not any("cpus" in name for name in r.rows)
-    assert all(p["within_unpinned_spread"] for p in host_cost.measure()["summary"]["fewer_cores"])
+    assert all(p["within_unpinned_spread"] for p in record["summary"]["fewer_cores"])
 
 
-def test_cuda_graphs_take_memory_that_grows_with_layers_and_micro_batches():
+def test_cuda_graphs_take_memory_that_grows_with_layers_and_micro_batches(record):
     """Every graph run peaks above its run without graphs; what the graphs add grows with the layers
     and, at PP 1 where Megatron captures one micro-batch, with the micro-batches of a step too (the
     regular pool's, which the 4-micro-batch rows leave out)."""
-    g = host_cost.measure()["cuda_graph_memory"]
+    g = record["cuda_graph_memory"]
     by = {(r["layers"], r["micro_batches"]): r for r in g["runs"]}
     assert all(r["graphs_add_mib"] > 0 for r in g["runs"])
     assert by[8, 4]["graphs_add_mib"] < by[16, 4]["graphs_add_mib"] < by[16, 8]["graphs_add_mib"]
     assert all(v > 0 for v in g["per_layer_and_micro_batch_mib"].values())
 
 
-def test_the_estimate_prices_graph_pools_by_this_record_and_it_holds_on_a_trial_it_did_not_see():
+def test_the_estimate_prices_graph_pools_by_this_record_and_it_holds_on_a_trial_it_did_not_see(record):
     """memory.py's two graph rows are this record's (one home: the runs), the saved tensors double
     with the layers, and the rows price the 48-layer graphed trial of near_capacity.json (not among
     the runs they come from) within 5 % of its reserved memory over its most allocated."""
     from moetune.estimate import memory
-    g = host_cost.measure()["cuda_graph_memory"]
+    g = record["cuda_graph_memory"]
     assert memory.CUDA_GRAPH_POOL_FACTOR == g["pools"]["factor"]
     assert round(memory.CUDA_GRAPH_FIXED_GB * 1024) == g["pools"]["fixed_mib"]
     by = {(r["layers"], r["micro_batches"]): r["saved_mib"] for r in g["runs"]}
@@ -82,12 +87,12 @@ def test_the_estimate_prices_graph_pools_by_this_record_and_it_holds_on_a_trial_
     assert fits["recompute_layernorm"]["cuda_graphs_gb"] < fits["baseline"]["cuda_graphs_gb"]
 
 
-def test_graph_pools_at_pp_above_one_are_what_the_runs_measured():
+def test_graph_pools_at_pp_above_one_are_what_the_runs_measured(record):
     """Each graphed run beside its call's run without graphs: at PP 2 and 4 (4 or 8 layers a stage,
     every micro-batch in flight captured) the graphs added about as much as the pools are priced
     (within 25 %), at PP 1 with 16 layers nearly twice as much on these H100s (the rows were
     measured on an H200 at 3660 MiB): the record keeps both, the estimate's rows unmoved."""
-    runs = [r for r in host_cost.measure()["cuda_graph_pools"]["runs"] if r["graphs"] and "graphs_add_mib" in r]
+    runs = [r for r in record["cuda_graph_pools"]["runs"] if r["graphs"] and "graphs_add_mib" in r]
     pipelined = [r for r in runs if r["pp"] > 1]
     single = [r for r in runs if r["pp"] == 1]
     assert len(pipelined) >= 3 and len(single) >= 3
@@ -96,12 +101,12 @@ def test_graph_pools_at_pp_above_one_are_what_the_runs_measured():
     assert all(r["graphs_add_mib"] > 1.5 * r["priced_mib"] for r in single)
 
 
-def test_a_virtual_stage_pass_costs_the_host_what_the_rate_table_says():
+def test_a_virtual_stage_pass_costs_the_host_what_the_rate_table_says(record):
     """Every run with 2 or 4 virtual stages ran slower than its call's run with one (the same rank's
     layers, so the same GPU work), by a few ms a pass, and only about 4 launches a pass: the rate
     table's row is this record's median (one home) and the band's spread its range."""
     from moetune.estimate.band import SPREADS
-    v = host_cost.measure()["virtual_stages"]
+    v = record["virtual_stages"]
     added = [r for r in v["runs"] if "ms_per_pass" in r]
     assert len(added) == v["ms_per_pass"]["n"] >= 6
     assert all(r["ms_per_pass"] > 1 for r in added)
