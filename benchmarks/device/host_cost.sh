@@ -19,6 +19,8 @@
 #                micro-batch beyond its bubble (the sends themselves are the fake group's no-ops)
 #   vppLxMyPzVw_nsys  the same under nsys: its launches a step; _nop2p: the sends not overlapped
 #                (--no-overlap-p2p-communication); _again: a second sample
+#   NAME_prev    NAME with an earlier training entry, put by the caller (with its fake_fill.py) in
+#                benchmarks/device/prev_entry/ (git-ignored, carried): an A/B of the entry itself
 # From the repo root, with .whl, .devlib and .deps/tecarry carried:
 #   bash benchmarks/device/host_cost.sh start [RUN ...]   # setup, then the runs in their own session
 #   bash benchmarks/device/host_cost.sh wait SECONDS      # until they end or SECONDS pass; packs into $OUT
@@ -71,6 +73,11 @@ run() {
     mem*) nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$R/$name.mem" &
           poll=$! ;;
   esac
+  local entry=moetune/workloads/train_moe.py
+  case "$name" in
+    *_prev*) entry=benchmarks/device/prev_entry/train_moe.py
+             [ -f "$entry" ] || { echo "{\"name\": \"$name\", \"rc\": 2, \"why\": \"no $entry\"}" > "$R/$name.json"; return; } ;;
+  esac
   local argv
   # Megatron fuses by default; the layout turns it off (no apex in the image): a fused run drops that
   argv=$(FUSE=$fuse python3 -c 'import json, os, shlex
@@ -79,7 +86,7 @@ print(shlex.join(a for a in l["argv"] if os.environ["FUSE"] == "0" or a != "--no
   eval "set -- $argv"
   local t0=$SECONDS
   env PYTHONPATH="$path" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True WORLD_SIZE=$(( 16 * pp )) RANK=0 LOCAL_RANK=0 \
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 "${pin[@]}" "${pre[@]}" python3 -u moetune/workloads/train_moe.py "$@" \
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 "${pin[@]}" "${pre[@]}" python3 -u "$entry" "$@" \
     --num-layers "$layers" --global-batch-size "$gbs" --train-iters "$iters" --profile-step-start 10 \
     --profile-step-end 12 "${extra[@]}" > "$R/$name.log" 2>&1 < /dev/null
   local rc=$?

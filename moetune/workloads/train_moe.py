@@ -272,7 +272,10 @@ def _datasets_provider(m: dict, tokenizer):
         kw = dict(random_seed=a.seed, sequence_length=a.seq_length, blend=None,
                   blend_per_split=None, split=a.split, path_to_cache=None,
                   tokenizer=tokenizer(a), reset_position_ids=False, reset_attention_mask=False,
-                  eod_mask_loss=False, mid_level_dataset_surplus=0.005)
+                  eod_mask_loss=False, mid_level_dataset_surplus=0.005,
+                  # the forward passes no mask (the attention kernels apply causality), so a
+                  # seq x seq mask a sample would only load the loader and its pinning thread
+                  create_attention_mask=False)
         config = config_cls(**{k: v for k, v in kw.items() if k in fields})
         # every rank builds the same mock data (same seed), so no TP broadcast is needed
         return m["BlendedMegatronDatasetBuilder"](m["MockGPTDataset"], num_samples, lambda: True,
@@ -280,6 +283,17 @@ def _datasets_provider(m: dict, tokenizer):
 
     datasets.is_distributed = True
     return datasets
+
+
+def reads_batch(model) -> bool:
+    """Whether a model chunk reads a batch: as in Megatron's pretrain_gpt, only the chunk that
+    embeds the tokens (the first pipeline stage's first virtual stage), the one that computes the
+    loss (the last's last) and one holding MTP layers; the others take their input from the
+    pipeline. Reading one on every chunk would add a loader fetch a virtual stage and micro-batch
+    that no training has."""
+    while hasattr(model, "module"):  # DDP and Float16Module wrap the GPT model
+        model = model.module
+    return any(bool(getattr(model, k, False)) for k in ("pre_process", "post_process", "mtp_process"))
 
 
 def _forward_step():
@@ -293,11 +307,13 @@ def _forward_step():
         return loss, n, {"lm loss": torch.cat([loss.clone().detach().view(1), n.view(1)])}
 
     def forward_step(data_iterator, model, return_schedule_plan: bool = False):
-        batch = next(data_iterator)
-        tokens = batch["tokens"].cuda(non_blocking=True)
-        labels = batch["labels"].cuda(non_blocking=True)
-        loss_mask = batch["loss_mask"].cuda(non_blocking=True)
-        position_ids = batch["position_ids"].cuda(non_blocking=True)
+        tokens = labels = loss_mask = position_ids = None
+        if reads_batch(model):
+            batch = next(data_iterator)
+            tokens = batch["tokens"].cuda(non_blocking=True)
+            labels = batch["labels"].cuda(non_blocking=True)
+            loss_mask = batch["loss_mask"].cuda(non_blocking=True)
+            position_ids = batch["position_ids"].cuda(non_blocking=True)
         if return_schedule_plan:  # EP all-to-all overlap asks for the schedule plan
             plan = model.build_schedule_plan(tokens, position_ids, None, labels=labels,
                                              loss_mask=loss_mask)

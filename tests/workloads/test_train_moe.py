@@ -124,3 +124,33 @@ def test_megatron_version_legacy_model_provider_builds_on_cpu(version):
     assert built["api"] == "legacy" and built["model"] == "GPTModel"
     assert built["mlp"] == ["MoELayer", "MoELayer"] and built["mtp"] is True
     assert built["params"] > 100_000
+
+
+# The chunks a pipeline rank holds, built by the entry's provider with each stage's flags, and the
+# entry's mock data as its dataset provider builds it.
+_CHUNKS = _BUILD.split("model = tm.gpt_model_provider")[0] + r'''
+config = m["core_transformer_config_from_args"](args)
+groups = ProcessGroupCollection.use_mpu_process_groups()
+reads = {}
+for pre, post in ((True, False), (False, False), (False, True), (True, True)):
+    chunk = tm.gpt_model_provider(m, pre_process=pre, post_process=post, config=config,
+                                  pg_collection=groups)
+    wrapped = type("Wrapper", (torch.nn.Module,), {})()
+    wrapped.module = chunk  # as DDP and Float16Module hold it
+    reads[f"{pre},{post}"] = [tm.reads_batch(chunk), tm.reads_batch(wrapped)]
+train = tm._datasets_provider(m, lambda a: m["get_tokenizer"]())([4, 0, 0])[0]
+print("@@" + json.dumps({"reads": reads, "keys": sorted(train[0])}))
+'''
+
+
+@pytest.mark.parametrize("version", ["0.17", "0.18"])
+def test_megatron_version_only_first_and_last_chunks_read_a_batch(version):
+    """As Megatron's pretrain_gpt: a chunk reads a batch only where it embeds tokens or computes the
+    loss (wrapped or not), and the mock samples carry no attention mask (the forward passes none)."""
+    proc = _run(version, "-c", _CHUNKS, str(ENTRY), json.dumps(_tiny_argv()))
+    marker = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")]
+    assert marker, proc.stderr[-3000:]
+    got = json.loads(marker[-1][2:])
+    assert got["reads"] == {"True,False": [True, True], "False,False": [False, False],
+                            "False,True": [True, True], "True,True": [True, True]}
+    assert "tokens" in got["keys"] and "attention_mask" not in got["keys"]
