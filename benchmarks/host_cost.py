@@ -55,11 +55,20 @@ LAYERS, MICRO_BATCHES, LOCAL_EXPERTS = 16, 4, 8  # the runs' layout (host_cost.s
 # the graph-memory runs: without graphs (call3), then with them (call4), by (layers, micro-batches)
 GRAPH_MEMORY = {"base": "call3", "graphs": "call4", "shapes": ((8, 4), (16, 4), (16, 8))}
 # the graph-memory runs with and without graphs in one call, pipeline stages too (memLxMyPz, memgLxMyPz):
-# three calls on one H100 machine, each run's base the run without graphs of its call
-GRAPH_POOLS = ("call5", "call6", "call7")
-# the virtual-stage runs (vppLxMyPzVw): one rank's layers split into w virtual stages; calls 8 and 9
-# on one H100 machine, call 10 on another (its nsys runs traced)
-VIRTUAL_STAGES = {"call8": "H100 a", "call9": "H100 a", "call10": "H100 b"}
+# calls 5-7 on one H100 machine, 13 on another, each run's base the run without graphs of its call
+GRAPH_POOLS = ("call5", "call6", "call7", "call13")
+# the virtual-stage runs (vppLxMyPzVw): one rank's layers split into w virtual stages, by call: the
+# machine and the training entry the runs used. "every chunk": the entry as it was to 9ff99bf, which
+# read a batch (a seq x seq attention mask in each sample) on every virtual stage of every micro-batch;
+# "first and last": as Megatron's pretrain_gpt reads, only where tokens are embedded or the loss is
+# taken, no mask. Calls 8 and 9 on one H100 machine, 10 on another (nsys runs traced), 11-14 on a third;
+# a run tagged _prev used the earlier entry in a call of the newer one (an A/B of the entry).
+VIRTUAL_STAGES = {"call8": ("H100 a", "every chunk"), "call9": ("H100 a", "every chunk"),
+                  "call10": ("H100 b", "every chunk"), "call11": ("H100 c", "first and last"),
+                  "call12": ("H100 c", "first and last"), "call13": ("H100 c", "first and last"),
+                  "call14": ("H100 c", "first and last")}
+PREV_ENTRY = "every chunk"  # what host_cost.sh's _prev runs used
+PRICED_ENTRY = "first and last"  # the entry whose passes the rate prices: a training's own reads
 VPP_NAME = re.compile(r"vppL(?P<layers>\d+)M(?P<mbs>\d+)P(?P<pp>\d+)V(?P<vpp>\d+)(?P<tags>(?:_[a-z0-9]+)*)$")
 LAYOUT = "qwen3_30b_a3b-baseline-r0"  # benchmarks/fit_lease/layouts.json
 GRAPHED = ("attn", "moe_router", "moe_preprocess")  # host_cost.sh's memg runs
@@ -261,35 +270,41 @@ def graph_pools(pools: dict) -> dict:
 
 
 def vpp_kind(name: str) -> dict:
-    """What a vppLxMyPzVw[_tag...] name says: the shape, the profiler, the sends overlapped or not."""
+    """What a vppLxMyPzVw[_tag...] name says: the shape, the profiler, the sends overlapped or not,
+    and whether it ran the earlier entry (_prev)."""
     m = VPP_NAME.match(name)
     if m is None:
         raise ValueError(f"{name}: not a vppLxMyPzVw run")
     tags = set(m["tags"].split("_")) - {""}
     return {"layers": int(m["layers"]), "micro_batches": int(m["mbs"]), "pp": int(m["pp"]),
             "vpp": int(m["vpp"]), "profiler": "nsys" if "nsys" in tags else "none",
-            "p2p_overlap": "nop2p" not in tags}
+            "p2p_overlap": "nop2p" not in tags, "prev_entry": "prev" in tags}
 
 
 def virtual_stages() -> dict:
     """VIRTUAL_STAGES's runs: each run's judged step; each run with w > 1 virtual stages against
-    the w = 1 run of its call with the same stages, profiler and send overlap. A micro-batch passes a
-    rank's virtual stages once forward and once backward, so w stages make 2 (w - 1) passes a
-    micro-batch beyond the first two: the host's time a pass is the step's growth over those passes
-    (the layout is host-bound, and its GPU work is the same at every w). The traced pair's launches
-    say how little of it is kernels."""
+    the w = 1 run of its call with the same entry, stages, profiler and send overlap. A micro-batch
+    passes a rank's virtual stages once forward and once backward, so w stages make 2 (w - 1) passes
+    a micro-batch beyond the first two: the host's time a pass is the step's growth over those passes
+    (the layout is host-bound, and its GPU work is the same at every w). The traced pairs' launches
+    say how little of it is kernels. The rate is the median over the PRICED_ENTRY's pairs; the
+    earlier entry's pairs are kept, with what the entry itself cost (`entry_ab`: the same shape
+    under both entries in one call)."""
     rows = []
-    for call, machine in VIRTUAL_STAGES.items():
+    for call, (machine, entry) in VIRTUAL_STAGES.items():
         for p in sorted((RUNS / call).glob("vpp*.log.xz")):
             name = p.name.removesuffix(".log.xz")
             judged = judged_step({"log": parse_log(p)})
-            row = {"call": call, "machine": machine, "name": name, **vpp_kind(name),
+            shape = vpp_kind(name)
+            row = {"call": call, "machine": machine, "name": name, **shape,
+                   "entry": PREV_ENTRY if shape["prev_entry"] else entry,
                    "step_ms": round(judged["step_time_ms"], 1), "spread_ms": round(judged["step_time_std_ms"], 1)}
             trace = p.with_name(f"{name}.sqlite.xz")
             if trace.exists():
                 row["traced"] = trace_steps(trace)
             rows.append(row)
-    key = lambda r: (r["call"], r["layers"], r["micro_batches"], r["pp"], r["profiler"], r["p2p_overlap"])  # noqa: E731
+    key = lambda r: (r["call"], r["entry"], r["layers"], r["micro_batches"], r["pp"], r["profiler"],  # noqa: E731
+                     r["p2p_overlap"])
     base = {key(r): r for r in rows if r["vpp"] == 1}
     for r in rows:
         b = base.get(key(r))
@@ -301,11 +316,25 @@ def virtual_stages() -> dict:
                 added = statistics.median(t["launches"] for t in r["traced"]) - statistics.median(
                     t["launches"] for t in b["traced"])
                 r["launches_per_pass"] = round(added / passes, 2)
-    per_pass = [r["ms_per_pass"] for r in rows if "ms_per_pass" in r]
+
+    def per_pass(entry):
+        got = [r["ms_per_pass"] for r in rows if "ms_per_pass" in r and r["entry"] == entry]
+        return {"median": round(statistics.median(got), 2), "range": [min(got), max(got)], "n": len(got)}
+
+    ab = []  # every run of these calls tagged _prev (PP 1's plain too) beside the same run untagged
+    for call in VIRTUAL_STAGES:
+        for p in sorted((RUNS / call).glob("*_prev.log.xz")):
+            newer = p.with_name(p.name.replace("_prev", ""))
+            if newer.exists():
+                ab.append({"call": call, "run": newer.name.removesuffix(".log.xz"),
+                           **{k: round(judged_step({"log": parse_log(f)})["step_time_ms"], 1)
+                              for k, f in (("every_chunk_ms", p), ("first_and_last_ms", newer))}})
     return {"source": [str((RUNS / c).relative_to(ROOT)) for c in VIRTUAL_STAGES], "runs": rows,
-            "ms_per_pass": {"median": round(statistics.median(per_pass), 2),
-                            "range": [min(per_pass), max(per_pass)], "n": len(per_pass)},
-            "launches_per_pass": [r["launches_per_pass"] for r in rows if "launches_per_pass" in r]}
+            "priced_entry": PRICED_ENTRY, "ms_per_pass": per_pass(PRICED_ENTRY),
+            "ms_per_pass_every_chunk": per_pass(PREV_ENTRY), "entry_ab": ab,
+            "launches_per_pass": {e: [r["launches_per_pass"] for r in rows
+                                      if "launches_per_pass" in r and r["entry"] == e]
+                                  for e in (PRICED_ENTRY, PREV_ENTRY)}}
 
 
 def measure() -> dict:
@@ -348,13 +377,17 @@ def table(record: dict) -> str:
               f"{r['reserved_over_allocated_mib']}, priced {r['priced_mib']}"
               for r in record["cuda_graph_pools"]["runs"] if r["graphs"]]
     v = record["virtual_stages"]
-    lines.append("virtual stages (one rank of PP 4, 4 layers, 8 micro-batches), step ms by call:")
+    lines.append("virtual stages (one rank of PP 4, 8 micro-batches), step ms by call:")
     for r in v["runs"]:
         extra = (f", {r['ms_per_pass']} ms a pass added" if "ms_per_pass" in r else "") + (
             f", {r['launches_per_pass']} launches a pass" if "launches_per_pass" in r else "")
-        lines.append(f"  {r['call']}:{r['name']} ({r['machine']}) {r['step_ms']:.0f} +- {r['spread_ms']:.0f}{extra}")
-    lines.append(f"  host ms a virtual-stage pass: median {v['ms_per_pass']['median']} of {v['ms_per_pass']['n']}, "
-                 f"range {v['ms_per_pass']['range']}")
+        lines.append(f"  {r['call']}:{r['name']} ({r['machine']}, {r['entry']}) {r['step_ms']:.0f} "
+                     f"+- {r['spread_ms']:.0f}{extra}")
+    lines += [f"  the entry's own A/B, {a['call']}:{a['run']}: a batch read every chunk {a['every_chunk_ms']:.0f}, "
+              f"first and last only {a['first_and_last_ms']:.0f}" for a in v["entry_ab"]]
+    for label, k in (("priced", "ms_per_pass"), ("every chunk reading", "ms_per_pass_every_chunk")):
+        lines.append(f"  host ms a virtual-stage pass ({label}): median {v[k]['median']} of {v[k]['n']}, "
+                     f"range {v[k]['range']}")
     return "\n".join(lines)
 
 
