@@ -101,11 +101,11 @@ HOST: tuple[Rate, ...] = (
          "host with no profiler at all 64-90 (benchmarks/results/host_cost.json)"),
     # Measured with a training entry that reads a batch where Megatron's pretrain_gpt does (the first
     # stage's first virtual stage, the last's last): one reading a batch on every virtual stage, with a
-    # seq x seq mask a sample, had made it 3.3 ms (1.8-8.4) on the same runs
-    Rate("host_ms_per_virtual_stage_pass", 0.48, "ms", "measured by moetune: benchmarks/results/host_cost.json "
-         "virtual_stages: one host-bound rank of PP 4 (Qwen3-30B-A3B, 4 or 8 layers, 8 micro-batches) at 2, 4 "
-         "and 8 virtual stages against 1, on one H100 host, the step's growth over the passes added (median of "
-         "12, 0.19-1.0; about 4 launches a pass, the rest the schedule's own host work)"),
+    # seq x seq mask a sample, had made it 2-4 ms on the same shapes
+    Rate("host_ms_per_virtual_stage_pass", 0.38, "ms", "measured by moetune: benchmarks/results/host_cost.json "
+         "virtual_stages: one host-bound rank of PP 4 (Qwen3-30B-A3B, 4 or 8 layers, 8 micro-batches) at 2 and 4 "
+         "virtual stages against 1, on one H100 host, the step's growth over the passes added (median of the "
+         "11 steady pairs, 0.19-1.0; about 4 launches a pass, the rest the schedule's own host work)"),
     Rate("cuda_graph_te_launches_removed", 0.4251, "share", f"{_MEASURED}: launches TE CUDA graphs of attn, "
          "moe_router and moe_preprocess remove, qwen3_30b_a3b one-GPU trials 1 and 2 (split evenly "
          "among the scopes where fewer are graphed: assumed)"),

@@ -29,7 +29,7 @@ from moetune.tune import predicted
 # what the step's band stands beside: docs/prediction.md "Validation" and "Scored on unseen runs"
 # (benchmarks/results/predict_scoring.json; tests/tune/test_dryrun.py keeps the figures equal)
 STEP_ERROR_SOURCE = ("step times with their band (each rate at the ends of its spread, docs/prediction.md); "
-                     "the model's median absolute error is 16.2% on the 19 public H100 rows it was built beside "
+                     "the model's median absolute error is 16.3% on the 19 public H100 rows it was built beside "
                      "and 12.1% (as frozen) on 10 it was not shaped on (its trial-bank rows, a small proxy on "
                      "2x H200, are off by 55.8%)")
 # a job's time beyond its iterations at the judged step: start-up, warm-up, the profiled window;
