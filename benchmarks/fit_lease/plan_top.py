@@ -1,0 +1,60 @@
+"""Render, as fit-lease entries (layouts.json's format), one experiment's first layouts by `moetune
+plan`'s default order (predicted speed, with the searched settings) and its baseline, each as the
+first rank of the pipeline stage the estimate puts highest (data- and tensor-parallel rank 0, so
+Megatron's memory report appears), with and without TP-comm overlap
+(whose userbuffers the fake process group may not set up): whether the plan's leaders fit as the
+estimate says they do, measured by benchmarks/device/fit.sh with FIT_LAYOUTS pointing at the file.
+
+    python benchmarks/fit_lease/plan_top.py qwen3_235b 1 > benchmarks/fit_lease/plan_top.json
+
+Each entry carries the estimate of that stage's peak (`estimate_gb`: Megatron's max allocated plus
+the estimate's fixed part), beside what the fit measures. A step of fit.fit_micro_batches() a
+data-parallel rank, as `moetune fit` runs it.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import checkout  # noqa: E402,F401  (moetune from this checkout)
+
+from moetune.estimate import StoreReadings  # noqa: E402
+from moetune.estimate.memory import estimate  # noqa: E402
+from moetune.estimate.search import search  # noqa: E402
+from moetune.experiment import fit  # noqa: E402
+from moetune.experiment.config import run_args  # noqa: E402
+from moetune.experiment.environment import config_env  # noqa: E402
+from moetune.experiment.schema import load_experiment  # noqa: E402
+
+
+def entry(name: str, kind: str, exp, cfg) -> dict:
+    world = exp.cluster.world
+    fitted = fit.fit_config(cfg, world)
+    by_stage = [estimate(exp.model, cfg, world, stage=s).total_gb for s in range(max(cfg.pp, 1))]
+    stage = by_stage.index(max(by_stage))
+    rank = fit.stage_rank(stage, cfg, world)
+    return {"name": f"{name}-{kind}-r{rank}", "model": name, "kind": kind, "world_size": world,
+            "rank": rank, "stage": stage, "gpu_type": exp.cluster.gpu_type, "config": cfg.to_dict(),
+            "estimate_gb": round(by_stage[stage], 1),
+            "env": config_env(fitted.to_dict()),
+            "argv": fitted.to_args(exp.model, has_apex=False) + run_args() + list(fit.FAKE_GROUP_ARGS)}
+
+
+def plan_top(name: str, n: int) -> list[dict]:
+    exp = load_experiment(name)
+    found = search(exp, StoreReadings.empty(), limit=n)
+    chosen = [(f"plan{i + 1}", lay.config) for i, lay in enumerate(found.layouts[:n])]
+    chosen.append(("baseline", exp.baseline))
+    out = []
+    for kind, cfg in chosen:
+        out.append(entry(name, kind, exp, cfg))
+        if cfg.tp_comm_overlap:
+            out.append(entry(name, f"{kind}_notpov", exp, cfg.replace(tp_comm_overlap=False)))
+    return out
+
+
+if __name__ == "__main__":
+    json.dump(plan_top(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1), sys.stdout, indent=1)
+    print()
