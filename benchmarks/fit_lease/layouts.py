@@ -29,14 +29,18 @@ from moetune.estimate.memory import plan  # noqa: E402
 from moetune.experiment.environment import config_env  # noqa: E402
 
 MODELS = ("qwen3_235b", "qwen3_30b_a3b", "deepseek_v3", "mixtral_8x7b", "mixtral_8x22b")
+def entry(name: str, kind: str, model, cfg, fitted, world: int, rank: int, gpu_type: str) -> dict:
+    """One rank's fit entry: `cfg` as planned, run as `fitted` (fit.fit_config of it)."""
+    return {"name": f"{name}-{kind}-r{rank}", "model": name, "kind": kind, "world_size": world,
+            "rank": rank, "gpu_type": gpu_type, "config": cfg.to_dict(),
+            "env": config_env(fitted.to_dict()),
+            "argv": fitted.to_args(model, has_apex=False) + run_args() + list(fit.FAKE_GROUP_ARGS)}
+
+
 def entries(name: str, kind: str, model, cfg, world: int, gpu_type: str) -> list[dict]:
     """One layout's fit entries, a rank each of those that bound its memory (fit.bounding_ranks)."""
     fitted = fit.fit_config(cfg)
-    argv = fitted.to_args(model, has_apex=False) + run_args() + list(fit.FAKE_GROUP_ARGS)
-    return [{"name": f"{name}-{kind}-r{rank}", "model": name, "kind": kind, "world_size": world,
-             "rank": rank, "gpu_type": gpu_type, "config": cfg.to_dict(),
-             "env": config_env(fitted.to_dict()), "argv": argv}
-            for rank in fit.bounding_ranks(cfg, world)]
+    return [entry(name, kind, model, cfg, fitted, world, rank, gpu_type) for rank in fit.bounding_ranks(cfg, world)]
 
 
 def layouts() -> list[dict]:

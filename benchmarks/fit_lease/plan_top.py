@@ -20,26 +20,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import checkout  # noqa: E402,F401  (moetune from this checkout)
 
+from layouts import entry as rank_entry  # noqa: E402
+
 from moetune.estimate import StoreReadings  # noqa: E402
 from moetune.estimate.memory import estimate  # noqa: E402
 from moetune.estimate.search import search  # noqa: E402
 from moetune.experiment import fit  # noqa: E402
-from moetune.experiment.config import run_args  # noqa: E402
-from moetune.experiment.environment import config_env  # noqa: E402
 from moetune.experiment.schema import load_experiment  # noqa: E402
 
 
 def entry(name: str, kind: str, exp, cfg) -> dict:
     world = exp.cluster.world
-    fitted = fit.fit_config(cfg, world)
     by_stage = [estimate(exp.model, cfg, world, stage=s).total_gb for s in range(max(cfg.pp, 1))]
     stage = by_stage.index(max(by_stage))
-    rank = fit.stage_rank(stage, cfg, world)
-    return {"name": f"{name}-{kind}-r{rank}", "model": name, "kind": kind, "world_size": world,
-            "rank": rank, "stage": stage, "gpu_type": exp.cluster.gpu_type, "config": cfg.to_dict(),
-            "estimate_gb": round(by_stage[stage], 1),
-            "env": config_env(fitted.to_dict()),
-            "argv": fitted.to_args(exp.model, has_apex=False) + run_args() + list(fit.FAKE_GROUP_ARGS)}
+    e = rank_entry(name, kind, exp.model, cfg, fit.fit_config(cfg, world), world,
+                   fit.stage_rank(stage, cfg, world), exp.cluster.gpu_type)
+    return {**e, "stage": stage, "estimate_gb": round(by_stage[stage], 1)}
 
 
 def plan_top(name: str, n: int) -> list[dict]:
