@@ -295,11 +295,18 @@ def virtual_stages() -> dict:
     say how little of it is kernels. The rate is the median over the PRICED_ENTRY's pairs; the
     earlier entry's pairs are kept, with what the entry itself cost (`entry_ab`: the same shape
     under both entries in one call)."""
+    seen: dict[Path, dict] = {}  # each log judged once: the entry's A/B below reuses the runs'
+
+    def judged_of(p: Path) -> dict:
+        if p not in seen:
+            seen[p] = judged_step({"log": parse_log(p)})
+        return seen[p]
+
     rows = []
     for call, (machine, entry) in VIRTUAL_STAGES.items():
         for p in sorted((RUNS / call).glob("vpp*.log.xz")):
             name = p.name.removesuffix(".log.xz")
-            judged = judged_step({"log": parse_log(p)})
+            judged = judged_of(p)
             shape = vpp_kind(name)
             row = {"call": call, "machine": machine, "name": name, **shape,
                    "entry": PREV_ENTRY if shape["prev_entry"] else entry,
@@ -336,7 +343,7 @@ def virtual_stages() -> dict:
             newer = p.with_name(p.name.replace("_prev", ""))
             if newer.exists():
                 ab.append({"call": call, "run": newer.name.removesuffix(".log.xz"),
-                           **{k: round(judged_step({"log": parse_log(f)})["step_time_ms"], 1)
+                           **{k: round(judged_of(f)["step_time_ms"], 1)
                               for k, f in (("every_chunk_ms", p), ("first_and_last_ms", newer))}})
     return {"source": [str((RUNS / c).relative_to(ROOT)) for c in VIRTUAL_STAGES], "runs": rows,
             "steady_spread": STEADY_SPREAD, "unresolved": sum("unresolved" in r for r in rows),
