@@ -13,6 +13,7 @@ data-parallel rank, as `moetune fit` runs it.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ import checkout  # noqa: E402,F401  (moetune from this checkout)
 
 from layouts import entry as rank_entry  # noqa: E402
 
+from moetune.errors import MoetuneError  # noqa: E402
 from moetune.estimate import StoreReadings  # noqa: E402
 from moetune.estimate.memory import estimate  # noqa: E402
 from moetune.estimate.search import search  # noqa: E402
@@ -51,6 +53,20 @@ def plan_top(name: str, n: int) -> list[dict]:
     return out
 
 
-if __name__ == "__main__":
-    json.dump(plan_top(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1), sys.stdout, indent=1)
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("experiment", help="experiment name (experiments/NAME.yaml)")
+    p.add_argument("n", nargs="?", type=int, default=1, help="the plan's first N layouts (default 1)")
+    a = p.parse_args(argv)
+    try:
+        got = plan_top(a.experiment, a.n)
+    except MoetuneError as e:
+        print(f"plan_top: {e}", file=sys.stderr)
+        return 2
+    json.dump(got, sys.stdout, indent=1)
     print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
