@@ -121,7 +121,7 @@ def baseline_misfit(exp, gpus: int | None = None, gpu_type: str | None = None, o
              "no layout fits, full recompute included; add GPUs, or consider offloading")
     usable = (1 - PLAN_HEADROOM_SHARE) * (base.capacity_gb or 0)
     return (f"{exp.path or exp.name}: the baseline {_layout_words(c)} does not fit by the estimate "
-            f"({base.memory_gb:.1f} of {base.capacity_gb:.0f} GB, {usable:.0f} usable); {offer}")
+            f"({base.memory_gb:.1f} of {base.capacity_gb:g} GB, {usable:.1f} usable); {offer}")
 
 
 def _layout_words(c: TrainingConfig) -> str:

@@ -220,7 +220,7 @@ def _main(argv: list[str], db: str | None) -> int:
                      cluster=cluster, baseline=TrainingConfig(global_batch=batch, **BASE))
     found = search(exp, StoreReadings(db), limit=1, fixed=BRING_UP)  # a first trial's: none on
     if not found.layouts:
-        raise ConfigError(f"no layout of {name} fits on {found.world}x {args.gpu_type} ({found.capacity_gb:.0f} GB "
+        raise ConfigError(f"no layout of {name} fits on {found.world}x {args.gpu_type} ({found.capacity_gb:g} GB "
                           f"each) at global batch {batch}; give more GPUs (--gpus) or a larger --gpu-type; "
                           "nothing written")
     best = found.layouts[0]

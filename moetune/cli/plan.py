@@ -20,7 +20,7 @@ from moetune.cli.predict import INT_FLAGS, SPLIT_FIELDS, add_layout_args, layout
 from moetune.estimate import StoreReadings
 from moetune.estimate.memory import FIXED_GB, TooFewGPUs, plan_cluster
 from moetune.estimate.search import batch_bound, search
-from moetune.experiment import constraints
+from moetune.experiment import constraints, gpus
 from moetune.experiment.config import TrainingConfig
 from moetune.experiment.schema import ConfigError
 
@@ -149,15 +149,16 @@ def _main(argv: list[str], db: str | None = None) -> int:
         return code
     gpu_type = args.gpu_type or exp.cluster.gpu_type
     # where the capacity comes from: a device reports a little less than its data sheet (an H200's
-    # 141 GB reads 139.8 in a trace), so the figure says which it is
-    source = "cluster.gpu_memory_gb" if exp.cluster.gpu_memory_gb else f"{gpu_type} data sheet"
+    # 141 GB reads 139.8 GiB to CUDA), so the figure says which it is
+    source = ("cluster.gpu_memory_gb" if exp.cluster.gpu_memory_gb
+              else f"{gpu_type} {gpus.memory_source(gpu_type)}")
     if args.baseline:
         lay = layouts[0]
         c = lay.config
         verdict = "fits" if lay.fits else ("refused: " + ", ".join(lay.refused) if lay.refused else "does NOT fit")
         print(f"{exp.name} baseline TP{c.tp} PP{c.pp} EP{c.ep} on {world}x {gpu_type}: estimate "
               f"{lay.estimate_gb:.1f} GB allocated + {FIXED_GB:.0f} GB fixed = {lay.memory_gb:.1f} of "
-              f"{capacity:.0f} GB ({source}): {verdict}")
+              f"{capacity:.1f} GB ({source}): {verdict}")
         return code
     bound = None if layouts else batch_bound(exp, world)
     if bound and any(v.code == "global_batch_not_divisible" for v in found.common_refusal()):
@@ -172,7 +173,7 @@ def _main(argv: list[str], db: str | None = None) -> int:
         return code
     order = ("fastest predicted first (tokens/s/GPU, routing assumed balanced)" if args.order == "speed" else
              "least model parallelism first, the baseline first where the search does not hold it")
-    print(f"{exp.name} on {world}x {gpu_type} ({capacity:.0f} GB each, {source}): {len(layouts)} feasible layouts "
+    print(f"{exp.name} on {world}x {gpu_type} ({capacity:g} GB each, {source}): {len(layouts)} feasible layouts "
           f"shown (--limit {args.limit}), {order}"
           + ("; the band: each rate at the ends of its spread, added in quadrature (docs/prediction.md)"
              if args.order == "speed" else ""))

@@ -283,4 +283,4 @@ def memory_line(e, capacity: float, fits: bool) -> str:
     verdict = f"fits {within}" if fits else f"does not fit {within} (moetune plan lists layouts that do)"
     return (f"  memory: {e.total_gb:.1f} GB a GPU by the estimate (weights, gradients and optimizer "
             f"{e.model_state_gb:.1f}; activations {e.activations_gb:.1f}{graphs}; fixed {e.fixed_gb:.1f}) of "
-            f"{capacity:.0f} GB: {verdict}")
+            f"{capacity:g} GB: {verdict}")

@@ -33,7 +33,8 @@ MAX_VPP = 8
 MAX_EP = 128
 # the optimizer's sharding: the distributed optimizer, or Megatron FSDP (weights, gradients and
 # optimizer states sharded over data parallel), searched where it stands in for a pipeline (PP 1)
-SHARDINGS: tuple[dict, ...] = ({"distributed_optimizer": True}, {"distributed_optimizer": True, "fsdp": True})
+SHARDINGS: tuple[dict, ...] = ({"distributed_optimizer": True, "fsdp": False},
+                               {"distributed_optimizer": True, "fsdp": True})
 # the settings' dimensions, in the order they are chosen; each value a dict of TrainingConfig fields
 DISPATCHER_VALUES: tuple[dict, ...] = (
     {"dispatcher": "alltoall", "flex_backend": None}, {"dispatcher": "allgather", "flex_backend": None},
@@ -144,6 +145,8 @@ def _grid(exp, world: int, base: TrainingConfig, fixed: dict):
 
     divisors = [d for d in range(1, min(world, MAX_PP) + 1) if world % d == 0]
     eps = [e for e in range(1, min(m.num_experts, MAX_EP) + 1) if m.num_experts % e == 0] if m.num_experts > 1 else [1]
+    # a fixed --fsdp keeps one sharding, or both grid points would become the same layout
+    shards = [s for s in SHARDINGS if all(fixed.get(k, v) == v for k, v in s.items())]
     for tp in keep("tp", [t for t in TPS if world % t == 0]):
         for cp in keep("cp", CPS):
             for pp in keep("pp", [p for p in divisors if world % (tp * cp * p) == 0]):
@@ -154,8 +157,9 @@ def _grid(exp, world: int, base: TrainingConfig, fixed: dict):
                             if world % (etp * ep * pp):
                                 continue
                             for mb in keep("micro_batch", MICRO_BATCHES):
-                                for shard in SHARDINGS:
-                                    if shard.get("fsdp") and pp > 1:
+                                for shard in shards:
+                                    # FSDP stands in for a pipeline; with one, only where asked for
+                                    if shard["fsdp"] and pp > 1 and "pp" not in fixed:
                                         continue
                                     yield {"tp": tp, "cp": cp, "pp": pp, "vpp": vpp, **split, "ep": ep, "etp": etp,
                                            "sequence_parallel": tp > 1, "micro_batch": mb, **shard}

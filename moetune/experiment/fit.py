@@ -295,7 +295,7 @@ def verdict(ranks: dict, capacity_gb: float) -> FitVerdict:
     total = peak + room
     fits = total <= capacity_gb
     reason = (f"rank {peak_rank} peaks at {peak:.1f} GB; with {room:.1f} GB headroom (NCCL buffers, "
-              f"uneven routing) {total:.1f} GB {'fits' if fits else 'exceeds'} the GPU's {capacity_gb:.0f} GB")
+              f"uneven routing) {total:.1f} GB {'fits' if fits else 'exceeds'} the GPU's {capacity_gb:g} GB")
     return FitVerdict(fits, reason, round(peak, 3), room, capacity_gb)
 
 

@@ -5,8 +5,9 @@ import json
 import pytest
 
 from moetune.cli.main import main
-from moetune.experiment.schema import load_experiment
 from moetune.estimate.memory import FIXED_GB
+from moetune.experiment.gpus import GPUS
+from moetune.experiment.schema import load_experiment
 from moetune.store import Store
 from tests.conftest import proxy_variant
 
@@ -51,7 +52,7 @@ def test_baseline_listed_though_it_does_not_fit_an_h100(capsys, no_store):
     assert rc == 1 and len(rows) == 1  # does not fit: the same exit code as the text
     (row,) = rows
     assert {k: row["config"][k] for k in ("tp", "pp", "ep")} == {"tp": 2, "pp": 2, "ep": 32}
-    assert row["fits"] is False and row["capacity_gb"] == 80.0 and row["refused"] == []
+    assert row["fits"] is False and row["capacity_gb"] == GPUS["H100"].memory_gb and row["refused"] == []
     assert row["estimate_gb"] == pytest.approx(QWEN_BASELINE_MEASURED_GB, rel=0.10)
     assert row["memory_gb"] == pytest.approx(row["estimate_gb"] + FIXED_GB, abs=0.01)
     assert "measured_gb" not in row  # no store here
@@ -63,7 +64,7 @@ def test_baseline_listed_though_it_does_not_fit_an_h100(capsys, no_store):
     # on an H200 the same baseline fits
     _, (row,) = _json(capsys, ["plan", "qwen3_235b", "--gpu-type", "H200", "--baseline", "--format", "json",
                                *OLD_QWEN])
-    assert row["fits"] is True and row["capacity_gb"] == 141.0
+    assert row["fits"] is True and row["capacity_gb"] == GPUS["H200"].memory_gb
 
 
 def test_baseline_text_says_it_does_not_fit(capsys, no_store):
@@ -110,12 +111,12 @@ def test_measured_gb_from_the_store_named_by_db(capsys, no_store):
 
 
 def test_a_layout_measured_to_fit_is_planned_though_its_estimate_is_not(capsys, no_store):
-    """qwen3_235b's TP2 PP2 EP128 on 256 H100, measured at 68.9 GB by the one-GPU study: the
-    estimate (68.9 + 3 GB fixed) now lists it by itself, and with --db the row carries the
-    measurement. Where the estimate's margin leaves it out (15 % headroom: 71.9 > 68 GB), the
-    measurement, which with the fit's 7 GB headroom fits, still lists it (without recompute). The
-    measurement was taken without CUDA graphs, which the search would add (their pools fitting with
-    moe_act and layernorm recomputed): the plan is asked for none."""
+    """qwen3_235b's TP2 PP2 EP128 on 256 H100, measured at 68.9 GB by the one-GPU study: its estimate
+    (68.9 + 3 GB fixed) is over 90 % of the H100's 79.18 GiB, so the estimate alone leaves it out;
+    with --db the measurement, which with the fit's 7 GB headroom fits, lists it and the row carries
+    it. Likewise with a wider margin (15 %). The measurement was taken without CUDA graphs, which the
+    search would add (their pools fitting with moe_act and layernorm recomputed): the plan is asked
+    for none."""
     from moetune.estimate.memory import plan
     from moetune.paths import ROOT
     db = str(ROOT / "benchmarks" / "one_gpu_tuning" / "moetune.db")
@@ -126,11 +127,12 @@ def test_a_layout_measured_to_fit_is_planned_though_its_estimate_is_not(capsys, 
         measured = c["vpp"] is None and c["cp"] == 1 and c["micro_batch"] == 1
         return (c["tp"], c["pp"], c["ep"], tuple(c["recompute_modules"])) if measured else None
     _, alone = _json(capsys, argv)
-    row = next(r for r in alone if layout(r) == (2, 2, 128, ()))
-    assert row["estimate_gb"] == pytest.approx(68.91, rel=0.02)
+    assert alone and not any(layout(r) == (2, 2, 128, ()) for r in alone)
     _, rows = _json(capsys, ["--db", db] + argv)
     row = next(r for r in rows if layout(r) == (2, 2, 128, ()))
     assert row["measured_gb"] == pytest.approx(68.91, abs=0.01)
+    assert row["estimate_gb"] == pytest.approx(68.91, rel=0.02)
+    assert row["memory_gb"] > 0.9 * GPUS["H100"].memory_gb  # listed for its measurement alone
     exp = load_experiment("qwen3_235b")
     def key(c):
         return (c.tp, c.pp, c.ep, c.vpp, tuple(c.recompute_modules))
@@ -223,3 +225,20 @@ def test_plan_with_fsdp_keeps_it_in_every_layout(capsys, no_store):
     assert all(r["breakdown"]["weights_gb"] < 20 for r in rows)  # 470 GB of bf16 weights over 256 GPUs
     assert main(argv) == 0
     assert "FSDP optim_grads_params" in capsys.readouterr().out
+
+
+def test_plan_with_fsdp_searches_each_layout_once(capsys, no_store):
+    """`plan --fsdp` searches the FSDP grid (PP 1, where FSDP stands in for a pipeline) once: no two
+    rows alike (the distributed optimizer's grid points turned FSDP by the flag doubled every row);
+    with `--pp 2` too, the FSDP layouts of that pipeline are searched, not none."""
+    def shown(*flags):
+        assert main(["plan", "qwen3_235b", "--fsdp", "--format", "json", "--limit", "20", *flags]) == 0
+        out = json.loads(capsys.readouterr().out)
+        return out["search"], [json.dumps(r["config"], sort_keys=True) for r in out["layouts"]]
+    capsys.readouterr()
+    _, rows = shown()
+    assert len(rows) == 20 and len(set(rows)) == len(rows)
+    assert all(json.loads(r)["fsdp"] and json.loads(r)["pp"] == 1 for r in rows)
+    counts2, rows2 = shown("--pp", "2")
+    assert counts2["considered"] > 0 and rows2 and all(json.loads(r)["pp"] == 2 for r in rows2)
+    assert len(set(rows2)) == len(rows2)

@@ -16,6 +16,7 @@ from moetune.analysis.logs import parse_log
 from moetune.decide import rules
 from moetune.experiment import fit
 from moetune.experiment.config import TrainingConfig
+from moetune.experiment.gpus import GPUS
 from moetune.store import Store
 from moetune.tune import loop as tuner
 from moetune.trial import stages
@@ -187,7 +188,7 @@ def test_moetune_fit_by_hand(tmp_path, capsys):
             "--runs", str(tmp_path / "runs")]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "on 8 GPUs: rank" in out and "fits the GPU's 80 GB" in out
+    assert "on 8 GPUs: rank" in out and f"fits the GPU's {GPUS['H100'].memory_gb:g} GB" in out
     assert [ln.split()[0] for ln in out.splitlines()[2:]] == ["0", "6"]  # pp=4: the last stage starts at 6
     assert main(argv) == 0  # again: the same trial, measured anew
     store = Store(str(tmp_path / "db.sqlite"))

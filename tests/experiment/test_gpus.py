@@ -1,15 +1,34 @@
-"""experiment/gpus.py, the one GPU table: the memory CUDA reports for each type (NVIDIA's data sheets),
-its generation and its reference node's CPUs per GPU; an unknown type has none of them."""
+"""experiment/gpus.py, the one GPU table: the memory CUDA reports for each type (GiB; measured where
+moetune measured it, else the data sheet's), its generation and its reference node's CPUs per GPU;
+an unknown type has none of them."""
+import re
+from pathlib import Path
+
 import pytest
 
-from moetune.experiment.gpus import GPU_TYPES, GPUS, cpus_per_gpu, generation, memory_gb, stand_ins
+from moetune.experiment.gpus import GPU_TYPES, GPUS, MEMORY_SOURCES, cpus_per_gpu, generation, memory_gb, stand_ins
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("gpu, gb, gen", [("H100", 80.0, "hopper"), ("H200", 141.0, "hopper"),
-                                          ("A100", 80.0, "ampere"), ("B200", 180.0, "blackwell")])
-def test_published_memory_and_generation(gpu, gb, gen):
-    """The data-sheet capacities and architectures of the GPUs the tests and the device runs use."""
+@pytest.mark.parametrize("gpu, gb, gen", [("H100", 79.18, "hopper"), ("H200", 139.80, "hopper"),
+                                          ("A100", 80.0, "ampere"), ("B200", 178.35, "blackwell")])
+def test_memory_and_generation(gpu, gb, gen):
+    """The capacities and architectures of the GPUs the tests and the device runs use."""
     assert memory_gb(gpu) == gb and generation(gpu) == gen
+
+
+@pytest.mark.parametrize("gpu, record", [
+    ("H100", "benchmarks/one_gpu_tuning/runs/9/analysis.json"),  # a Qwen3-235B one-GPU trial's OOM
+    ("H200", "tests/data/gpu/oom.log"),  # a one-GPU trial's OOM on the lent H200
+])
+def test_measured_capacity_is_what_cuda_reported_on_the_lent_machine(gpu, record):
+    """The H100's and H200's figures are the total capacity PyTorch's out-of-memory line printed on
+    moetune's own runs (GiB, the estimate's unit), not the data sheet's 80 and 141 GB."""
+    text = (ROOT / record).read_text()
+    (cap,) = set(re.findall(r"total capacity of ([0-9.]+) GiB", text))
+    assert memory_gb(gpu) == float(cap) < {"H100": 80.0, "H200": 141.0}[gpu]
+    assert MEMORY_SOURCES[gpu].startswith("measured by moetune")
 
 
 def test_cpus_per_gpu_is_the_reference_nodes_threads_over_its_gpus():

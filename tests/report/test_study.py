@@ -194,11 +194,14 @@ def test_all_to_all_split_says_when_one_rank_cannot_split_it():
 
 
 def test_memory_figure_names_its_source():
-    """The device's figure (from the trace) and the data sheet's are both labelled, so 139.8 and
-    `plan`'s 141 GB for one H200 do not read as a contradiction."""
+    """The device's figure (from the trace) and the GPU table's are both labelled with their source
+    and unit: the table's H200 is CUDA's measured capacity, a type moetune has not measured its data
+    sheet's GB."""
     assert report.memory_fact(16.594, 139.80072, "H200") == (
         "Memory: peak 16.59 GiB held through CUDA (trace) of 139.8 GiB the device reports to CUDA "
-        "(H200 data sheet: 141 GB)")
+        "(H200 as CUDA reports it: 139.8 GiB)")
+    assert report.memory_fact(16.594, None, "B300") == (
+        "Memory: peak 16.59 GiB held through CUDA (trace) (B300 data sheet: 270 GB)")
     assert report.memory_fact(13.36, None, None, "log") == "Memory: peak 13.36 GiB max allocated by PyTorch (log)"
 
 
@@ -268,7 +271,7 @@ def test_html_and_markdown_hold_the_same_evidence(demo):
     r = report.build(store, "moe_proxy-replay")
     for needle in ("Idle causes: launch-starved 1643.3 ms", "Kernels: 5133 per step, median kernel 9.4 us",
                    "peak 16.59 GiB held through CUDA (trace) of 139.8 GiB the device reports to CUDA "
-                   "(H200 data sheet: 141 GB)"):
+                   "(H200 as CUDA reports it: 139.8 GiB)"):
         assert needle in text and report.esc(needle) in page, needle
     for sec in r.sections:
         for fact in sec.facts:
