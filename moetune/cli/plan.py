@@ -5,6 +5,7 @@ virtual stages and the baseline among them, or (--order memory) least model para
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from moetune.analysis.usage import Parser
@@ -186,7 +187,8 @@ def _main(argv: list[str], db: str | None = None) -> int:
           f"{'tok/s/GPU':>9} {'ms/step (band)':>22}  band mostly from")
     for lay in layouts:
         c = lay.config
-        seen = f"{lay.measured_gb:>8.1f}" if lay.measured_gb is not None else f"{'-':>8}"
+        seen = (f"{'-':>8}" if lay.measured_gb is None else f"{'oom':>8}" if math.isinf(lay.measured_gb)
+                else f"{lay.measured_gb:>8.1f}")
         head = found.headline(lay) or {}
         speed = head.get("tokens_per_s_per_gpu")
         step = (f"{head['step_time_ms']:.0f} ({head['step_time_low_ms']:.0f}-{head['step_time_high_ms']:.0f})"

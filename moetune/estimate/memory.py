@@ -361,7 +361,8 @@ class Layout:
                 "memory_gb": round(self.memory_gb, 2), "fits": self.fits, "capacity_gb": self.capacity_gb,
                 "refused": self.refused, "breakdown": self.breakdown,
                 "tp_pp": self.tp_pp, "config": self.config.to_dict(),
-                **({"measured_gb": round(self.measured_gb, 2)} if self.measured_gb is not None else {})}
+                **({} if self.measured_gb is None else {"measured_oom": True} if math.isinf(self.measured_gb)
+                   else {"measured_gb": round(self.measured_gb, 2)})}
 
 
 def _divisors(n: int) -> list[int]:
@@ -377,6 +378,9 @@ def plan_cluster(exp, gpus: int | None = None, gpu_type: str | None = None):
 
 
 Measured = Callable[[TrainingConfig], "float | None"]  # a layout's measured peak, where known
+# a layout's measured "peak" where a run or fit of it ran out of memory on a GPU at least as large:
+# no figure, and it does not fit
+OUT_OF_MEMORY = math.inf
 
 
 def fits_measured(peak_gb: float | None, capacity_gb: float) -> bool:
@@ -386,9 +390,13 @@ def fits_measured(peak_gb: float | None, capacity_gb: float) -> bool:
 
 def fits_plan(total_gb: float, capacity_gb: float, peak_gb: float | None = None,
               headroom_share: float = PLAN_HEADROOM_SHARE) -> bool:
-    """The plan's test of fit: the estimate (fixed overhead included) within the GPU's memory less
-    `headroom_share`, or a measured peak that fits as a fit judges it (fits_measured)."""
-    return total_gb <= (1 - headroom_share) * capacity_gb or fits_measured(peak_gb, capacity_gb)
+    """The plan's test of fit: a measured peak where the store holds one, judged as a fit judges it
+    (fits_measured), in both directions (a layout measured over the GPU, or out of memory, does not
+    fit whatever its estimate); else the estimate (fixed overhead included) within the GPU's memory
+    less `headroom_share`."""
+    if peak_gb is not None:
+        return fits_measured(peak_gb, capacity_gb)
+    return total_gb <= (1 - headroom_share) * capacity_gb
 
 
 def baseline_layout(exp, gpus: int | None = None, gpu_type: str | None = None,
@@ -424,10 +432,11 @@ def plan(exp, gpus: int | None = None, gpu_type: str | None = None, limit: int =
     """Feasible layouts for the experiment's model, least model parallelism first (TP×PP, then
     expert parallelism within NVLink before across it, then the smaller EP), selective recompute
     only where a layout does not fit without it (moe-optimization-workflow.md, Phase 1). A layout
-    is feasible when it passes the constraint table and its estimate, fixed overhead included,
-    leaves `headroom_share` of the GPU's memory free, or when its measured peak fits as a fit's does
-    (`measured`: qwen3_235b's TP2 PP2 EP128 on an H100 is estimated within 2 % of the 68.9 GB it
-    measured, but the estimate's margin is wider than a measurement's). `virtual`: each pipeline
+    is feasible when it passes the constraint table and, where the store holds no measurement of
+    it, its estimate, fixed overhead included, leaves `headroom_share` of the GPU's memory free;
+    where it does (`measured`), when its measured peak fits as a fit's does (qwen3_235b's TP2 PP2
+    EP128 on an H100 is estimated within 2 % of the 68.9 GB it measured, but the estimate's margin
+    is wider than a measurement's; a layout that ran out of memory does not fit). `virtual`: each pipeline
     with every VPP of vpp_choices too. A PP (x VPP) the layers do not divide gets the uneven split
     Megatron can build (pipeline.split_fields). `refused`: a list that gets, for each candidate
     left out, the constraint violations that refused it (an empty list: its memory did not fit).

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 
 from moetune.estimate.memory import (
+    OUT_OF_MEMORY,
     Layout,
     TooFewGPUs,
     baseline_layout,
@@ -30,17 +31,22 @@ def layout_key(config: dict) -> str:
     return json.dumps({k: v for k, v in config.items() if k not in _NOT_LAYOUT}, sort_keys=True)
 
 
-def measured_peaks(exp, world: int, readings: StoreReadings) -> dict[str, float]:
+def measured_peaks(exp, world: int, readings: StoreReadings, capacity_gb: float | None = None) -> dict[str, float]:
     """{layout key: highest measured peak (GB, Megatron's max allocated)} of the trials in the store
-    of this model at this GPU count."""
+    of this model at this GPU count; OUT_OF_MEMORY where a run or fit of the layout ran out of memory
+    on a GPU with at least `capacity_gb` (on a smaller one it says nothing of this GPU)."""
     out: dict[str, float] = {}
     for study, t, metrics in readings.trials():
         if study.model not in (exp.name, exp.model.name):
             continue
-        gpus = cluster_section((study.experiment or {}).get("cluster") or {}).world
+        cluster = cluster_section((study.experiment or {}).get("cluster") or {})
+        if cluster.world != world:
+            continue
         # a run's peak, else its fit's (the layout measured on one GPU: experiment/fit.py)
         peak = t.peak_memory_gb if t.peak_memory_gb is not None else metrics.get("fit_peak_gb")
-        if peak is None or gpus != world:
+        if (t.state == "oom" or metrics.get("fit_oom")) and (capacity_gb is None or cluster.memory_gb >= capacity_gb):
+            peak = OUT_OF_MEMORY
+        if peak is None:
             continue
         key = layout_key(TrainingConfig.from_dict(t.config).to_dict())
         out[key] = max(out.get(key, 0.0), float(peak))
@@ -127,7 +133,7 @@ def search(exp, readings: StoreReadings, gpus: int | None = None, gpu_type: str 
     fits and the grid does not hold it; `baseline`: the baseline's layout alone, fitting or not
     (TooFewGPUs where the GPUs cannot hold it). `fixed`: fields every candidate keeps (memory.plan)."""
     _, world, capacity = plan_cluster(exp, gpus, gpu_type)
-    peaks = measured_peaks(exp, world, readings)
+    peaks = measured_peaks(exp, world, readings, capacity)
 
     def measured(cfg: TrainingConfig) -> float | None:
         return peaks.get(layout_key(cfg.to_dict()))

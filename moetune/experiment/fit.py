@@ -300,10 +300,13 @@ def verdict(ranks: dict, capacity_gb: float) -> FitVerdict:
 
 
 def fit_metrics(fitted: dict) -> dict:
-    """A fit's figures as trial metrics: the bounding ranks' peak, and the slowest one's step time
-    alone on one GPU (its compute floor: no communication, no waiting, no pipeline bubble)."""
+    """A fit's figures as trial metrics: the bounding ranks' peak (or that one ran out of memory),
+    and the slowest one's step time alone on one GPU (its compute floor: no communication, no
+    waiting, no pipeline bubble)."""
     steps = [r.get("step_time_ms") for r in (fitted.get("ranks") or {}).values() if r.get("step_time_ms")]
-    out = {"fit_peak_gb": fitted.get("peak_gb"), "fit_fits": 1.0 if fitted.get("fits") else 0.0}
+    out = {"fit_peak_gb": fitted.get("peak_gb"), "fit_fits": 1.0 if fitted.get("fits") else 0.0,
+           # a rank out of memory: plan drops the layout on a GPU this size (estimate/search.py)
+           "fit_oom": 1.0 if fitted.get("failure") == "oom" else None}
     if steps:
         out["fit_compute_ms"] = max(steps)
     return {k: v for k, v in out.items() if v is not None}

@@ -150,3 +150,38 @@ def test_nvidia_deepseek_v3_layout_is_among_the_five_fastest_and_its_estimate_fi
                                            flex_backend="deepep", overlap_ep_a2a=True), StoreReadings.empty())
     stage = max(fsdp.inputs["stage_micro_batch_ms"].values())
     assert stage == pytest.approx(fsdp.inputs["nic_ms_per_micro_batch"]) and fsdp.step_time_ms > space.fit[4].step_ms
+
+
+def test_a_measurement_decides_the_fit_both_ways():
+    """The recorded one-GPU study (benchmarks/one_gpu_tuning, qwen3_235b on 256 H100): the layout
+    whose run ran out of memory (TP2 PP2 EP128 with TE's CUDA graphs, trial id 9) is out of memory on
+    an H100 whatever its estimate, and says nothing of a larger GPU; EP 64 (id 7) measured 74.4
+    GB, which with the fit's headroom exceeds the H100; EP 128 without graphs measured 68.9 and
+    fits. fits_plan takes a measurement over the estimate in both directions."""
+    import math
+
+    from moetune.estimate.memory import OUT_OF_MEMORY, fits_plan
+    from moetune.estimate.readings import StoreReadings
+    from moetune.estimate.search import layout_key, measured_peaks
+    from moetune.experiment.config import TrainingConfig
+    from moetune.experiment.gpus import GPUS
+    from moetune.paths import ROOT
+    from moetune.store import Store
+
+    store = Store(str(ROOT / "benchmarks" / "one_gpu_tuning" / "moetune.db"), read_only=True)
+    (study,) = [s for s in store.studies() if s.model == "qwen3_235b"]
+    trials = {t.id: t for t in store.trials(study.id)}  # ids as the study report names them
+    key = {n: layout_key(TrainingConfig.from_dict(trials[n].config).to_dict()) for n in trials}
+    exp = load_experiment("qwen3_235b")
+    h100, h200 = GPUS["H100"].memory_gb, GPUS["H200"].memory_gb
+    peaks = measured_peaks(exp, 256, StoreReadings(store=store), h100)
+    oom = [n for n in trials if trials[n].state == "oom"]
+    assert oom and all(peaks[key[n]] == OUT_OF_MEMORY for n in oom)
+    larger = measured_peaks(exp, 256, StoreReadings(store=store), h200)
+    assert all(not math.isinf(larger.get(key[n], 0.0)) for n in oom)
+    ep64, ep128 = peaks[key[7]], peaks[key[8]]  # raise_ep's two layouts
+    assert (TrainingConfig.from_dict(trials[7].config).ep, TrainingConfig.from_dict(trials[8].config).ep) == (64, 128)
+    assert ep64 == pytest.approx(74.4, abs=0.05) and ep128 == pytest.approx(68.9, abs=0.05)
+    # an estimate of 60 GB would fit, of 75 not; the measurements decide
+    assert fits_plan(60.0, h100) and not fits_plan(60.0, h100, ep64) and not fits_plan(60.0, h100, OUT_OF_MEMORY)
+    assert fits_plan(75.0, h100, ep128) and not fits_plan(75.0, h100)

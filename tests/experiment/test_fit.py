@@ -126,6 +126,11 @@ def test_verdict_counts_the_headroom(ranks, capacity, fits, words):
     v = fit.verdict(ranks, capacity)
     assert v.fits is fits and words in v.reason
     assert v.headroom_gb == pytest.approx(fit.NCCL_BUFFERS_GB + fit.ROUTING_IMBALANCE_SHARE * capacity)
+    # the trial's figures: out of memory is said (plan drops the layout), a rank that did not
+    # measure is not taken for it
+    figures = fit.fit_metrics(v.to_dict())
+    assert figures.get("fit_oom") == (1.0 if "out of memory" in words else None)
+    assert figures["fit_fits"] == float(fits) and figures.get("fit_peak_gb") == v.peak_gb
 
 
 def fit_experiment(tmp_path, **cluster) -> str:
