@@ -158,8 +158,9 @@ def _grid(exp, world: int, base: TrainingConfig, fixed: dict):
                                 continue
                             for mb in keep("micro_batch", MICRO_BATCHES):
                                 for shard in shards:
-                                    # FSDP stands in for a pipeline; with one, only where asked for
-                                    if shard["fsdp"] and pp > 1 and "pp" not in fixed:
+                                    # FSDP stands in for a pipeline; beside one only where a
+                                    # pipeline is asked for (--pp, or --vpp above 1)
+                                    if shard["fsdp"] and pp > 1 and "pp" not in fixed and not fixed.get("vpp"):
                                         continue
                                     yield {"tp": tp, "cp": cp, "pp": pp, "vpp": vpp, **split, "ep": ep, "etp": etp,
                                            "sequence_parallel": tp > 1, "micro_batch": mb, **shard}

@@ -230,7 +230,7 @@ def test_plan_with_fsdp_keeps_it_in_every_layout(capsys, no_store):
 def test_plan_with_fsdp_searches_each_layout_once(capsys, no_store):
     """`plan --fsdp` searches the FSDP grid (PP 1, where FSDP stands in for a pipeline) once: no two
     rows alike (the distributed optimizer's grid points turned FSDP by the flag doubled every row);
-    with `--pp 2` too, the FSDP layouts of that pipeline are searched, not none."""
+    with `--pp 2` or `--vpp 2` too, FSDP beside a pipeline is searched, not nothing."""
     def shown(*flags):
         assert main(["plan", "qwen3_235b", "--fsdp", "--format", "json", "--limit", "20", *flags]) == 0
         out = json.loads(capsys.readouterr().out)
@@ -242,3 +242,5 @@ def test_plan_with_fsdp_searches_each_layout_once(capsys, no_store):
     counts2, rows2 = shown("--pp", "2")
     assert counts2["considered"] > 0 and rows2 and all(json.loads(r)["pp"] == 2 for r in rows2)
     assert len(set(rows2)) == len(rows2)
+    counts3, rows3 = shown("--vpp", "2")  # virtual stages ask for a pipeline too
+    assert counts3["considered"] > 0 and all(json.loads(r)["pp"] > 1 and json.loads(r)["vpp"] == 2 for r in rows3)
