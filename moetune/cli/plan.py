@@ -5,7 +5,6 @@ virtual stages and the baseline among them, or (--order memory) least model para
 from __future__ import annotations
 
 import json
-import math
 import sys
 
 from moetune.analysis.usage import Parser
@@ -159,7 +158,7 @@ def _main(argv: list[str], db: str | None = None) -> int:
         verdict = "fits" if lay.fits else ("refused: " + ", ".join(lay.refused) if lay.refused else "does NOT fit")
         print(f"{exp.name} baseline TP{c.tp} PP{c.pp} EP{c.ep} on {world}x {gpu_type}: estimate "
               f"{lay.estimate_gb:.1f} GB allocated + {FIXED_GB:.0f} GB fixed = {lay.memory_gb:.1f} of "
-              f"{capacity:.1f} GB ({source}): {verdict}")
+              f"{capacity:g} GB ({source}): {verdict}")
         return code
     bound = None if layouts else batch_bound(exp, world)
     if bound and any(v.code == "global_batch_not_divisible" for v in found.common_refusal()):
@@ -187,7 +186,7 @@ def _main(argv: list[str], db: str | None = None) -> int:
           f"{'tok/s/GPU':>9} {'ms/step (band)':>22}  band mostly from")
     for lay in layouts:
         c = lay.config
-        seen = (f"{'-':>8}" if lay.measured_gb is None else f"{'oom':>8}" if math.isinf(lay.measured_gb)
+        seen = (f"{'-':>8}" if lay.measured_gb is None else f"{'oom':>8}" if lay.measured_oom
                 else f"{lay.measured_gb:>8.1f}")
         head = found.headline(lay) or {}
         speed = head.get("tokens_per_s_per_gpu")

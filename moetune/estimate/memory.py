@@ -352,6 +352,11 @@ class Layout:
     measured_gb: float | None = None  # a fit's or a run's measured peak of this layout (the store's)
 
     @property
+    def measured_oom(self) -> bool:
+        """A run or fit of it ran out of memory on a GPU this size (measured_gb OUT_OF_MEMORY)."""
+        return self.measured_gb is not None and math.isinf(self.measured_gb)
+
+    @property
     def estimate_gb(self) -> float:
         """The estimate of the peak Megatron's `max allocated` reports (no fixed overhead)."""
         return self.memory_gb - FIXED_GB
@@ -361,7 +366,7 @@ class Layout:
                 "memory_gb": round(self.memory_gb, 2), "fits": self.fits, "capacity_gb": self.capacity_gb,
                 "refused": self.refused, "breakdown": self.breakdown,
                 "tp_pp": self.tp_pp, "config": self.config.to_dict(),
-                **({} if self.measured_gb is None else {"measured_oom": True} if math.isinf(self.measured_gb)
+                **({} if self.measured_gb is None else {"measured_oom": True} if self.measured_oom
                    else {"measured_gb": round(self.measured_gb, 2)})}
 
 

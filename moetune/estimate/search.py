@@ -31,7 +31,7 @@ def layout_key(config: dict) -> str:
     return json.dumps({k: v for k, v in config.items() if k not in _NOT_LAYOUT}, sort_keys=True)
 
 
-def measured_peaks(exp, world: int, readings: StoreReadings, capacity_gb: float | None = None) -> dict[str, float]:
+def measured_peaks(exp, world: int, readings: StoreReadings, capacity_gb: float) -> dict[str, float]:
     """{layout key: highest measured peak (GB, Megatron's max allocated)} of the trials in the store
     of this model at this GPU count; OUT_OF_MEMORY where a run or fit of the layout ran out of memory
     on a GPU with at least `capacity_gb` (on a smaller one it says nothing of this GPU)."""
@@ -44,7 +44,7 @@ def measured_peaks(exp, world: int, readings: StoreReadings, capacity_gb: float 
             continue
         # a run's peak, else its fit's (the layout measured on one GPU: experiment/fit.py)
         peak = t.peak_memory_gb if t.peak_memory_gb is not None else metrics.get("fit_peak_gb")
-        if (t.state == "oom" or metrics.get("fit_oom")) and (capacity_gb is None or cluster.memory_gb >= capacity_gb):
+        if (t.state == "oom" or metrics.get("fit_oom")) and cluster.memory_gb >= capacity_gb:
             peak = OUT_OF_MEMORY
         if peak is None:
             continue

@@ -62,6 +62,15 @@ def memory_source(gpu_type: str) -> str:
     return "as CUDA reports it" if gpu_type in MEMORY_SOURCES else "data sheet"
 
 
+def memory_text(gpu_type: str | None) -> str | None:
+    """A known type's memory with its source and unit ('H200 as CUDA reports it: 139.8 GiB', 'B300
+    data sheet: 270 GB'); None for an unknown type."""
+    gb = memory_gb(gpu_type)
+    if not gb or not gpu_type:
+        return None
+    return f"{gpu_type} {memory_source(gpu_type)}: {gb:g} {'GiB' if gpu_type in MEMORY_SOURCES else 'GB'}"
+
+
 def generation(gpu_type: str | None, default: str = "unknown") -> str:
     gpu = GPUS.get(str(gpu_type or ""))
     return gpu.generation if gpu else default

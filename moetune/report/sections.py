@@ -174,11 +174,7 @@ def memory_fact(peak_gb, device_gb, gpu_type: str | None, source: str | None = "
     """The peak (GiB, from the trace or the log: `source`) against the GPU's memory, each figure
     with its unit and source: what the device reported to CUDA in the trace (GiB), and the GPU
     table's (experiment/gpus.py) where the GPU type is known."""
-    sheet = gpus.memory_gb(gpu_type)
-    sheet_text = None
-    if sheet and gpu_type:
-        unit = "GiB" if gpu_type in gpus.MEMORY_SOURCES else "GB"
-        sheet_text = f"{gpu_type} {gpus.memory_source(gpu_type)}: {sheet:g} {unit}"
+    sheet_text = gpus.memory_text(gpu_type)
     peak = figures.memory_text(peak_gb, source) if peak_gb is not None else "-"
     if device_gb is None:
         return f"Memory: peak {peak}" + (f" ({sheet_text})" if sheet_text else "")
